@@ -1,0 +1,95 @@
+#pragma once
+// The module concept: what a user's model provides so the trainer can run it data-parallel.
+//
+//   using input_type = ...;  using output_type = ...;
+//   range of ddp::parameter_ref  parameters();   // stable order and storage after construction
+//   range of ddp::buffer_ref     buffers();
+//   output_type forward(const input_type&);      // in training, pushes what backward needs
+//   void backward(const output_type& grad_output, const ddp::ready_sink& ready);
+//        // pops the innermost forward; ACCUMULATES (+=) into every parameter's grad;
+//        // may call ready(i) once parameter i's gradient for this backward is final
+//
+// Optional, each opted into by the module:
+//   static constexpr bool reports_gradient_ready = true;
+//        // backward calls ready(i) for every parameter that received a gradient. Required by
+//        // the unused-parameter policies that detect; lets buckets reduce while backward runs.
+//        // A module without it is still correct: every bucket is reduced after backward.
+//   void bind_gradient(std::size_t i, float* storage);
+//        // from now on parameter i's gradient lives at storage (numel floats); the trainer
+//        // points gradients into bucket memory so nothing is copied before a reduction.
+//
+// Example: ddp::nn::sequential (include/ddp/nn/sequential.hpp) models this concept.
+#include <concepts>
+#include <cstddef>
+#include <ranges>
+
+#include "ddp/core/buffer_version.hpp"
+#include "ddp/core/ready_sink.hpp"
+#include "ddp/core/tensor.hpp"
+
+namespace ddp {
+
+namespace module_requirements {
+
+template <class M>
+concept has_input_type = requires { typename M::input_type; };
+template <class M>
+concept has_output_type = requires { typename M::output_type; };
+template <class M>
+concept has_parameters = requires(M& m) {
+  { m.parameters() } -> std::ranges::input_range;
+  requires std::convertible_to<std::ranges::range_reference_t<decltype(m.parameters())>,
+                               parameter_ref>;
+};
+template <class M>
+concept has_buffers = requires(M& m) {
+  { m.buffers() } -> std::ranges::input_range;
+  requires std::convertible_to<std::ranges::range_reference_t<decltype(m.buffers())>,
+                               buffer_ref>;
+};
+template <class M>
+concept has_forward = has_input_type<M> && has_output_type<M> &&
+                      requires(M& m, const typename M::input_type& x) {
+                        { m.forward(x) } -> std::convertible_to<typename M::output_type>;
+                      };
+template <class M>
+concept has_backward = has_output_type<M> &&
+                       requires(M& m, const typename M::output_type& g, const ready_sink& s) {
+                         m.backward(g, s);
+                       };
+
+}  // namespace module_requirements
+
+template <class M>
+concept trainable_module =
+    module_requirements::has_input_type<M> && module_requirements::has_output_type<M> &&
+    module_requirements::has_parameters<M> && module_requirements::has_buffers<M> &&
+    module_requirements::has_forward<M> && module_requirements::has_backward<M>;
+
+template <class M>
+concept reports_gradient_ready = requires {
+  requires static_cast<bool>(M::reports_gradient_ready);
+};
+
+template <class M>
+concept binds_gradient_storage = requires(M& m, std::size_t i, float* p) { m.bind_gradient(i, p); };
+
+template <class M>
+consteval bool diagnose_module() {
+  namespace r = module_requirements;
+  static_assert(r::has_input_type<M>, "ddp: the module lacks `using input_type = ...;`");
+  static_assert(r::has_output_type<M>, "ddp: the module lacks `using output_type = ...;`");
+  static_assert(r::has_parameters<M>,
+                "ddp: the module lacks `parameters()` returning a range of ddp::parameter_ref");
+  static_assert(r::has_buffers<M>,
+                "ddp: the module lacks `buffers()` returning a range of ddp::buffer_ref (an "
+                "empty range when it has none)");
+  static_assert(r::has_forward<M>,
+                "ddp: the module lacks `output_type forward(const input_type&)`");
+  static_assert(r::has_backward<M>,
+                "ddp: the module lacks `backward(const output_type& grad_output, const "
+                "ddp::ready_sink&)`");
+  return trainable_module<M>;
+}
+
+}  // namespace ddp

@@ -1,0 +1,91 @@
+#pragma once
+// The host device: tensors in CPU memory, kernels run at once on the calling thread.
+#include <cstdlib>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "ddp/concepts/device.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/host/kernels.hpp"
+
+namespace ddp::host {
+
+class device {
+ public:
+  static constexpr device_kind kind = device_kind::cpu;
+  static constexpr std::size_t alignment = 64;
+
+  device_id id() const noexcept { return device_id::cpu(); }
+
+  void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+    if (!p)
+      throw error("host", "allocate", -1,
+                  "out of memory allocating " + std::to_string(bytes) + " bytes");
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept { std::free(p); }
+
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes && dst != src) std::memcpy(dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  void fill_zero(void* dst, std::size_t bytes) {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+
+  void scale(float* x, std::size_t n, float factor) { host::scale(x, n, factor); }
+  void pack(std::span<const segment> s, float* bucket) { host::pack(s, bucket); }
+  void unpack(std::span<const segment> s, const float* bucket) { host::unpack(s, bucket); }
+
+  void cast(const_buffer src, mutable_buffer dst) {
+    if (src.count != dst.count)
+      throw error("host", "cast", -1,
+                  "source has " + std::to_string(src.count) + " elements but destination " +
+                      std::to_string(dst.count));
+    const auto n = src.count;
+    if (src.type == dtype::f32 && dst.type == dtype::bf16) {
+      auto s = static_cast<const float*>(src.data);
+      auto d = static_cast<std::uint16_t*>(dst.data);
+      for (std::size_t i = 0; i < n; ++i) d[i] = to_bf16(s[i]);
+    } else if (src.type == dtype::f32 && dst.type == dtype::f16) {
+      auto s = static_cast<const float*>(src.data);
+      auto d = static_cast<std::uint16_t*>(dst.data);
+      for (std::size_t i = 0; i < n; ++i) d[i] = to_f16(s[i]);
+    } else if (src.type == dtype::bf16 && dst.type == dtype::f32) {
+      auto s = static_cast<const std::uint16_t*>(src.data);
+      auto d = static_cast<float*>(dst.data);
+      for (std::size_t i = 0; i < n; ++i) d[i] = from_bf16(s[i]);
+    } else if (src.type == dtype::f16 && dst.type == dtype::f32) {
+      auto s = static_cast<const std::uint16_t*>(src.data);
+      auto d = static_cast<float*>(dst.data);
+      for (std::size_t i = 0; i < n; ++i) d[i] = from_f16(s[i]);
+    } else if (src.type == dst.type) {
+      copy(dst.data, src.data, src.bytes());
+    } else {
+      throw error("host", "cast", -1,
+                  "no conversion from " + std::string(name_of(src.type)) + " to " +
+                      std::string(name_of(dst.type)) + "; cast supports f32 <-> f16 / bf16");
+    }
+  }
+
+  void sgd_update(std::span<const segment> p, const float* g, float* m, const optim::sgd& o) {
+    host::sgd_update(p, g, m, o);
+  }
+  void adamw_update(std::span<const segment> p, const float* g, float* m, float* v,
+                    const optim::adamw& o, std::int64_t step) {
+    host::adamw_update(p, g, m, v, o, step);
+  }
+
+  void synchronize() noexcept {}
+  // Host memory carries no attributes to read; the module's declared device is taken as is.
+  std::optional<device_id> locate(const void*) const noexcept { return std::nullopt; }
+};
+
+static_assert(diagnose_device<device>());
+
+}  // namespace ddp::host

@@ -1,0 +1,166 @@
+#pragma once
+// Element loops on host memory, written so the compiler vectorises them: contiguous
+// __restrict__ pointers, no branches in the body.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "ddp/core/reduce_op.hpp"
+#include "ddp/core/segment.hpp"
+#include "ddp/core/vectorize.hpp"
+#include "ddp/optim/adamw.hpp"
+#include "ddp/optim/sgd.hpp"
+
+namespace ddp::host {
+
+template <class T>
+DDP_VECTORIZE inline void accumulate(T* DDP_RESTRICT acc, const T* DDP_RESTRICT x, std::size_t n,
+                                     reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg:
+      for (std::size_t i = 0; i < n; ++i) acc[i] += x[i];
+      break;
+    case reduce_op::min:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+      break;
+    case reduce_op::max:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+      break;
+  }
+}
+
+template <class T>
+DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
+  for (std::size_t i = 0; i < n; ++i) x[i] /= divisor;
+}
+
+DDP_VECTORIZE inline void scale(float* DDP_RESTRICT x, std::size_t n, float factor) {
+  for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+// Reduces `sources` (fixed order: index 0 first, so every rank computes the same bits)
+// elementwise and writes the result to every pointer in `targets`. Works in chunks that stay
+// in L1, so a target may alias a source.
+template <class T>
+void reduce_to_all(std::span<const T* const> sources, std::span<T* const> targets,
+                   std::size_t n, reduce_op op, std::size_t world) {
+  constexpr std::size_t chunk = 4096 / sizeof(T) * 4;  // 16 KiB of accumulator
+  alignas(64) T acc[chunk];
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t len = std::min(chunk, n - begin);
+    std::memcpy(acc, sources[0] + begin, len * sizeof(T));
+    for (std::size_t k = 1; k < sources.size(); ++k) accumulate(acc, sources[k] + begin, len, op);
+    if (op == reduce_op::avg) divide(acc, len, static_cast<T>(world));
+    for (T* t : targets) std::memcpy(t + begin, acc, len * sizeof(T));
+  }
+}
+
+inline void pack(std::span<const segment> segments, float* bucket) {
+  for (const auto& s : segments)
+    if (bucket + s.offset != s.tensor) std::memcpy(bucket + s.offset, s.tensor, s.count * 4);
+}
+
+inline void unpack(std::span<const segment> segments, const float* bucket) {
+  for (const auto& s : segments)
+    if (bucket + s.offset != s.tensor) std::memcpy(s.tensor, bucket + s.offset, s.count * 4);
+}
+
+DDP_VECTORIZE inline void sgd_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g,
+                                      float* DDP_RESTRICT m, std::size_t n, const optim::sgd& o) {
+  const float lr = o.lr, mu = o.momentum, wd = o.weight_decay;
+  if (mu == 0.0f) {
+    for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+  } else if (o.nesterov) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * p[i];
+      m[i] = mu * m[i] + d;
+      p[i] -= lr * (d + mu * m[i]);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = mu * m[i] + (g[i] + wd * p[i]);
+      p[i] -= lr * m[i];
+    }
+  }
+}
+
+inline void sgd_update(std::span<const segment> params, const float* grad, float* momentum,
+                       const optim::sgd& o) {
+  for (const auto& s : params)
+    sgd_segment(s.tensor, grad + s.offset, momentum + s.offset, s.count, o);
+}
+
+DDP_VECTORIZE inline void adamw_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g,
+                                        float* DDP_RESTRICT m, float* DDP_RESTRICT v,
+                                        std::size_t n, const optim::adamw& o, std::int64_t step) {
+  const float b1 = o.beta1, b2 = o.beta2, eps = o.eps;
+  const float decay = 1.0f - o.lr * o.weight_decay;
+  const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step));
+  const float bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
+  const float step_size = o.lr / bc1;
+  const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] *= decay;
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+  }
+}
+
+inline void adamw_update(std::span<const segment> params, const float* grad, float* m, float* v,
+                         const optim::adamw& o, std::int64_t step) {
+  for (const auto& s : params)
+    adamw_segment(s.tensor, grad + s.offset, m + s.offset, v + s.offset, s.count, o, step);
+}
+
+// IEEE binary16 and bfloat16 conversions, round to nearest even.
+inline std::uint16_t to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline std::uint16_t to_f16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  std::uint32_t mag = x & 0x7fffffffu;
+  if (mag > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (mag >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow: inf
+  if (mag < 0x38800000u) {  // subnormal or zero in half
+    const float a = std::fabs(f) * 16777216.0f;  // 2^24: units of the smallest subnormal
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(a)));
+  }
+  const std::uint32_t rounded = mag + 0xfffu + ((mag >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+inline float from_f16(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  const std::uint32_t u = exp == 0x1f ? (sign | 0x7f800000u | (mant << 13))
+                                      : (sign | ((exp + 112u) << 23) | (mant << 13));
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace ddp::host

@@ -1,0 +1,166 @@
+#pragma once
+// The in-process communicator: N ranks as threads of one process, collectives over shared
+// memory. Each rank runs its collectives on its own progress thread, in issue order.
+//
+// all_reduce is a reduce-scatter fused with an all-gather: rank r reduces slice r of every
+// rank's input (ranks in order 0..N-1, so every rank and every run gets the same bits) and
+// writes the result into slice r of every rank's output. Each rank reads and writes about the
+// buffer's size once, as a copy would; nothing funnels through rank 0.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/core/progress_thread.hpp"
+#include "ddp/host/kernels.hpp"
+#include "ddp/inproc/world.hpp"
+
+namespace ddp::inproc {
+
+class communicator {
+ public:
+  static constexpr device_kind memory_kind = device_kind::cpu;
+  static constexpr std::string_view backend_name = "inproc";
+
+  communicator(std::shared_ptr<inproc::world> w, int rank) : world_(std::move(w)), rank_(rank) {
+    if (rank < 0 || rank >= world_->size())
+      throw error("inproc", "communicator", rank,
+                  "rank " + std::to_string(rank) + " is outside a world of size " +
+                      std::to_string(world_->size()));
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return world_->size(); }
+  const inproc::world& world() const noexcept { return *world_; }
+
+  work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
+    return submit("all_reduce", send.count, send.type, op, 0, send.data, recv.data,
+                  [=, this](const std::vector<slot*>& slots) {
+                    require(recv.count == send.count && recv.type == send.type,
+                            "all_reduce", "recv must have the count and dtype of send");
+                    reduce_slice(slots, send.count, send.type, op, /*block=*/0, /*all=*/true);
+                  });
+  }
+
+  work broadcast(mutable_buffer buf, int root) {
+    return submit("broadcast", buf.count, buf.type, reduce_op::sum, root, buf.data, buf.data,
+                  [=, this](const std::vector<slot*>& slots) {
+                    require(root >= 0 && root < size(), "broadcast",
+                            "root " + std::to_string(root) + " is not a rank");
+                    const auto [begin, end] = my_slice(buf.count, buf.type);
+                    const std::size_t es = size_of(buf.type);
+                    const auto* src = static_cast<const char*>(slots[root]->send) + begin * es;
+                    for (int k = 0; k < size(); ++k)
+                      if (k != root && end > begin)
+                        std::memcpy(static_cast<char*>(slots[k]->recv) + begin * es, src,
+                                    (end - begin) * es);
+                  });
+  }
+
+  work all_gather(const_buffer send, mutable_buffer recv) {
+    return submit("all_gather", send.count, send.type, reduce_op::sum, 0, send.data, recv.data,
+                  [=, this](const std::vector<slot*>& slots) {
+                    require(recv.count == send.count * size() && recv.type == send.type,
+                            "all_gather", "recv must hold size() * send.count elements of send's dtype");
+                    const std::size_t bytes = send.bytes();
+                    for (int k = 0; k < size(); ++k) {
+                      char* dst = static_cast<char*>(slots[k]->recv) + rank_ * bytes;
+                      if (bytes && dst != send.data) std::memcpy(dst, send.data, bytes);
+                    }
+                  });
+  }
+
+  work reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op) {
+    return submit("reduce_scatter", recv.count, send.type, op, 0, send.data, recv.data,
+                  [=, this](const std::vector<slot*>& slots) {
+                    require(send.count == recv.count * size() && recv.type == send.type,
+                            "reduce_scatter",
+                            "send must hold size() * recv.count elements of recv's dtype");
+                    reduce_slice(slots, recv.count, send.type, op, rank_, /*all=*/false);
+                  });
+  }
+
+  work barrier() {
+    return submit("barrier", 0, dtype::u8, reduce_op::sum, 0, nullptr, nullptr,
+                  [](const std::vector<slot*>&) {});
+  }
+
+ private:
+  template <class Body>
+  work submit(const char* name, std::size_t count, dtype type, reduce_op op, int root,
+              const void* send, void* recv, Body body) {
+    const collective_call call{name, next_sequence_++, count, type, op, root};
+    return progress_.submit([=, this] { run(call, send, recv, body); });
+  }
+
+  template <class Body>
+  void run(const collective_call& call, const void* send, void* recv, const Body& body) {
+    try {
+      slot& mine = world_->slot_of(rank_);
+      mine = slot{call, send, recv};
+      world_->arrive_and_wait(rank_, call);
+      std::vector<slot*> slots(size());
+      for (int k = 0; k < size(); ++k) slots[k] = &world_->slot_of(k);
+      for (int k = 0; k < size(); ++k)
+        if (!(slots[k]->call == call))
+          throw error("inproc", call.name, rank_,
+                      "ranks disagree on the collective: rank " + std::to_string(rank_) +
+                          " issued " + call.describe() + ", rank " + std::to_string(k) +
+                          " issued " + slots[k]->call.describe() +
+                          "; every rank must issue the same collectives in the same order");
+      body(slots);
+      world_->arrive_and_wait(rank_, call);  // no rank returns while others still use its buffers
+    } catch (const peer_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      world_->fail(rank_, e.what());
+      throw;
+    }
+  }
+
+  void require(bool ok, const char* op, const std::string& what) const {
+    if (!ok) throw error("inproc", op, rank_, what);
+  }
+
+  // This rank's share [begin, end) of n elements, cut on 64-byte boundaries.
+  std::pair<std::size_t, std::size_t> my_slice(std::size_t n, dtype type) const {
+    const std::size_t align = std::max<std::size_t>(1, 64 / size_of(type));
+    const std::size_t per = (n + size() - 1) / size();
+    const std::size_t share = (per + align - 1) / align * align;
+    const std::size_t begin = std::min(n, share * rank_);
+    return {begin, std::min(n, begin + share)};
+  }
+
+  // all=true: reduce my slice of the whole buffer into every rank's recv (all_reduce).
+  // all=false: reduce block `block` (recv-count elements) of every send into my recv.
+  void reduce_slice(const std::vector<slot*>& slots, std::size_t n, dtype type, reduce_op op,
+                    int block, bool all) const {
+    visit_host_dtype(type, [&]<class T>(T) {
+      std::vector<const T*> sources(size());
+      std::vector<T*> targets;
+      std::size_t begin = 0, len = n;
+      if (all) {
+        const auto [b, e] = my_slice(n, type);
+        begin = b;
+        len = e - b;
+        for (int k = 0; k < size(); ++k) targets.push_back(static_cast<T*>(slots[k]->recv) + begin);
+      } else {
+        begin = static_cast<std::size_t>(block) * n;
+        targets.push_back(static_cast<T*>(slots[rank_]->recv));
+      }
+      if (len == 0) return;
+      for (int k = 0; k < size(); ++k) sources[k] = static_cast<const T*>(slots[k]->send) + begin;
+      host::reduce_to_all<T>(sources, targets, len, op, static_cast<std::size_t>(size()));
+    });
+  }
+
+  std::shared_ptr<inproc::world> world_;
+  int rank_;
+  std::uint64_t next_sequence_ = 0;
+  progress_thread progress_;  // last: joined first, while the members it uses still exist
+};
+
+static_assert(diagnose_communicator<communicator>());
+
+}  // namespace ddp::inproc

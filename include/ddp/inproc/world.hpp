@@ -1,0 +1,177 @@
+#pragma once
+// The rendezvous shared by the in-process ranks: a slot per rank where each publishes its
+// buffers for the current collective, and a barrier that never hangs. The barrier fails every
+// waiting and later rank when one rank failed, left, or did not arrive within the timeout.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/reduce_op.hpp"
+
+namespace ddp::inproc {
+
+struct options {
+  // A collective that waits longer than this for a peer fails on every rank.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// What one rank asks of the current collective; every rank must ask the same.
+struct collective_call {
+  const char* name = "";
+  std::uint64_t sequence = 0;
+  std::size_t count = 0;
+  ddp::dtype type = ddp::dtype::f32;
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+
+  friend bool operator==(const collective_call& a, const collective_call& b) {
+    return std::string(a.name) == b.name && a.sequence == b.sequence && a.count == b.count &&
+           a.type == b.type && a.op == b.op && a.root == b.root;
+  }
+  std::string describe() const {
+    return std::string(name) + " #" + std::to_string(sequence) + " (count " +
+           std::to_string(count) + ", " + std::string(name_of(type)) + ", " +
+           std::string(name_of(op)) + ", root " + std::to_string(root) + ")";
+  }
+};
+
+struct slot {
+  collective_call call;
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+
+class world {
+ public:
+  explicit world(int size, options opts = {})
+      : size_(size), options_(opts), slots_(size), arrived_at_(size, 0), left_(size, false) {
+    if (size < 1) throw error("inproc", "world", -1, "world size must be at least 1, got " +
+                                                          std::to_string(size));
+  }
+
+  int size() const noexcept { return size_; }
+  const options& settings() const noexcept { return options_; }
+  slot& slot_of(int rank) noexcept { return slots_[rank]; }
+
+  // Blocks until every rank arrived. Throws peer_error when a rank failed or left, and
+  // timeout_error naming the missing ranks when the timeout passes.
+  void arrive_and_wait(int rank, const collective_call& call) {
+    std::unique_lock lock(mutex_);
+    throw_if_failed(rank, call);
+    for (int r = 0; r < size_; ++r)
+      if (left_[r]) {
+        set_failure(r, "rank " + std::to_string(r) + " already returned from its function and "
+                       "will not join " + call.describe() +
+                       "; every rank must issue the same collectives");
+        throw_if_failed(rank, call);
+      }
+    const std::uint64_t generation = generation_;
+    arrived_at_[rank] = generation + 1;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      released_.store(generation_, std::memory_order_release);
+      lock.unlock();
+      cv_.notify_all();
+      return;
+    }
+    // Peers usually arrive within microseconds: yield for a while before sleeping on the
+    // condition variable, whose wake-up costs tens of microseconds.
+    lock.unlock();
+    for (int spin = 0; spin < spin_yields; ++spin) {
+      if (released_.load(std::memory_order_acquire) != generation) return;
+      std::this_thread::yield();
+    }
+    lock.lock();
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    while (generation_ == generation) {
+      throw_if_failed(rank, call);
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation &&
+          !failure_) {
+        std::string missing;
+        int first_missing = -1;
+        for (int r = 0; r < size_; ++r)
+          if (arrived_at_[r] != generation + 1) {
+            missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+            if (first_missing < 0) first_missing = r;
+          }
+        failure_ = failure{first_missing, call.describe() + " timed out after " +
+                                              std::to_string(options_.timeout.count()) +
+                                              " ms: rank(s) " + missing + " never arrived",
+                           true};
+        cv_.notify_all();
+      }
+    }
+  }
+
+  // Marks the world failed because of `rank`; every pending and later collective throws.
+  void fail(int rank, const std::string& what) {
+    {
+      std::lock_guard lock(mutex_);
+      set_failure(rank, "rank " + std::to_string(rank) + " failed: " + what);
+    }
+    cv_.notify_all();
+  }
+
+  // `rank` will issue no more collectives; peers still waiting for it fail at once.
+  void leave(int rank) {
+    {
+      std::lock_guard lock(mutex_);
+      left_[rank] = true;
+      if (arrived_ > 0 && arrived_at_[rank] != generation_ + 1)
+        set_failure(rank, "rank " + std::to_string(rank) +
+                              " returned from its function while other ranks wait for it in a "
+                              "collective; every rank must issue the same collectives");
+    }
+    cv_.notify_all();
+  }
+
+  std::optional<int> failed_rank() const {
+    std::lock_guard lock(mutex_);
+    if (!failure_) return std::nullopt;
+    return failure_->origin;
+  }
+
+ private:
+  struct failure {
+    int origin;
+    std::string what;
+    bool timed_out;
+  };
+
+  void set_failure(int origin, std::string what) {
+    if (!failure_) failure_ = failure{origin, std::move(what), false};
+  }
+
+  void throw_if_failed(int rank, const collective_call& call) const {
+    if (!failure_) return;
+    if (failure_->timed_out)
+      throw timeout_error("inproc", call.name, rank, failure_->origin, failure_->what);
+    throw peer_error("inproc", call.name, rank, failure_->origin,
+                     "cannot complete " + call.describe() + " because " + failure_->what);
+  }
+
+  const int size_;
+  const options options_;
+  std::vector<slot> slots_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  static constexpr int spin_yields = 2000;
+  std::uint64_t generation_ = 0;
+  std::atomic<std::uint64_t> released_{0};  // generation_, readable without the lock
+  int arrived_ = 0;
+  std::vector<std::uint64_t> arrived_at_;  // generation + 1 a rank last arrived at
+  std::vector<bool> left_;
+  std::optional<failure> failure_;
+};
+
+}  // namespace ddp::inproc

@@ -1,0 +1,218 @@
+#pragma once
+// The communicator conformance suite, written once and run inside every rank of every backend
+// (in-process threads, MPI processes, NCCL). Each function runs on all ranks of `comm`.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/core/collectives.hpp"
+
+namespace conformance {
+
+// Integer-valued inputs keep sums exact in every dtype, so the expected result is exact.
+template <class T>
+T input(int rank, std::size_t i) {
+  return static_cast<T>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11) + 1);
+}
+
+template <class T>
+T expected_reduction(int world, std::size_t i, ddp::reduce_op op) {
+  T acc = input<T>(0, i);
+  for (int r = 1; r < world; ++r) {
+    const T x = input<T>(r, i);
+    switch (op) {
+      case ddp::reduce_op::sum: case ddp::reduce_op::avg: acc = static_cast<T>(acc + x); break;
+      case ddp::reduce_op::min: acc = x < acc ? x : acc; break;
+      case ddp::reduce_op::max: acc = x > acc ? x : acc; break;
+    }
+  }
+  if (op == ddp::reduce_op::avg) acc = static_cast<T>(acc / static_cast<T>(world));
+  return acc;
+}
+
+// First index where `got` differs from `want(i)`, or -1.
+template <class T, class Want>
+long long first_mismatch(std::span<const T> got, Want want) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(got[i] == want(i))) return static_cast<long long>(i);
+  return -1;
+}
+
+inline const std::vector<std::size_t>& small_counts() {
+  static const std::vector<std::size_t> counts{0, 1, 7, 1001, 65537};
+  return counts;
+}
+constexpr std::size_t large_bytes = std::size_t{64} << 20;
+
+template <class T, class Comm>
+void all_reduce_case(Comm& comm, std::size_t n, ddp::reduce_op op, bool in_place) {
+  const int r = comm.rank(), w = comm.size();
+  std::vector<T> send(n), recv(n, T{});
+  for (std::size_t i = 0; i < n; ++i) send[i] = input<T>(r, i);
+  if (in_place) {
+    ddp::all_reduce(comm, std::span<T>(send), op);
+    recv.swap(send);
+  } else {
+    ddp::all_reduce(comm, std::span<const T>(send), std::span<T>(recv), op);
+    CHECK(first_mismatch<T>(send, [&](std::size_t i) { return input<T>(r, i); }) == -1);
+  }
+  INFO("all_reduce ", ddp::name_of(ddp::dtype_of<T>), " ", ddp::name_of(op), " count ", n,
+       in_place ? " in place" : " out of place", " world ", w, " rank ", r);
+  CHECK(first_mismatch<T>(recv, [&](std::size_t i) { return expected_reduction<T>(w, i, op); }) ==
+        -1);
+}
+
+template <class Comm>
+void all_reduce_cases(Comm& comm) {
+  for (auto op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min,
+                  ddp::reduce_op::max})
+    for (std::size_t n : small_counts())
+      for (bool in_place : {true, false}) {
+        all_reduce_case<float>(comm, n, op, in_place);
+        all_reduce_case<double>(comm, n, op, in_place);
+        all_reduce_case<std::int32_t>(comm, n, op, in_place);
+        all_reduce_case<std::int64_t>(comm, n, op, in_place);
+      }
+  all_reduce_case<float>(comm, large_bytes / sizeof(float) + 3, ddp::reduce_op::sum, true);
+  all_reduce_case<double>(comm, large_bytes / sizeof(double), ddp::reduce_op::avg, false);
+}
+
+template <class T, class Comm>
+void broadcast_case(Comm& comm, std::size_t n, int root) {
+  std::vector<T> data(n);
+  for (std::size_t i = 0; i < n; ++i) data[i] = input<T>(comm.rank(), i);
+  ddp::broadcast(comm, std::span<T>(data), root);
+  INFO("broadcast ", ddp::name_of(ddp::dtype_of<T>), " count ", n, " root ", root, " rank ",
+       comm.rank());
+  CHECK(first_mismatch<T>(data, [&](std::size_t i) { return input<T>(root, i); }) == -1);
+}
+
+template <class Comm>
+void broadcast_cases(Comm& comm) {
+  for (int root : {0, comm.size() - 1})
+    for (std::size_t n : small_counts()) {
+      broadcast_case<float>(comm, n, root);
+      broadcast_case<double>(comm, n, root);
+      broadcast_case<std::int32_t>(comm, n, root);
+      broadcast_case<std::int64_t>(comm, n, root);
+      broadcast_case<std::uint8_t>(comm, n, root);
+    }
+  broadcast_case<float>(comm, large_bytes / sizeof(float) + 1, comm.size() / 2);
+}
+
+template <class T, class Comm>
+void all_gather_case(Comm& comm, std::size_t n, bool in_place) {
+  const int r = comm.rank(), w = comm.size();
+  std::vector<T> recv(n * w, T{});
+  std::vector<T> own(n);
+  for (std::size_t i = 0; i < n; ++i) own[i] = input<T>(r, i);
+  if (in_place) {
+    std::copy(own.begin(), own.end(), recv.begin() + static_cast<std::ptrdiff_t>(n * r));
+    ddp::all_gather(comm, std::span<const T>(recv.data() + n * r, n), std::span<T>(recv));
+  } else {
+    ddp::all_gather(comm, std::span<const T>(own), std::span<T>(recv));
+  }
+  INFO("all_gather ", ddp::name_of(ddp::dtype_of<T>), " count ", n, " world ", w, " rank ", r);
+  CHECK(first_mismatch<T>(recv, [&](std::size_t i) {
+          return input<T>(static_cast<int>(i / n), i % n);
+        }) == -1);
+}
+
+template <class Comm>
+void all_gather_cases(Comm& comm) {
+  for (std::size_t n : small_counts())
+    for (bool in_place : {false, true}) {
+      all_gather_case<float>(comm, n, in_place);
+      all_gather_case<double>(comm, n, in_place);
+      all_gather_case<std::int32_t>(comm, n, in_place);
+      all_gather_case<std::int64_t>(comm, n, in_place);
+      all_gather_case<std::uint8_t>(comm, n, in_place);
+    }
+  all_gather_case<float>(comm, large_bytes / sizeof(float) / comm.size() + 5, false);
+}
+
+template <class T, class Comm>
+void reduce_scatter_case(Comm& comm, std::size_t n, ddp::reduce_op op, bool in_place) {
+  const int r = comm.rank(), w = comm.size();
+  std::vector<T> send(n * w);
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = input<T>(r, i);
+  std::vector<T> recv(n, T{});
+  if (in_place) {
+    ddp::reduce_scatter(comm, std::span<const T>(send), std::span<T>(send.data() + n * r, n), op);
+    std::copy_n(send.begin() + static_cast<std::ptrdiff_t>(n * r), n, recv.begin());
+  } else {
+    ddp::reduce_scatter(comm, std::span<const T>(send), std::span<T>(recv), op);
+  }
+  INFO("reduce_scatter ", ddp::name_of(ddp::dtype_of<T>), " ", ddp::name_of(op), " count ", n,
+       " world ", w, " rank ", r);
+  CHECK(first_mismatch<T>(recv, [&](std::size_t i) {
+          return expected_reduction<T>(w, n * r + i, op);
+        }) == -1);
+}
+
+template <class Comm>
+void reduce_scatter_cases(Comm& comm) {
+  for (auto op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min,
+                  ddp::reduce_op::max})
+    for (std::size_t n : small_counts())
+      for (bool in_place : {false, true}) {
+        reduce_scatter_case<float>(comm, n, op, in_place);
+        reduce_scatter_case<double>(comm, n, op, in_place);
+        reduce_scatter_case<std::int32_t>(comm, n, op, in_place);
+        reduce_scatter_case<std::int64_t>(comm, n, op, in_place);
+      }
+  reduce_scatter_case<float>(comm, large_bytes / sizeof(float) / comm.size() + 1,
+                             ddp::reduce_op::sum, false);
+}
+
+// Asynchronous forms: several collectives in flight, waited in reverse order.
+template <class Comm>
+void async_cases(Comm& comm) {
+  const int w = comm.size();
+  std::vector<std::vector<float>> bufs(6, std::vector<float>(1000));
+  for (std::size_t b = 0; b < bufs.size(); ++b)
+    for (std::size_t i = 0; i < 1000; ++i) bufs[b][i] = static_cast<float>(b + i + comm.rank());
+  std::vector<decltype(comm.barrier())> pending;
+  for (auto& b : bufs)
+    pending.push_back(comm.all_reduce(ddp::as_buffer(std::span<const float>(b)),
+                                      ddp::as_buffer(std::span<float>(b)), ddp::reduce_op::sum));
+  for (auto it = pending.rbegin(); it != pending.rend(); ++it) it->wait();
+  for (auto& p : pending) CHECK(p.test());
+  for (std::size_t b = 0; b < bufs.size(); ++b) {
+    INFO("async all_reduce buffer ", b, " rank ", comm.rank());
+    CHECK(first_mismatch<float>(bufs[b], [&](std::size_t i) {
+            return static_cast<float>(w * static_cast<int>(b + i) + w * (w - 1) / 2);
+          }) == -1);
+  }
+  ddp::barrier(comm);
+}
+
+// Non-integer data: every rank must hold the same bits, and the bits are returned so a caller
+// can compare runs.
+template <class Comm>
+std::vector<std::uint32_t> determinism_case(Comm& comm) {
+  const std::size_t n = 100003;
+  std::vector<float> v(n);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(comm.rank() + 1);
+  for (auto& e : v) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    e = static_cast<float>(static_cast<double>(x >> 11) * 0x1.0p-53 * 2.0 - 1.0) * 1e3f;
+  }
+  ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::avg);
+  std::vector<std::uint32_t> bits(n);
+  std::memcpy(bits.data(), v.data(), n * 4);
+  std::vector<std::int64_t> mine(bits.begin(), bits.end()), all(n * comm.size());
+  ddp::all_gather(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  for (int k = 0; k < comm.size(); ++k) {
+    INFO("rank ", comm.rank(), " compares its bits with rank ", k);
+    CHECK(std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(n * k)));
+  }
+  return bits;
+}
+
+}  // namespace conformance

@@ -1,0 +1,83 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/host/device.hpp"
+
+TEST_CASE("f16 and bf16 casts round to nearest even and round-trip exactly representable values") {
+  ddp::host::device dev;
+  std::vector<float> x{0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 1e-7f, 3.140625f, 1e6f, 6.1035156e-05f};
+  std::vector<std::uint16_t> h(x.size());
+  std::vector<float> back(x.size());
+  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::f16});
+  dev.cast({h.data(), h.size(), ddp::dtype::f16}, ddp::as_buffer(std::span<float>(back)));
+  CHECK(back[0] == 0.0f);
+  CHECK(std::signbit(back[1]));
+  CHECK(back[2] == 1.0f);
+  CHECK(back[3] == -2.5f);
+  CHECK(back[4] == 65504.0f);
+  CHECK(back[5] == doctest::Approx(1.1920929e-07f).epsilon(1e-3));  // nearest subnormal
+  CHECK(back[6] == 3.140625f);
+  CHECK(std::isinf(back[7]));
+  CHECK(back[8] == 6.1035156e-05f);  // smallest normal
+  CHECK(h[2] == 0x3c00);
+
+  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::bf16});
+  dev.cast({h.data(), h.size(), ddp::dtype::bf16}, ddp::as_buffer(std::span<float>(back)));
+  CHECK(back[2] == 1.0f);
+  CHECK(back[3] == -2.5f);
+  CHECK(back[7] == 999424.0f);  // 1e6 rounded to 8 significant bits
+  CHECK(h[2] == 0x3f80);
+  CHECK_THROWS_WITH_AS(dev.cast({x.data(), 2, ddp::dtype::f32}, {h.data(), 3, ddp::dtype::f16}),
+                       doctest::Contains("source has 2 elements but destination 3"), ddp::error);
+}
+
+TEST_CASE("sgd with momentum and nesterov follows PyTorch's rule") {
+  ddp::host::device dev;
+  for (bool nesterov : {false, true}) {
+    std::vector<float> p{1.0f, -2.0f}, g{0.5f, 0.25f}, m(2, 0.0f);
+    ddp::optim::sgd o{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = nesterov};
+    ddp::segment s{p.data(), 0, 2};
+    std::vector<double> rp{1.0, -2.0}, rm{0, 0};
+    for (int step = 0; step < 3; ++step) {
+      dev.sgd_update({&s, 1}, g.data(), m.data(), o);
+      for (int i = 0; i < 2; ++i) {
+        double d = g[i] + 0.01 * rp[i];
+        rm[i] = 0.9 * rm[i] + d;
+        rp[i] -= 0.1 * (nesterov ? d + 0.9 * rm[i] : rm[i]);
+      }
+    }
+    CHECK(p[0] == doctest::Approx(rp[0]).epsilon(1e-6));
+    CHECK(p[1] == doctest::Approx(rp[1]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("adamw follows PyTorch's rule with bias correction and decoupled decay") {
+  ddp::host::device dev;
+  std::vector<float> p{1.0f}, g{0.3f}, m{0}, v{0};
+  ddp::optim::adamw o{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
+  ddp::segment s{p.data(), 0, 1};
+  double rp = 1.0, rm = 0, rv = 0;
+  for (int t = 1; t <= 3; ++t) {
+    dev.adamw_update({&s, 1}, g.data(), m.data(), v.data(), o, t);
+    rp *= 1 - 0.01 * 0.1;
+    rm = 0.9 * rm + 0.1 * 0.3;
+    rv = 0.999 * rv + 0.001 * 0.09;
+    rp -= 0.01 * (rm / (1 - std::pow(0.9, t))) / (std::sqrt(rv / (1 - std::pow(0.999, t))) + 1e-8);
+  }
+  CHECK(p[0] == doctest::Approx(rp).epsilon(1e-6));
+}
+
+TEST_CASE("pack and unpack move tensors in and out of bucket slots") {
+  ddp::host::device dev;
+  std::vector<float> a{1, 2, 3}, b{4, 5}, bucket(5, 0.0f);
+  std::vector<ddp::segment> segs{{b.data(), 0, 2}, {a.data(), 2, 3}};
+  dev.pack(segs, bucket.data());
+  CHECK(bucket == std::vector<float>{4, 5, 1, 2, 3});
+  dev.scale(bucket.data(), bucket.size(), 2.0f);
+  dev.unpack(segs, bucket.data());
+  CHECK(a == std::vector<float>{2, 4, 6});
+  CHECK(b == std::vector<float>{8, 10});
+}

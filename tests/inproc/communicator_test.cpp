@@ -1,0 +1,44 @@
+// The conformance suite on in-process ranks, for every world size the contract names.
+#include <doctest/doctest.h>
+
+#include "../conformance/communicator_suite.hpp"
+#include "ddp/inproc/launch.hpp"
+
+namespace {
+const int world_sizes[] = {1, 2, 3, 4, 8};
+}
+
+TEST_CASE("inproc all_reduce: every dtype, op, size, in and out of place") {
+  for (int w : world_sizes) {
+    CAPTURE(w);
+    ddp::inproc::launch(w, [](auto& comm) { conformance::all_reduce_cases(comm); });
+  }
+}
+
+TEST_CASE("inproc broadcast: every dtype, size and root") {
+  for (int w : world_sizes)
+    ddp::inproc::launch(w, [](auto& comm) { conformance::broadcast_cases(comm); });
+}
+
+TEST_CASE("inproc all_gather: every dtype and size, in and out of place") {
+  for (int w : world_sizes)
+    ddp::inproc::launch(w, [](auto& comm) { conformance::all_gather_cases(comm); });
+}
+
+TEST_CASE("inproc reduce_scatter: every dtype, op and size, in and out of place") {
+  for (int w : world_sizes)
+    ddp::inproc::launch(w, [](auto& comm) { conformance::reduce_scatter_cases(comm); });
+}
+
+TEST_CASE("inproc asynchronous collectives complete in issue order") {
+  for (int w : world_sizes)
+    ddp::inproc::launch(w, [](auto& comm) { conformance::async_cases(comm); });
+}
+
+TEST_CASE("inproc all_reduce is bitwise identical on every rank and in every run") {
+  for (int w : {2, 3, 8}) {
+    auto first = ddp::inproc::launch(w, [](auto& comm) { return conformance::determinism_case(comm); });
+    auto second = ddp::inproc::launch(w, [](auto& comm) { return conformance::determinism_case(comm); });
+    CHECK(first == second);
+  }
+}

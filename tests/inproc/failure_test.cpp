@@ -1,0 +1,160 @@
+// No rank hangs: a failure or a missing rank becomes an error on every rank, in bounded time.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <span>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "ddp/core/collectives.hpp"
+#include "ddp/inproc/launch.hpp"
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+// Runs fn on `world` ranks, records what each rank's collective threw, and returns the message
+// launch rethrew.
+struct outcome {
+  std::vector<std::string> rank_errors;
+  std::vector<int> origin;
+  std::string rethrown;
+  double seconds = 0;
+};
+
+template <class F>
+outcome run(int world, F fn, ddp::inproc::options opts = {}) {
+  outcome o;
+  o.rank_errors.resize(world);
+  o.origin.assign(world, -2);
+  const auto t0 = clock_type::now();
+  try {
+    ddp::inproc::launch(
+        world,
+        [&](ddp::inproc::communicator& comm) {
+          try {
+            fn(comm);
+          } catch (const ddp::peer_error& e) {
+            o.rank_errors[comm.rank()] = e.what();
+            o.origin[comm.rank()] = e.origin_rank();
+            throw;
+          } catch (const std::exception& e) {
+            o.rank_errors[comm.rank()] = e.what();
+            throw;
+          }
+        },
+        opts);
+  } catch (const std::exception& e) {
+    o.rethrown = e.what();
+  }
+  o.seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  return o;
+}
+}  // namespace
+
+TEST_CASE("a rank that throws makes every other rank's collective throw, naming it") {
+  auto o = run(4, [](auto& comm) {
+    std::vector<float> v(1000, 1.0f);
+    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+    if (comm.rank() == 2) throw std::runtime_error("loss is NaN on rank 2");
+    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+  });
+  CHECK(o.rethrown == "loss is NaN on rank 2");
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r);
+    CHECK(o.origin[r] == 2);
+    CHECK(o.rank_errors[r].find("rank 2 failed: loss is NaN on rank 2") != std::string::npos);
+    CHECK(o.rank_errors[r].find("all_reduce #1") != std::string::npos);
+  }
+  CHECK(o.seconds < 10.0);
+}
+
+TEST_CASE("a rank that never arrives times out on every rank, naming collective, sequence and rank") {
+  ddp::inproc::options opts;
+  opts.timeout = 300ms;
+  auto o = run(
+      3,
+      [](auto& comm) {
+        ddp::barrier(comm);
+        std::vector<double> v(10, 1.0);
+        if (comm.rank() == 1) std::this_thread::sleep_for(1500ms);
+        ddp::all_reduce(comm, std::span<double>(v), ddp::reduce_op::max);
+      },
+      opts);
+  for (int r : {0, 2}) {
+    CAPTURE(o.rank_errors[r]);
+    CHECK(o.rank_errors[r].find("all_reduce #1") != std::string::npos);
+    CHECK(o.rank_errors[r].find("timed out after 300 ms: rank(s) 1 never arrived") !=
+          std::string::npos);
+    CHECK(o.origin[r] == 1);
+  }
+  // The late rank learns of the timeout too instead of waiting for peers that gave up.
+  CHECK(o.rank_errors[1].find("timed out") != std::string::npos);
+  CHECK(o.rethrown.find("timed out") != std::string::npos);
+  CHECK(o.seconds < 10.0);
+}
+
+TEST_CASE("ranks that disagree on a collective get the same error, naming both calls") {
+  auto o = run(2, [](auto& comm) {
+    std::vector<float> v(comm.rank() == 0 ? 4 : 5, 1.0f);
+    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+  });
+  for (int r : {0, 1}) {
+    CAPTURE(o.rank_errors[r]);
+    CHECK(o.rank_errors[r].find("ranks disagree on the collective") != std::string::npos);
+    CHECK(o.rank_errors[r].find("count 4") != std::string::npos);
+    CHECK(o.rank_errors[r].find("count 5") != std::string::npos);
+  }
+}
+
+TEST_CASE("a rank that returns early does not leave the others waiting") {
+  ddp::inproc::options opts;
+  opts.timeout = 60s;
+  auto o = run(
+      3,
+      [](auto& comm) {
+        std::vector<float> v(8, 1.0f);
+        ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+        if (comm.rank() == 0) return;
+        ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+      },
+      opts);
+  CHECK_FALSE(o.rethrown.empty());
+  CHECK(o.seconds < 10.0);  // far below the 60 s timeout
+  for (int r : {1, 2}) {
+    CAPTURE(o.rank_errors[r]);
+    CHECK(o.rank_errors[r].find("rank 0") != std::string::npos);
+  }
+}
+
+TEST_CASE("a failed asynchronous collective rethrows on every wait") {
+  auto o = run(2, [](auto& comm) {
+    std::vector<float> v(4, 1.0f);
+    if (comm.rank() == 1) throw std::logic_error("bad batch");
+    auto w = comm.all_reduce(ddp::as_buffer(std::span<const float>(v)),
+                             ddp::as_buffer(std::span<float>(v)), ddp::reduce_op::sum);
+    CHECK_THROWS_AS(w.wait(), ddp::peer_error);
+    CHECK(w.test());
+    w.wait();
+  });
+  CHECK(o.rethrown == "bad batch");
+  CHECK(o.rank_errors[0].find("rank 1 failed: bad batch") != std::string::npos);
+}
+
+TEST_CASE("launch returns each rank's result in rank order") {
+  auto results = ddp::inproc::launch(4, [](auto& comm) { return comm.rank() * 10; });
+  CHECK(results == std::vector<int>{0, 10, 20, 30});
+}
+
+TEST_CASE("invalid arguments are errors that name the collective") {
+  CHECK_THROWS_WITH_AS(ddp::inproc::world(0), doctest::Contains("world size must be at least 1"),
+                       ddp::error);
+  auto o = run(2, [](auto& comm) {
+    std::vector<float> send(4), recv(3);
+    ddp::all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+  });
+  CHECK(o.rank_errors[0].find("all_gather") != std::string::npos);
+  CHECK(o.rethrown.find("recv must hold size() * send.count") != std::string::npos);
+}
