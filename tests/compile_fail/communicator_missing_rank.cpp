@@ -11,6 +11,7 @@ struct no_rank {
   ddp::work all_gather(ddp::const_buffer, ddp::mutable_buffer) { return {}; }
   ddp::work reduce_scatter(ddp::const_buffer, ddp::mutable_buffer, ddp::reduce_op) { return {}; }
   ddp::work barrier() { return {}; }
+  void abort(const std::string&) {}
 };
 static_assert(ddp::diagnose_communicator<no_rank>());
 int main() {}

@@ -30,6 +30,10 @@
 //   reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op) send.count == size*recv.count,
 //                                                                     rank r gets block r reduced
 //   barrier()                                                         no rank leaves before all arrive
+//   abort(const std::string& reason)   this rank gives up: every pending and later collective,
+//                                      on every rank, fails with ddp::peer_error naming this rank
+//                                      and the reason (a backend that cannot tell its peers ends
+//                                      the job instead). Never blocks.
 //
 // Example:
 //   ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
@@ -37,6 +41,7 @@
 //     ddp::all_reduce(comm, std::span(v), ddp::reduce_op::sum);   // every element is 1
 //   });
 #include <concepts>
+#include <string>
 #include <string_view>
 
 #include "ddp/concepts/work.hpp"
@@ -75,6 +80,8 @@ concept has_reduce_scatter = requires(C& c, const_buffer s, mutable_buffer r, re
 };
 template <class C>
 concept has_barrier = requires(C& c) { { c.barrier() } -> work_handle; };
+template <class C>
+concept has_abort = requires(C& c, const std::string& reason) { c.abort(reason); };
 
 }  // namespace communicator_requirements
 
@@ -85,7 +92,8 @@ concept communicator =
     communicator_requirements::has_backend_name<C> &&
     communicator_requirements::has_all_reduce<C> && communicator_requirements::has_broadcast<C> &&
     communicator_requirements::has_all_gather<C> &&
-    communicator_requirements::has_reduce_scatter<C> && communicator_requirements::has_barrier<C>;
+    communicator_requirements::has_reduce_scatter<C> && communicator_requirements::has_barrier<C> &&
+    communicator_requirements::has_abort<C>;
 
 // Names every missing member in its own error; use at a boundary that takes a communicator:
 //   static_assert(ddp::diagnose_communicator<Comm>());
@@ -112,6 +120,8 @@ consteval bool diagnose_communicator() {
                 "reduce_op)` returning a work handle");
   static_assert(r::has_barrier<C>,
                 "ddp: the communicator lacks `barrier()` returning a work handle");
+  static_assert(r::has_abort<C>,
+                "ddp: the communicator lacks `abort(const std::string& reason)`");
   return communicator<C>;
 }
 

@@ -81,6 +81,8 @@ class communicator {
                   });
   }
 
+  void abort(const std::string& reason) { world_->fail(rank_, reason); }
+
   work barrier() {
     return submit("barrier", 0, dtype::u8, reduce_op::sum, 0, nullptr, nullptr,
                   [](const std::vector<slot*>&) {});

@@ -6,7 +6,10 @@
 
 namespace ddp::optim {
 
+struct slot;
+
 struct adamw {
+  using slot = optim::slot;
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;

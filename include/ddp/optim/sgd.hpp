@@ -6,7 +6,10 @@
 
 namespace ddp::optim {
 
+struct slot;
+
 struct sgd {
+  using slot = optim::slot;
   float lr = 0.01f;
   float momentum = 0.0f;
   float weight_decay = 0.0f;

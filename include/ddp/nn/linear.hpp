@@ -1,0 +1,66 @@
+#pragma once
+// y = x W^T + b, with W [out, in] and b [out] initialised as PyTorch's nn.Linear does
+// (uniform in +-1/sqrt(in)), from a seed so every rank can start from the same weights.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/core/random.hpp"
+#include "ddp/nn/blas.hpp"
+#include "ddp/nn/layer.hpp"
+
+namespace ddp::nn {
+
+class linear {
+ public:
+  linear(std::size_t in, std::size_t out, std::uint64_t seed) : in_(in), out_(out) {
+    blas::use_one_thread_per_rank();
+    params_.emplace_back("weight", shape_t{static_cast<std::int64_t>(out), static_cast<std::int64_t>(in)});
+    params_.emplace_back("bias", shape_t{static_cast<std::int64_t>(out)});
+    splitmix64 rng(seed);
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+    for (auto& w : params_[0].value()) w = rng.uniform(-bound, bound);
+    for (auto& b : params_[1].value()) b = rng.uniform(-bound, bound);
+  }
+
+  matrix forward(const matrix& x, bool training) {
+    require_cols(x, in_, "linear");
+    matrix y(x.rows, out_);
+    const float* b = params_[1].value().data();
+    for (std::size_t r = 0; r < y.rows; ++r) std::copy(b, b + out_, y.row(r));
+    blas::gemm(false, true, x.rows, out_, in_, 1.0f, x.data.data(), in_, params_[0].value().data(), in_,
+               1.0f, y.data.data(), out_);
+    if (training) saved_.push_back(x);
+    return y;
+  }
+
+  matrix backward(const matrix& dy, bool need_dx) {
+    const matrix x = pop_saved(saved_, "linear");
+    require_cols(dy, out_, "linear backward");
+    // dW += dy^T x ; db += column sums of dy ; dx = dy W
+    blas::gemm(true, false, out_, in_, x.rows, 1.0f, dy.data.data(), out_, x.data.data(), in_, 1.0f,
+               params_[0].grad().data(), in_);
+    float* db = params_[1].grad().data();
+    for (std::size_t r = 0; r < dy.rows; ++r) {
+      const float* d = dy.row(r);
+      for (std::size_t c = 0; c < out_; ++c) db[c] += d[c];
+    }
+    if (!need_dx) return {};
+    matrix dx(dy.rows, in_);
+    blas::gemm(false, false, dy.rows, in_, out_, 1.0f, dy.data.data(), out_, params_[0].value().data(), in_,
+               0.0f, dx.data.data(), in_);
+    return dx;
+  }
+
+  std::span<parameter> params() noexcept { return params_; }
+  std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
+  std::size_t in_features() const noexcept { return in_; }
+  std::size_t out_features() const noexcept { return out_; }
+
+ private:
+  std::size_t in_, out_;
+  std::vector<parameter> params_;
+  std::vector<matrix> saved_;
+};
+
+}  // namespace ddp::nn

@@ -1,0 +1,92 @@
+#pragma once
+// Sampler policies: which dataset indices each rank visits in an epoch.
+//
+//   distributed<shuffle, tail>   the epoch's order (a permutation seeded by seed and epoch when
+//                                shuffling) is dealt round-robin: rank r takes positions r,
+//                                r + world, ... as PyTorch's DistributedSampler. tail::pad
+//                                repeats from the start so every rank gets ceil(n / world)
+//                                indices and every sample is visited; tail::drop cuts the order
+//                                to floor(n / world) per rank, so no sample is seen twice.
+//   contiguous                   rank r takes the r-th of `world` equal slices, in order; the
+//                                remainder is dropped. For data whose locality matters.
+//
+// The trainer owns the epoch counter and passes it in (pitfall P4): the order changes every
+// epoch, and is identical on every run with the same seed.
+#include <cstddef>
+#include <cstdint>
+#include <range/v3/range/conversion.hpp>
+#include <range/v3/view/cycle.hpp>
+#include <range/v3/view/drop.hpp>
+#include <range/v3/view/iota.hpp>
+#include <range/v3/view/stride.hpp>
+#include <range/v3/view/take.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddp/core/random.hpp"
+#include "ddp/policy/slots.hpp"
+
+namespace ddp::sampler {
+
+enum class tail { pad, drop };
+
+struct slot;
+
+// The permutation of 0..n-1 for (seed, epoch): Fisher-Yates with an unbiased bounded draw.
+inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
+  auto order = ranges::views::iota(std::size_t{0}, n) | ranges::to<std::vector>();
+  splitmix64 rng(seed * 0x2545f4914f6cdd1dull + epoch);
+  for (std::size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+  return order;
+}
+
+template <bool Shuffle = true, tail Tail = tail::pad>
+struct distributed {
+  using slot = sampler::slot;
+  static constexpr bool shuffle = Shuffle;
+  static constexpr bool is_distributed = true;
+  static constexpr sampler::tail tail_mode = Tail;
+  static constexpr std::string_view name = Shuffle ? (Tail == tail::pad ? "distributed(shuffle, pad)"
+                                                                        : "distributed(shuffle, drop)")
+                                                   : (Tail == tail::pad ? "distributed(in order, pad)"
+                                                                        : "distributed(in order, drop)");
+
+  static std::size_t per_rank(std::size_t n, int world) {
+    const auto w = static_cast<std::size_t>(world);
+    return Tail == tail::pad ? (n + w - 1) / w : n / w;
+  }
+
+  static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t seed,
+                                          std::uint64_t epoch) {
+    if (n == 0) return {};
+    auto order = Shuffle ? permutation(n, seed, epoch)
+                         : ranges::views::iota(std::size_t{0}, n) | ranges::to<std::vector>();
+    const std::size_t total = per_rank(n, world) * static_cast<std::size_t>(world);
+    return order | ranges::views::cycle | ranges::views::take(total) |
+           ranges::views::drop(static_cast<std::size_t>(rank)) |
+           ranges::views::stride(static_cast<std::ptrdiff_t>(world)) | ranges::to<std::vector>();
+  }
+};
+
+struct contiguous {
+  using slot = sampler::slot;
+  static constexpr bool shuffle = false;
+  static constexpr bool is_distributed = false;
+  static constexpr std::string_view name = "contiguous";
+
+  static std::size_t per_rank(std::size_t n, int world) { return n / static_cast<std::size_t>(world); }
+
+  static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t,
+                                          std::uint64_t) {
+    const std::size_t m = per_rank(n, world), begin = m * static_cast<std::size_t>(rank);
+    return ranges::views::iota(begin, begin + m) | ranges::to<std::vector>();
+  }
+};
+
+struct slot {
+  static constexpr std::string_view name = "sampler";
+  using default_policy = distributed<true, tail::pad>;
+};
+
+}  // namespace ddp::sampler

@@ -1,0 +1,692 @@
+#pragma once
+// ddp::trainer<Module, Policies...>: N copies of a module on N ranks trained as one run on the
+// global batch.
+//
+//   using trainer_t = ddp::trainer<my_model, ddp::buffer_sync::average_once_per_step,
+//                                  ddp::unused_params::detect_each_step, ddp::optim::adamw>;
+//   trainer_t trainer(model, comm, device, ddp::optim::adamw{.lr = 1e-3f});
+//   trainer.step([&](auto& replica) {
+//     auto out = replica.forward(x);
+//     auto [loss, grad] = loss_fn(out, y);
+//     replica.backward(grad);
+//   });
+//
+// Policies go in any order; empty slots take defaults (see ddp/policy/*.hpp, ddp/optim,
+// ddp/sampler, ddp/policy/engine.hpp). Construction checks that every tensor is on the rank's
+// device (P3) and that every rank holds the same model (P5), then broadcasts rank 0's
+// parameters and buffers. A step may run any number of forwards and backwards (each backward
+// pops the innermost forward); gradients are averaged over ranks and micro-batches, so the
+// update equals one step on the concatenated global batch.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <ranges>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ddp/concepts/module.hpp"
+#include "ddp/core/device_array.hpp"
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/policy/bucket_cap.hpp"
+#include "ddp/policy/buffer_sync.hpp"
+#include "ddp/policy/engine.hpp"
+#include "ddp/policy/unused_params.hpp"
+#include "ddp/sampler/sampler.hpp"
+#include "ddp/trainer/bucket_plan.hpp"
+#include "ddp/trainer/consensus.hpp"
+#include "ddp/trainer/metrics.hpp"
+#include "ddp/trainer/signature.hpp"
+
+namespace ddp {
+
+struct trainer_options {
+  // Seeds the sampler's order; with the same seed every run visits the data identically.
+  std::uint64_t seed = 0;
+};
+
+using trainer_slots =
+    policy::slot_list<buffer_sync::slot, unused_params::slot, sampler::slot,
+                      bucket_cap_detail::slot, optim::slot, engine_detail::communicator_slot,
+                      engine_detail::device_slot>;
+
+// Checks on a combination of policies that are valid one by one.
+template <class Module, class Comm, class Device, class Unused>
+consteval bool valid_combination() {
+  static_assert(Comm::memory_kind == Device::kind,
+                "ddp: the communicator and the device disagree on where memory lives: an "
+                "in-process or MPI communicator moves host memory, NCCL moves CUDA memory. Pair "
+                "ddp::host::device with inproc/mpi, and ddp::cuda::device with nccl.");
+  constexpr bool detects = !std::is_same_v<Unused, unused_params::forbid>;
+  static_assert(!detects || reports_gradient_ready<Module>,
+                "ddp: unused_params::detect_each_step and unused_params::static_graph need a "
+                "module that reports ready gradients: declare `static constexpr bool "
+                "reports_gradient_ready = true;` and call ready(i) in backward for every "
+                "parameter that got a gradient; or use unused_params::forbid.");
+  return true;
+}
+
+template <class Module, class... Policies>
+class trainer {
+  static_assert(diagnose_module<Module>());
+  using resolved = policy::resolve<trainer_slots, Policies...>;
+  static_assert(resolved::valid, "ddp: see the policy error above");
+
+ public:
+  using module_type = Module;
+  using buffer_sync_policy = typename resolved::template get<buffer_sync::slot>;
+  using unused_params_policy = typename resolved::template get<unused_params::slot>;
+  using sampler_policy = typename resolved::template get<sampler::slot>;
+  using optimizer_type = typename resolved::template get<optim::slot>;
+  using communicator_type = typename resolved::template get<engine_detail::communicator_slot>::type;
+  using device_type = typename resolved::template get<engine_detail::device_slot>::type;
+  static constexpr std::size_t bucket_cap_bytes =
+      resolved::template get<bucket_cap_detail::slot>::bytes;
+  static_assert(valid_combination<Module, communicator_type, device_type, unused_params_policy>());
+
+  using input_type = typename Module::input_type;
+  using output_type = typename Module::output_type;
+
+  // What a step function works with: forward and backward of the module, with the trainer's
+  // buffer synchronisation, readiness tracking and P1 checks around them.
+  class replica {
+   public:
+    output_type forward(const input_type& x) { return t_.forward(x); }
+    void backward(const output_type& grad_output) { t_.backward(grad_output); }
+    Module& module() noexcept { return t_.module_; }
+    int rank() const noexcept { return t_.comm_.rank(); }
+
+   private:
+    friend class trainer;
+    explicit replica(trainer& t) : t_(t) {}
+    trainer& t_;
+  };
+
+  trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
+          trainer_options options = {})
+      : module_(module), comm_(comm), device_(dev), optimizer_(opt), options_(options) {
+    collect_tensors();
+    check_devices();
+    detail::check_same_model(comm_, device_, signature());
+    build_buckets();
+    broadcast_state();
+    zero_gradients();
+  }
+
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  // Reductions still in flight (a step that failed half-way) finish before bucket memory goes.
+  ~trainer() {
+    for (auto& bk : buckets_)
+      if (bk.work) try {
+          bk.work->wait();
+        } catch (...) {
+        }
+  }
+
+  // One micro-batch whose gradients accumulate without reduction (no communication).
+  template <class F>
+  decltype(auto) accumulate(F&& step_fn) {
+    return run_micro_batch(std::forward<F>(step_fn), /*final=*/false);
+  }
+
+  // The last (or only) micro-batch: gradients are reduced while backward runs, averaged over
+  // ranks and micro-batches, and the optimizer updates every parameter.
+  template <class F>
+  decltype(auto) step(F&& step_fn) {
+    return run_micro_batch(std::forward<F>(step_fn), /*final=*/true);
+  }
+
+  // This rank's indices for the next epoch; the trainer advances the epoch itself (P4).
+  std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
+    return sampler_policy::indices(dataset_size, comm_.rank(), comm_.size(), options_.seed,
+                                   epoch_++);
+  }
+  // Batches of a loader for the next epoch (a loader that shuffles on its own cannot be
+  // combined with a distributed sampler, which already shuffles per epoch: P4).
+  template <class Loader>
+  auto epoch(Loader& loader) {
+    static_assert(!(Loader::shuffles_itself && sampler_policy::is_distributed),
+                  "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
+                  "already orders the data per epoch (pitfall P4); use a loader without a "
+                  "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
+    return loader.batches(next_epoch_indices(loader.dataset_size()));
+  }
+  std::uint64_t epochs_started() const noexcept { return epoch_; }
+  // Steps this rank takes per epoch, equal on every rank.
+  std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const {
+    return sampler_policy::per_rank(dataset_size, comm_.size()) / batch;
+  }
+
+  // Global sums of per-rank metrics (P6): every rank gets the same values.
+  template <std::size_t N>
+  std::array<metric, N> reduce(std::array<metric, N> local) {
+    std::array<double, 2 * N> flat;
+    for (std::size_t i = 0; i < N; ++i) flat[2 * i] = local[i].sum, flat[2 * i + 1] = local[i].count;
+    detail::host_all_reduce(comm_, device_, std::span<double>(flat), reduce_op::sum);
+    for (std::size_t i = 0; i < N; ++i) local[i] = {flat[2 * i], flat[2 * i + 1]};
+    return local;
+  }
+  metric reduce(metric m) { return reduce(std::array<metric, 1>{m})[0]; }
+
+  Module& module() noexcept { return module_; }
+  communicator_type& communicator() noexcept { return comm_; }
+  device_type& device() noexcept { return device_; }
+  const optimizer_type& optimizer() const noexcept { return optimizer_; }
+  optimizer_type& optimizer() noexcept { return optimizer_; }
+  std::uint64_t steps() const noexcept { return steps_; }
+  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  std::vector<std::size_t> bucket_sizes() const {
+    std::vector<std::size_t> s;
+    for (const auto& b : buckets_) s.push_back(b.numel);
+    return s;
+  }
+  const overlap_timing& last_step_overlap() const noexcept { return overlap_; }
+  // Parameters the last step left to the optimizer unchanged because no rank used them.
+  std::vector<std::string> skipped_parameters() const {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!update_[i]) names.push_back(params_[i].name);
+    return names;
+  }
+
+  static std::string describe_policies() {
+    return "buffer_sync=" + std::string(buffer_sync_policy::name) +
+           ", unused_params=" + std::string(unused_params_policy::name) +
+           ", sampler=" + std::string(sampler_policy::name) +
+           ", bucket_cap=" + std::to_string(bucket_cap_bytes >> 10) + " KiB" +
+           ", optimizer=" + optimizer_type::name +
+           ", communicator=" + std::string(communicator_type::backend_name);
+  }
+
+ private:
+  using work_type = decltype(std::declval<communicator_type&>().all_reduce(
+      const_buffer{}, mutable_buffer{}, reduce_op::avg));
+  static constexpr bool reports = reports_gradient_ready<Module>;
+  static constexpr bool binds = binds_gradient_storage<Module>;
+  static constexpr bool forbid = std::is_same_v<unused_params_policy, unused_params::forbid>;
+  static constexpr bool detect_each = std::is_same_v<unused_params_policy, unused_params::detect_each_step>;
+  static constexpr bool static_graph = std::is_same_v<unused_params_policy, unused_params::static_graph>;
+  static constexpr bool sync_each_forward =
+      std::is_same_v<buffer_sync_policy, buffer_sync::broadcast_each_forward>;
+  using clock = std::chrono::steady_clock;
+
+  struct param_info {
+    std::string name;
+    float* value = nullptr;
+    float* grad = nullptr;  // where backward accumulates (bucket memory when bound)
+    std::size_t numel = 0;
+    shape_t shape;
+    detail::bucket_slot slot;
+  };
+  struct buffer_info {
+    std::string name;
+    tensor_ref value;
+    buffer_version* version = nullptr;
+    std::uint64_t synced_at = 0;  // version right after the trainer last overwrote it
+  };
+  struct bucket {
+    std::vector<std::size_t> params;
+    std::vector<segment> segments;  // module grad <-> bucket grads
+    std::size_t numel = 0;
+    std::size_t control = 0;  // extra floats after the gradients (last bucket only)
+    device_array<device_type, float> grads;
+    device_array<device_type, float> state;  // optimizer state, state_slots * numel
+    std::size_t pending = 0;
+    bool launched = false;
+    std::optional<work_type> work;
+    clock::time_point launched_at;
+  };
+
+  // ---- construction -------------------------------------------------------------------
+
+  void collect_tensors() {
+    for (auto&& p : module_.parameters()) {
+      parameter_ref ref = p;
+      if (ref.value.type != dtype::f32 || ref.grad.type != dtype::f32)
+        fail_construct("parameter '" + ref.name + "' is " + std::string(name_of(ref.value.type)) +
+                       " with a " + std::string(name_of(ref.grad.type)) +
+                       " gradient; the trainer keeps f32 parameters and gradients (cast the "
+                       "module to f32, or keep the other dtype as a buffer)");
+      if (ref.grad.numel() != ref.value.numel())
+        fail_construct("parameter '" + ref.name + "' has " + std::to_string(ref.value.numel()) +
+                       " elements but its gradient " + std::to_string(ref.grad.numel()));
+      params_.push_back({ref.name, static_cast<float*>(ref.value.data),
+                         static_cast<float*>(ref.grad.data), ref.value.numel(), ref.value.shape, {}});
+      param_refs_.push_back(std::move(ref));
+    }
+    if (params_.empty()) fail_construct("the module has no parameters: there is nothing to train");
+    for (auto&& b : module_.buffers()) {
+      buffer_ref ref = b;
+      buffers_.push_back({ref.name, ref.value, ref.version, 0});
+    }
+    update_.assign(params_.size(), 1);
+    used_.assign(params_.size(), 0);
+    reported_.assign(params_.size(), 0);
+    adam_steps_.assign(params_.size(), 0);
+  }
+
+  [[noreturn]] void fail_construct(const std::string& what) const {
+    throw error("trainer", "construct", comm_.rank(), what);
+  }
+
+  // P3: every tensor must live on this rank's device; checked on every rank before any
+  // collective touches a tensor, and reported on every rank.
+  void check_devices() {
+    const device_id mine = device_.id();
+    std::optional<std::string> problem;
+    auto check = [&](const std::string& what, const tensor_ref& t) {
+      if (problem || t.numel() == 0) return;
+      const device_id declared = t.device;
+      const device_id actual = device_.locate(t.data).value_or(declared);
+      if (declared != mine || actual != mine)
+        problem = what + " lives on " + actual.to_string() + " but this rank's device is " +
+                  mine.to_string() + "; move the module to the rank's device before building "
+                  "the trainer (rank r uses the device its launcher binds, see docs/backends.md)";
+    };
+    for (const auto& p : param_refs_) {
+      check("parameter '" + p.name + "'", p.value);
+      check("the gradient of parameter '" + p.name + "'", p.grad);
+    }
+    for (const auto& b : buffers_) check("buffer '" + b.name + "'", b.value);
+    detail::agree_or_throw(comm_, device_, problem, "construct",
+                           "a tensor is not on its rank's device (pitfall P3)");
+  }
+
+  std::vector<detail::signature_entry> signature() const {
+    std::vector<detail::signature_entry> s;
+    for (const auto& p : param_refs_) s.push_back({"parameter", p.name, p.value.type, p.value.shape});
+    for (const auto& b : buffers_) s.push_back({"buffer", b.name, b.value.type, b.value.shape});
+    return s;
+  }
+
+  void build_buckets() {
+    std::vector<std::size_t> numels;
+    for (const auto& p : params_) numels.push_back(p.numel);
+    auto plan = detail::plan_buckets(numels, bucket_cap_bytes);
+    buckets_.resize(plan.buckets.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto& bk = buckets_[b];
+      bk.params = plan.buckets[b];
+      bk.numel = plan.sizes[b];
+      if (b + 1 == buckets_.size()) bk.control = control_size();
+      bk.grads = device_array<device_type, float>(device_, bk.numel + bk.control);
+      bk.state = device_array<device_type, float>(
+          device_, bk.numel * static_cast<std::size_t>(optimizer_type::state_slots));
+      device_.fill_zero(bk.state.data(), bk.state.size() * sizeof(float));
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
+      p.slot = plan.slots[i];
+      auto& bk = buckets_[p.slot.bucket];
+      if constexpr (binds) {
+        p.grad = bk.grads.data() + p.slot.offset;
+        module_.bind_gradient(i, p.grad);
+      }
+      bk.segments.push_back({p.grad, p.slot.offset, p.numel});
+    }
+  }
+
+  // The last bucket carries the unused-parameter check: one flag, or one flag per parameter.
+  std::size_t control_size() const {
+    if constexpr (!reports) return 0;
+    else if constexpr (forbid) return 1;
+    else return params_.size() + 1;
+  }
+
+  void broadcast_state() {
+    for (auto& p : params_)
+      comm_.broadcast(mutable_buffer{p.value, p.numel, dtype::f32}, 0).wait();
+    for (auto& b : buffers_) overwrite_buffer(b, [&] {
+      comm_.broadcast(mutable_buffer{b.value.data, b.value.numel(), b.value.type}, 0).wait();
+    });
+  }
+
+  // ---- the step -----------------------------------------------------------------------
+
+  template <class F>
+  decltype(auto) run_micro_batch(F&& step_fn, bool final) {
+    if (broken_) throw error("trainer", "step", comm_.rank(), "the trainer is unusable after a "
+                             "failed step: " + *broken_);
+    final_ = final;
+    replica r(*this);
+    try {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
+        step_fn(r);
+        end_micro_batch();
+      } else {
+        decltype(auto) result = step_fn(r);
+        end_micro_batch();
+        return result;
+      }
+    } catch (const std::exception& e) {
+      // Peers may be waiting in a collective this rank will never issue: release them now.
+      broken_ = e.what();
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+
+  output_type forward(const input_type& x) {
+    sync_buffers_before_forward();
+    ++tape_depth_;
+    return module_.forward(x);
+  }
+
+  void backward(const output_type& grad_output) {
+    if (tape_depth_ == 0)
+      throw error("trainer", "backward", comm_.rank(),
+                  "backward without a pending forward in this step: call replica.forward "
+                  "before each replica.backward");
+    check_saved_buffers();
+    const bool last = tape_depth_ == 1 && final_;
+    if (last) begin_final_backward();
+    active_ = last;
+    auto on_ready = [this](std::size_t i) { this->on_ready(i); };
+    module_.backward(grad_output, ready_sink(on_ready));
+    active_ = false;
+    --tape_depth_;
+    if (last) backward_done_ = clock::now();
+  }
+
+  void on_ready(std::size_t i) {
+    if (i >= params_.size())
+      throw error("trainer", "backward", comm_.rank(),
+                  "the module reported parameter index " + std::to_string(i) + " ready, but it has " +
+                      std::to_string(params_.size()) + " parameters");
+    used_[i] = 1;
+    if (!active_) return;
+    if (reported_[i])
+      throw error("trainer", "backward", comm_.rank(),
+                  "parameter '" + params_[i].name + "' was reported ready twice in one backward; "
+                  "report each parameter once, when its gradient is final");
+    reported_[i] = 1;
+    if (static_graph && learned_ && !learned_used_[i]) {
+      // Counted as a change when the last bucket goes; after that it is too late to tell the
+      // peers through it, so this rank fails and abort() tells them.
+      if (buckets_.back().launched)
+        throw error("trainer", "backward", comm_.rank(),
+                    "parameter '" + params_[i].name + "' got a gradient, but "
+                    "unused_params::static_graph learned in the first step that it is unused; "
+                    "use ddp::unused_params::detect_each_step when the set of used parameters "
+                    "changes between steps");
+      return;
+    }
+    auto& bk = buckets_[params_[i].slot.bucket];
+    if (--bk.pending == 0) launch_ready_buckets();
+  }
+
+  void begin_final_backward() {
+    for (auto& bk : buckets_) bk.pending = bk.params.size();
+    std::fill(reported_.begin(), reported_.end(), 0);
+    if constexpr (static_graph) {
+      if (learned_)
+        for (std::size_t i = 0; i < params_.size(); ++i)
+          if (!learned_used_[i]) --buckets_[params_[i].slot.bucket].pending;
+    }
+    if constexpr (reports) launch_ready_buckets();
+  }
+
+  // Buckets go strictly in index order, so every rank issues the same collectives in the same
+  // order whatever order its backward finishes parameters in.
+  void launch_ready_buckets() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0)
+      launch(next_launch_++);
+  }
+
+  void launch(std::size_t b) {
+    auto& bk = buckets_[b];
+    if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
+    if (bk.control) write_control(bk);
+    bk.launched_at = clock::now();
+    bk.work.emplace(comm_.all_reduce(const_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
+                                     mutable_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
+                                     reduce_op::avg));
+    bk.launched = true;
+  }
+
+  // Control floats: [problem count, used flag per parameter (detecting policies)].
+  void write_control(bucket& bk) {
+    std::vector<float> control(bk.control, 0.0f);
+    control[0] = static_cast<float>(local_problems());
+    if constexpr (!forbid)
+      for (std::size_t i = 0; i < params_.size(); ++i) control[1 + i] = used_[i] ? 1.0f : 0.0f;
+    device_.copy_from_host(bk.grads.data() + bk.numel, control.data(), control.size() * sizeof(float));
+  }
+
+  // Parameters that break the policy on this rank: unused ones (forbid), changed ones
+  // (static_graph after its first step).
+  std::size_t local_problems() const {
+    std::size_t n = 0;
+    if constexpr (forbid) {
+      for (auto u : used_) n += !u;
+    } else if constexpr (static_graph) {
+      if (learned_)
+        for (std::size_t i = 0; i < params_.size(); ++i) n += (used_[i] != 0) != (learned_used_[i] != 0);
+    }
+    return n;
+  }
+
+  void end_micro_batch() {
+    if (tape_depth_ != 0) {
+      const auto n = tape_depth_;
+      tape_depth_ = 0;
+      throw error("trainer", "step", comm_.rank(),
+                  std::to_string(n) + " forward(s) in this step had no backward; call "
+                  "replica.backward once per forward, innermost first");
+    }
+    ++micro_batches_;
+    if (!final_) return;
+    if (!reports) std::fill(used_.begin(), used_.end(), 1);
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
+    next_launch_ = buckets_.size();
+    for (auto& bk : buckets_) bk.work->wait();
+    measure_overlap();
+    if constexpr (reports) check_unused();
+    finish_update();
+  }
+
+  void measure_overlap() {
+    overlap_ = {};
+    if constexpr (requires(work_type w) { w.started(); w.finished(); }) {
+      for (auto& bk : buckets_) {
+        const auto start = bk.work->started(), finish = bk.work->finished();
+        overlap_.reduction_seconds += std::chrono::duration<double>(finish - start).count();
+        const auto cut = std::min(finish, backward_done_);
+        if (cut > start) overlap_.overlapped_seconds += std::chrono::duration<double>(cut - start).count();
+      }
+    }
+  }
+
+  void check_unused() {
+    auto& last = buckets_.back();
+    std::vector<float> control(last.control);
+    device_.copy_to_host(control.data(), last.grads.data() + last.numel, control.size() * sizeof(float));
+    if (control[0] > 0.0f) report_unused();
+    if constexpr (!forbid) {
+      if (!learned_ || detect_each) {
+        for (std::size_t i = 0; i < params_.size(); ++i) update_[i] = control[1 + i] > 0.0f;
+        if constexpr (static_graph) {
+          learned_used_ = used_;
+          learned_ = true;
+        }
+      }
+    }
+  }
+
+  // Slow path, taken only when some rank broke the policy: gather who used what and raise the
+  // same error on every rank.
+  [[noreturn]] void report_unused() {
+    std::vector<std::uint8_t> mine(used_.begin(), used_.end());
+    auto all = detail::host_all_gather(comm_, device_, std::span<const std::uint8_t>(mine));
+    const std::size_t n = params_.size();
+    std::string list;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::string ranks;
+      for (int r = 0; r < comm_.size(); ++r) {
+        const bool used_now = all[static_cast<std::size_t>(r) * n + i] != 0;
+        const bool problem = forbid ? !used_now : false;
+        if (problem) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if constexpr (static_graph) {
+        // Each rank knows only its own learned set: name the parameters whose use changed here.
+        const bool changed = (used_[i] != 0) != (learned_used_[i] != 0);
+        if (changed) ranks = std::to_string(comm_.rank());
+      }
+      if (!ranks.empty())
+        list += "\n  '" + params_[i].name + "' (" + (forbid ? "no gradient on rank(s) " : "use changed on rank ") +
+                ranks + ")";
+    }
+    broken_ = "unused parameters";
+    if constexpr (forbid)
+      throw error("trainer", "step", comm_.rank(),
+                  "parameters received no gradient in this step (pitfall P2):" + list +
+                      "\nWith unused_params::forbid every parameter must get a gradient on every "
+                      "rank in every step. Use ddp::unused_params::detect_each_step when the set "
+                      "of used parameters changes between steps, or "
+                      "ddp::unused_params::static_graph when it is fixed.");
+    else
+      throw error("trainer", "step", comm_.rank(),
+                  "the set of used parameters changed after the first step, which "
+                  "unused_params::static_graph learned it in" +
+                      (list.empty() ? std::string(" (on another rank)") : ":" + list) +
+                      "\nUse ddp::unused_params::detect_each_step when the set changes between steps.");
+  }
+
+  void finish_update() {
+    const float inv_micro = 1.0f / static_cast<float>(micro_batches_);
+    for (auto& bk : buckets_) {
+      if (micro_batches_ > 1) device_.scale(bk.grads.data(), bk.numel, inv_micro);
+      if constexpr (!binds) device_.unpack(bk.segments, bk.grads.data());
+      apply_optimizer(bk);
+    }
+    zero_gradients();
+    for (auto& bk : buckets_) bk.work.reset(), bk.launched = false;
+    next_launch_ = 0;
+    micro_batches_ = 0;
+    std::fill(used_.begin(), used_.end(), 0);
+    buffers_synced_ = false;
+    ++steps_;
+  }
+
+  void apply_optimizer(bucket& bk) {
+    std::vector<segment> segs;
+    std::vector<std::int64_t> counts;  // AdamW: each parameter's own update count, as PyTorch
+    for (const auto i : bk.params) {
+      if (!update_[i]) continue;
+      segs.push_back({params_[i].value, params_[i].slot.offset, params_[i].numel});
+      counts.push_back(++adam_steps_[i]);
+    }
+    if (segs.empty()) return;
+    if constexpr (std::is_same_v<optimizer_type, optim::sgd>) {
+      device_.sgd_update(segs, bk.grads.data(), bk.state.data(), optimizer_);
+    } else {
+      float* m = bk.state.data();
+      float* v = bk.state.data() + bk.numel;
+      for (std::size_t begin = 0, end; begin < segs.size(); begin = end) {
+        for (end = begin + 1; end < segs.size() && counts[end] == counts[begin];) ++end;
+        device_.adamw_update(std::span(segs).subspan(begin, end - begin), bk.grads.data(), m, v,
+                             optimizer_, counts[begin]);
+      }
+    }
+  }
+
+  void zero_gradients() {
+    if constexpr (binds)
+      for (auto& bk : buckets_) device_.fill_zero(bk.grads.data(), bk.numel * sizeof(float));
+    else
+      for (auto& p : params_) device_.fill_zero(p.grad, p.numel * sizeof(float));
+  }
+
+  // ---- buffers ------------------------------------------------------------------------
+
+  template <class Write>
+  void overwrite_buffer(buffer_info& b, Write write) {
+    write();
+    if (b.version) {
+      b.version->bump();
+      b.synced_at = b.version->value();
+    }
+  }
+
+  void sync_buffers_before_forward() {
+    if constexpr (std::is_same_v<buffer_sync_policy, buffer_sync::none>) {
+      return;
+    } else {
+      if (!sync_each_forward && buffers_synced_) return;
+      buffers_synced_ = true;
+      for (auto& b : buffers_) {
+        const mutable_buffer buf{b.value.data, b.value.numel(), b.value.type};
+        if constexpr (std::is_same_v<buffer_sync_policy, buffer_sync::average_once_per_step>) {
+          if (is_floating(b.value.type)) {
+            overwrite_buffer(b, [&] { comm_.all_reduce(buf, buf, reduce_op::avg).wait(); });
+            continue;
+          }
+        }
+        overwrite_buffer(b, [&] { comm_.broadcast(buf, 0).wait(); });
+      }
+    }
+  }
+
+  // P1: a backward must read each buffer it saved as its forward saw it.
+  void check_saved_buffers() const {
+    for (const auto& b : buffers_) {
+      if (!b.version) continue;
+      const auto saved = b.version->innermost_saved();
+      if (!saved || *saved == b.version->value()) continue;
+      if (b.synced_at > *saved)
+        throw error("trainer", "backward", comm_.rank(),
+                    "buffer '" + b.name + "' was saved for backward at version " +
+                        std::to_string(*saved) + ", then buffer_sync::" +
+                        std::string(buffer_sync_policy::name) +
+                        " overwrote it before this backward (now version " +
+                        std::to_string(b.version->value()) +
+                        "), so the gradient would use values the forward never saw (pitfall "
+                        "P1). Use ddp::buffer_sync::broadcast_once_per_step: it syncs buffers "
+                        "once, before the step's first forward, so any number of forwards is safe.");
+      throw error("trainer", "backward", comm_.rank(),
+                  "buffer '" + b.name + "' was saved for backward at version " +
+                      std::to_string(*saved) + " and modified since (now version " +
+                      std::to_string(b.version->value()) +
+                      ") by the module itself; do not write a buffer that a pending backward "
+                      "still needs");
+    }
+  }
+
+  Module& module_;
+  communicator_type& comm_;
+  device_type& device_;
+  optimizer_type optimizer_;
+  trainer_options options_;
+
+  std::vector<parameter_ref> param_refs_;
+  std::vector<param_info> params_;
+  std::vector<buffer_info> buffers_;
+  std::vector<bucket> buckets_;
+
+  // Per-step state.
+  int tape_depth_ = 0;
+  bool final_ = false;
+  bool active_ = false;
+  std::size_t next_launch_ = 0;
+  std::size_t micro_batches_ = 0;
+  bool buffers_synced_ = false;
+  std::vector<char> used_;      // reported in any backward of this step
+  std::vector<char> reported_;  // reported in the final backward
+  clock::time_point backward_done_{};
+
+  // Across steps.
+  std::vector<char> update_;  // the optimizer updates parameter i
+  bool learned_ = false;      // static_graph: first step done
+  std::vector<char> learned_used_;
+  std::vector<std::int64_t> adam_steps_;
+  std::uint64_t steps_ = 0;
+  std::uint64_t epoch_ = 0;
+  overlap_timing overlap_;
+  std::optional<std::string> broken_;
+};
+
+}  // namespace ddp

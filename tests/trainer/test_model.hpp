@@ -1,0 +1,163 @@
+#pragma once
+// Models and data shared by the trainer tests, and a single-process reference trainer that
+// runs the same model on the whole global batch with no ddp machinery at all.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/core/random.hpp"
+#include "ddp/host/kernels.hpp"
+#include "ddp/nn/cross_entropy.hpp"
+#include "ddp/nn/linear.hpp"
+#include "ddp/nn/relu.hpp"
+#include "ddp/nn/sequential.hpp"
+
+namespace test {
+
+// y = x * gamma + beta per feature, with BatchNorm-style buffers: in training it tracks the
+// running mean of its input (momentum 0.1) and counts batches. Its training output does not
+// depend on the batch, so K steps on N ranks equal K steps on the global batch exactly, while
+// every buffer-sync policy still has real buffers to keep in sync.
+class tracked_affine {
+ public:
+  explicit tracked_affine(std::size_t f)
+      : f_(f), running_mean_("running_mean", f, 0.0f), batches_("num_batches_tracked", 1, 0) {
+    params_.emplace_back("weight", ddp::shape_t{static_cast<std::int64_t>(f)});
+    params_.emplace_back("bias", ddp::shape_t{static_cast<std::int64_t>(f)});
+    for (std::size_t c = 0; c < f; ++c) params_[0].value()[c] = 1.0f + 0.01f * static_cast<float>(c);
+  }
+  ddp::nn::matrix forward(const ddp::nn::matrix& x, bool training) {
+    ddp::nn::matrix y(x.rows, f_);
+    auto g = params_[0].value();
+    auto b = params_[1].value();
+    for (std::size_t r = 0; r < x.rows; ++r)
+      for (std::size_t c = 0; c < f_; ++c) y(r, c) = x(r, c) * g[c] + b[c];
+    if (training) {
+      auto rm = running_mean_.data();
+      for (std::size_t c = 0; c < f_; ++c) {
+        double s = 0;
+        for (std::size_t r = 0; r < x.rows; ++r) s += x(r, c);
+        rm[c] = 0.9f * rm[c] + 0.1f * static_cast<float>(s / static_cast<double>(x.rows));
+      }
+      running_mean_.version().bump();
+      ++batches_.data()[0];
+      batches_.version().bump();
+      saved_.push_back(x);
+    }
+    return y;
+  }
+  ddp::nn::matrix backward(const ddp::nn::matrix& dy, bool need_dx) {
+    auto x = ddp::nn::pop_saved(saved_, "tracked_affine");
+    auto g = params_[0].value();
+    auto dg = params_[0].grad();
+    auto db = params_[1].grad();
+    ddp::nn::matrix dx(dy.rows, f_);
+    for (std::size_t r = 0; r < dy.rows; ++r)
+      for (std::size_t c = 0; c < f_; ++c) {
+        dg[c] += dy(r, c) * x(r, c);
+        db[c] += dy(r, c);
+        dx(r, c) = dy(r, c) * g[c];
+      }
+    if (!need_dx) return {};
+    return dx;
+  }
+  std::span<ddp::nn::parameter> params() noexcept { return params_; }
+  std::vector<ddp::buffer_ref> buffer_refs(const std::string& prefix) {
+    return {running_mean_.ref(prefix), batches_.ref(prefix)};
+  }
+  std::span<const float> running_mean() const { return running_mean_.data(); }
+
+ private:
+  std::size_t f_;
+  std::vector<ddp::nn::parameter> params_;
+  ddp::nn::buffer<float> running_mean_;
+  ddp::nn::buffer<std::int64_t> batches_;
+  std::vector<ddp::nn::matrix> saved_;
+};
+
+using mlp = ddp::nn::sequential<ddp::nn::linear, tracked_affine, ddp::nn::relu, ddp::nn::linear,
+                                ddp::nn::relu, ddp::nn::linear>;
+
+inline constexpr std::size_t in_features = 6, classes = 3;
+
+inline mlp make_mlp(std::uint64_t seed) {
+  return mlp(ddp::nn::linear(in_features, 16, seed), tracked_affine(16), ddp::nn::relu(),
+             ddp::nn::linear(16, 12, seed + 1), ddp::nn::relu(), ddp::nn::linear(12, classes, seed + 2));
+}
+
+struct batch {
+  ddp::nn::matrix x;
+  std::vector<std::int32_t> y;
+
+  batch rows(std::size_t begin, std::size_t end) const {
+    return {ddp::nn::slice_rows(x, begin, end), std::vector<std::int32_t>(y.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                                   y.begin() + static_cast<std::ptrdiff_t>(end))};
+  }
+};
+
+// A learnable toy problem: the class is the arg-max of three fixed projections of x.
+inline batch make_batch(std::size_t n, std::uint64_t seed) {
+  ddp::splitmix64 rng(seed);
+  batch b{ddp::nn::matrix(n, in_features), std::vector<std::int32_t>(n)};
+  for (std::size_t r = 0; r < n; ++r) {
+    float score[classes] = {};
+    for (std::size_t c = 0; c < in_features; ++c) {
+      const float v = rng.uniform(-2.0f, 2.0f);
+      b.x(r, c) = v;
+      for (std::size_t k = 0; k < classes; ++k) score[k] += v * static_cast<float>((c * 3 + k * 5) % 7) - 3.0f * (k == c % 3);
+    }
+    b.y[r] = static_cast<std::int32_t>(std::max_element(score, score + classes) - score);
+  }
+  return b;
+}
+
+// Flat copy of every parameter value, in parameters() order.
+template <class Module>
+std::vector<std::vector<float>> parameter_values(Module& m) {
+  std::vector<std::vector<float>> out;
+  for (auto& p : m.parameters()) {
+    auto v = p.value.template as<float>();
+    out.emplace_back(v.begin(), v.end());
+  }
+  return out;
+}
+
+// Largest per-parameter relative error ||a - b|| / max(||b||, tiny).
+inline double max_relative_error(const std::vector<std::vector<float>>& a,
+                                 const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    double diff = 0, norm = 0;
+    for (std::size_t k = 0; k < a[i].size(); ++k) {
+      diff += std::pow(static_cast<double>(a[i][k]) - b[i][k], 2);
+      norm += std::pow(static_cast<double>(b[i][k]), 2);
+    }
+    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12));
+  }
+  return worst;
+}
+
+// Plain single-process SGD with momentum on a module's own gradients.
+template <class Module>
+class reference_sgd {
+ public:
+  reference_sgd(Module& m, ddp::optim::sgd o) : m_(m), o_(o) {
+    for (auto& p : m_.parameters()) state_.emplace_back(p.value.numel(), 0.0f);
+  }
+  void step() {
+    std::size_t i = 0;
+    for (auto& p : m_.parameters()) {
+      auto v = p.value.template as<float>();
+      auto g = p.grad.template as<float>();
+      ddp::host::sgd_segment(v.data(), g.data(), state_[i++].data(), v.size(), o_);
+      std::fill(g.begin(), g.end(), 0.0f);
+    }
+  }
+
+ private:
+  Module& m_;
+  ddp::optim::sgd o_;
+  std::vector<std::vector<float>> state_;
+};
+
+}  // namespace test
