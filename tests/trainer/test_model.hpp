@@ -161,3 +161,57 @@ class reference_sgd {
 };
 
 }  // namespace test
+
+namespace test {
+
+// A module with an optional branch: out = trunk(x) + (use_aux ? aux(x) : 0). A rank that sets
+// use_aux = false leaves aux.weight and aux.bias without gradient (pitfall P2).
+class branchy {
+ public:
+  using input_type = ddp::nn::matrix;
+  using output_type = ddp::nn::matrix;
+  static constexpr bool reports_gradient_ready = true;
+
+  explicit branchy(std::uint64_t seed)
+      : trunk_(in_features, classes, seed), aux_(in_features, classes, seed + 7) {}
+
+  bool use_aux = true;
+
+  std::vector<ddp::parameter_ref> parameters() {
+    std::vector<ddp::parameter_ref> refs;
+    for (auto& p : trunk_.params()) refs.push_back(p.ref("trunk."));
+    for (auto& p : aux_.params()) refs.push_back(p.ref("aux."));
+    return refs;
+  }
+  std::vector<ddp::buffer_ref> buffers() { return {}; }
+
+  ddp::nn::matrix forward(const ddp::nn::matrix& x) {
+    auto y = trunk_.forward(x, true);
+    if (use_aux) {
+      auto a = aux_.forward(x, true);
+      for (std::size_t i = 0; i < y.size(); ++i) y.data[i] += a.data[i];
+    }
+    tape_.push_back(use_aux);
+    return y;
+  }
+  void backward(const ddp::nn::matrix& g, const ddp::ready_sink& ready) {
+    const bool used_aux = ddp::nn::pop_saved(tape_, "branchy");
+    if (used_aux) {
+      aux_.backward(g, false);
+      ready(2);
+      ready(3);
+    }
+    trunk_.backward(g, false);
+    ready(0);
+    ready(1);
+  }
+  void bind_gradient(std::size_t i, float* storage) {
+    (i < 2 ? trunk_.params()[i] : aux_.params()[i - 2]).bind_gradient(storage);
+  }
+
+ private:
+  ddp::nn::linear trunk_, aux_;
+  std::vector<char> tape_;
+};
+
+}  // namespace test

@@ -17,8 +17,12 @@ using shape_t = std::vector<std::int64_t>;
 
 inline std::string to_string(const shape_t& shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
+  s += ']';
+  return s;
 }
 
 struct tensor_ref {

@@ -6,8 +6,16 @@
 //             (fine-tuning with "bn.eval()"); backward reads running_var, so each forward saves
 //             its version and a buffer overwritten in between is caught (pitfall P1).
 //   evaluation (the module's training flag off): running statistics, nothing saved.
+//
+// By default each rank normalises with its own batch's statistics (PyTorch's BatchNorm1d under
+// DDP). synchronize_statistics(reduce) makes the statistics global (PyTorch's SyncBatchNorm):
+// forward and backward sum their per-feature sums over every rank with `reduce`, so N ranks
+// compute exactly what one process computes on the global batch.
+//   bn.synchronize_statistics(ddp::nn::sum_over_ranks(comm));
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "ddp/nn/layer.hpp"
@@ -28,6 +36,9 @@ class batch_norm {
 
   void set_mode(mode m) noexcept { mode_ = m; }
 
+  // `reduce` sums a vector elementwise over every rank, in place (a blocking collective).
+  void synchronize_statistics(std::function<void(std::span<double>)> reduce) { reduce_ = std::move(reduce); }
+
   matrix forward(const matrix& x, bool training) {
     require_cols(x, features_, "batch_norm");
     const std::size_t n = x.rows, f = features_;
@@ -37,28 +48,30 @@ class batch_norm {
                                   std::to_string(n));
     std::vector<float> mean(f), inv_std(f);
     if (batch_stats) {
-      std::vector<double> sum(f, 0.0), sq(f, 0.0);
-      for (std::size_t r = 0; r < n; ++r) {
-        const float* xr = x.row(r);
-        for (std::size_t c = 0; c < f; ++c) sum[c] += xr[c];
-      }
-      for (std::size_t c = 0; c < f; ++c) mean[c] = static_cast<float>(sum[c] / static_cast<double>(n));
+      // Per-feature sum and sum of squares (in double, so E[x^2] - E[x]^2 keeps its digits),
+      // and the count: one vector, so synchronised statistics take one reduction.
+      std::vector<double> stats(2 * f + 1, 0.0);
       for (std::size_t r = 0; r < n; ++r) {
         const float* xr = x.row(r);
         for (std::size_t c = 0; c < f; ++c) {
-          const double d = xr[c] - mean[c];
-          sq[c] += d * d;
+          stats[c] += xr[c];
+          stats[f + c] += static_cast<double>(xr[c]) * xr[c];
         }
       }
+      stats[2 * f] = static_cast<double>(n);
+      if (reduce_) reduce_(std::span<double>(stats));
+      const double count = stats[2 * f];
       auto rm = running_mean_.data();
       auto rv = running_var_.data();
       for (std::size_t c = 0; c < f; ++c) {
-        const double var = sq[c] / static_cast<double>(n);
+        const double m = stats[c] / count;
+        const double var = std::max(0.0, stats[f + c] / count - m * m);
+        mean[c] = static_cast<float>(m);
         inv_std[c] = static_cast<float>(1.0 / std::sqrt(var + eps_));
         rm[c] = (1.0f - momentum_) * rm[c] + momentum_ * mean[c];
-        rv[c] = (1.0f - momentum_) * rv[c] +
-                momentum_ * static_cast<float>(sq[c] / static_cast<double>(n - 1));
+        rv[c] = (1.0f - momentum_) * rv[c] + momentum_ * static_cast<float>(var * count / (count - 1));
       }
+      batch_count_.push_back(count);
       running_mean_.version().bump();
       running_var_.version().bump();
       ++batches_tracked_.data()[0];
@@ -101,21 +114,28 @@ class batch_norm {
       for (std::size_t c = 0; c < features_; ++c) inv_std[c] = 1.0f / std::sqrt(rv[c] + eps_);
     }
     const std::size_t n = dy.rows, f = features_;
-    std::vector<double> sum_dy(f, 0.0), sum_dy_xhat(f, 0.0);
+    std::vector<double> sums(2 * f, 0.0);  // sum of dy, then sum of dy * xhat, per feature
     for (std::size_t r = 0; r < n; ++r) {
       const float* d = dy.row(r);
       const float* h = s.xhat.row(r);
       for (std::size_t c = 0; c < f; ++c) {
-        sum_dy[c] += d[c];
-        sum_dy_xhat[c] += static_cast<double>(d[c]) * h[c];
+        sums[c] += d[c];
+        sums[f + c] += static_cast<double>(d[c]) * h[c];
       }
     }
     float* dg = params_[0].grad().data();
     float* db = params_[1].grad().data();
     for (std::size_t c = 0; c < f; ++c) {
-      dg[c] += static_cast<float>(sum_dy_xhat[c]);
-      db[c] += static_cast<float>(sum_dy[c]);
+      dg[c] += static_cast<float>(sums[f + c]);
+      db[c] += static_cast<float>(sums[c]);
     }
+    double count = static_cast<double>(n);
+    if (batch_stats) {
+      count = pop_saved(batch_count_, "batch_norm");
+      if (reduce_) reduce_(std::span<double>(sums));  // the global batch's sums, for dx
+    }
+    const double* sum_dy = sums.data();
+    const double* sum_dy_xhat = sums.data() + f;
     if (!need_dx) return {};
     const float* g = params_[0].value().data();
     matrix dx(n, f);
@@ -125,8 +145,8 @@ class batch_norm {
       float* o = dx.row(r);
       for (std::size_t c = 0; c < f; ++c) {
         if (batch_stats) {
-          const double mean_dy = sum_dy[c] / static_cast<double>(n);
-          const double mean_dy_xhat = sum_dy_xhat[c] / static_cast<double>(n);
+          const double mean_dy = sum_dy[c] / count;
+          const double mean_dy_xhat = sum_dy_xhat[c] / count;
           o[c] = static_cast<float>(g[c] * inv_std[c] * (d[c] - mean_dy - h[c] * mean_dy_xhat));
         } else {
           o[c] = d[c] * g[c] * inv_std[c];
@@ -156,6 +176,8 @@ class batch_norm {
   buffer<float> running_mean_, running_var_;
   buffer<std::int64_t> batches_tracked_;
   std::vector<saved> saved_;
+  std::vector<double> batch_count_;  // global batch size of each pending training forward
+  std::function<void(std::span<double>)> reduce_;
 };
 
 }  // namespace ddp::nn

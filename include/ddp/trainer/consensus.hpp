@@ -1,6 +1,7 @@
 #pragma once
 // Turning a problem that one rank found into the same error on every rank, so no rank goes on
 // into a collective its peers will never join.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>

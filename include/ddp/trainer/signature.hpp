@@ -2,10 +2,12 @@
 // Pitfall P5: ranks must hold the same model. Each rank's list of (kind, name, dtype, shape)
 // is hashed and compared; on a mismatch every rank reports the first entry that differs from
 // rank 0's list.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "ddp/core/tensor.hpp"
 #include "ddp/trainer/consensus.hpp"
 
 namespace ddp::detail {

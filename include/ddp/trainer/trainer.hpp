@@ -172,6 +172,23 @@ class trainer {
   }
   metric reduce(metric m) { return reduce(std::array<metric, 1>{m})[0]; }
 
+  // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
+  // same running statistics (buffer_sync::none leaves each rank's own). Collective.
+  void synchronize_buffers() {
+    if constexpr (!std::is_same_v<buffer_sync_policy, buffer_sync::none>) {
+      for (auto& b : buffers_) {
+        const mutable_buffer buf{b.value.data, b.value.numel(), b.value.type};
+        if constexpr (std::is_same_v<buffer_sync_policy, buffer_sync::average_once_per_step>) {
+          if (is_floating(b.value.type)) {
+            overwrite_buffer(b, [&] { comm_.all_reduce(buf, buf, reduce_op::avg).wait(); });
+            continue;
+          }
+        }
+        overwrite_buffer(b, [&] { comm_.broadcast(buf, 0).wait(); });
+      }
+    }
+  }
+
   Module& module() noexcept { return module_; }
   communicator_type& communicator() noexcept { return comm_; }
   device_type& device() noexcept { return device_; }
@@ -613,22 +630,9 @@ class trainer {
   }
 
   void sync_buffers_before_forward() {
-    if constexpr (std::is_same_v<buffer_sync_policy, buffer_sync::none>) {
-      return;
-    } else {
-      if (!sync_each_forward && buffers_synced_) return;
-      buffers_synced_ = true;
-      for (auto& b : buffers_) {
-        const mutable_buffer buf{b.value.data, b.value.numel(), b.value.type};
-        if constexpr (std::is_same_v<buffer_sync_policy, buffer_sync::average_once_per_step>) {
-          if (is_floating(b.value.type)) {
-            overwrite_buffer(b, [&] { comm_.all_reduce(buf, buf, reduce_op::avg).wait(); });
-            continue;
-          }
-        }
-        overwrite_buffer(b, [&] { comm_.broadcast(buf, 0).wait(); });
-      }
-    }
+    if (!sync_each_forward && buffers_synced_) return;
+    buffers_synced_ = true;
+    synchronize_buffers();
   }
 
   // P1: a backward must read each buffer it saved as its forward saw it.

@@ -1,0 +1,83 @@
+// Host kernels the trainer runs per bucket, against memcpy of the same bytes:
+//   host_kernels --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ddp/host/device.hpp"
+
+namespace {
+
+void set_bytes(benchmark::State& s, std::size_t bytes_per_iteration) {
+  s.SetBytesProcessed(static_cast<std::int64_t>(s.iterations() * bytes_per_iteration));
+}
+
+void bm_memcpy(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<float> a(n, 1.0f), b(n);
+  for (auto _ : s) {
+    std::memcpy(b.data(), a.data(), n * 4);
+    benchmark::DoNotOptimize(b.data());
+  }
+  set_bytes(s, 2 * n * 4);
+}
+
+void bm_scale(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<float> a(n, 1.0f);
+  ddp::host::device dev;
+  for (auto _ : s) {
+    dev.scale(a.data(), n, 0.5f);
+    benchmark::DoNotOptimize(a.data());
+  }
+  set_bytes(s, 2 * n * 4);
+}
+
+void bm_pack(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<float> a(n / 2, 1.0f), b(n - n / 2, 2.0f), bucket(n);
+  std::vector<ddp::segment> segs{{a.data(), 0, a.size()}, {b.data(), a.size(), b.size()}};
+  ddp::host::device dev;
+  for (auto _ : s) {
+    dev.pack(segs, bucket.data());
+    benchmark::DoNotOptimize(bucket.data());
+  }
+  set_bytes(s, 2 * n * 4);
+}
+
+void bm_sgd(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<float> p(n, 1.0f), g(n, 0.1f), m(n, 0.0f);
+  ddp::segment seg{p.data(), 0, n};
+  ddp::host::device dev;
+  const ddp::optim::sgd o{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  for (auto _ : s) {
+    dev.sgd_update({&seg, 1}, g.data(), m.data(), o);
+    benchmark::DoNotOptimize(p.data());
+  }
+  set_bytes(s, 5 * n * 4);  // read p, g, m; write p, m
+}
+
+void bm_adamw(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<float> p(n, 1.0f), g(n, 0.1f), m(n, 0.0f), v(n, 0.0f);
+  ddp::segment seg{p.data(), 0, n};
+  ddp::host::device dev;
+  const ddp::optim::adamw o{};
+  std::int64_t t = 0;
+  for (auto _ : s) {
+    dev.adamw_update({&seg, 1}, g.data(), m.data(), v.data(), o, ++t);
+    benchmark::DoNotOptimize(p.data());
+  }
+  set_bytes(s, 7 * n * 4);  // read p, g, m, v; write p, m, v
+}
+
+}  // namespace
+
+BENCHMARK(bm_memcpy)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
+BENCHMARK(bm_scale)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
+BENCHMARK(bm_pack)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
+BENCHMARK(bm_sgd)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
+BENCHMARK(bm_adamw)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
+BENCHMARK_MAIN();

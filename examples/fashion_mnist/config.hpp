@@ -1,0 +1,38 @@
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace fmnist {
+
+struct config {
+  int ranks = 2;
+  int epochs = 10;
+  std::size_t batch = 64;  // per rank
+  float lr = 0.1f;
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  std::string schedule = "cosine";  // or "constant"
+  std::uint64_t seed = 1;
+  std::string buffer_sync = "broadcast_once_per_step";
+  std::string unused_params = "forbid";
+  std::string sampler = "distributed";
+  std::string optimizer = "sgd";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string backend = "inproc";
+  std::string device = "cpu";
+  bool progress = true;
+};
+
+struct epoch_record {
+  int epoch = 0;
+  double train_loss = 0, train_accuracy = 0, test_accuracy = 0, seconds = 0, samples_per_second = 0;
+};
+
+struct report {
+  std::vector<epoch_record> epochs;
+  double train_seconds = 0;
+  double samples_per_second = 0;
+  std::string policies;
+};
+
+}  // namespace fmnist

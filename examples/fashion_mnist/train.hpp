@@ -1,0 +1,190 @@
+#pragma once
+// The data-parallel training run of the example, generic over the trainer's policies.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "model.hpp"
+#include "ddp/data/fashion_mnist.hpp"
+#include "ddp/data/loader.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/nn/cross_entropy.hpp"
+#include "ddp/trainer/trainer.hpp"
+
+namespace fmnist {
+
+using ddp::data::fashion_mnist;
+inline float learning_rate(const config& c, std::size_t step, std::size_t total) {
+  if (c.schedule == "constant") return c.lr;
+  // cosine decay to zero over the whole run
+  return c.lr * 0.5f * (1.0f + std::cos(std::numbers::pi_v<float> * static_cast<float>(step) / static_cast<float>(total)));
+}
+
+class progress_line {
+ public:
+  explicit progress_line(bool enabled) : enabled_(enabled), terminal_(isatty(STDOUT_FILENO)) {}
+
+  void update(int epoch, int epochs, std::size_t step, std::size_t steps, double loss, double samples_per_s,
+              double eta_s) {
+    if (!enabled_) return;
+    const double fraction = static_cast<double>(step) / static_cast<double>(steps);
+    if (!terminal_) {  // a plain line at each quarter of the epoch
+      const int quarter = static_cast<int>(fraction * 4);
+      if (quarter == last_quarter_ || quarter == 0) return;
+      last_quarter_ = quarter;
+    } else {
+      const auto now = std::chrono::steady_clock::now();
+      if (step != steps && now - last_ < std::chrono::milliseconds(200)) return;
+      last_ = now;
+    }
+    std::printf("%sepoch %d/%d  step %zu/%zu  loss %.4f  %.0f samples/s  ETA %s%s", terminal_ ? "\r\033[2K" : "",
+                epoch, epochs, step, steps, loss, samples_per_s, format_seconds(eta_s).c_str(), terminal_ ? "" : "\n");
+    std::fflush(stdout);
+  }
+  void end_epoch() {
+    if (enabled_ && terminal_) std::printf("\n");
+    last_quarter_ = 0;
+  }
+
+  static std::string format_seconds(double s) {
+    char buf[32];
+    const int t = static_cast<int>(s + 0.5);
+    std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
+    return buf;
+  }
+
+ private:
+  bool enabled_, terminal_;
+  int last_quarter_ = 0;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+// Accuracy over the full test set: rank r evaluates its share, the counts are reduced.
+template <class Trainer>
+double test_accuracy(Trainer& trainer, model& m, const fashion_mnist& test) {
+  const auto& comm = trainer.communicator();
+  const std::size_t n = test.size(), w = static_cast<std::size_t>(comm.size()), r = static_cast<std::size_t>(comm.rank());
+  const std::size_t begin = n * r / w, end = n * (r + 1) / w;
+  trainer.synchronize_buffers();  // every rank evaluates with the same running statistics
+  m.eval();
+  ddp::metric correct;
+  std::vector<fashion_mnist::example> examples;
+  for (std::size_t i = begin; i < end; i += 500) {
+    examples.clear();
+    for (std::size_t k = i; k < std::min(end, i + 500); ++k) examples.push_back(test.get(k));
+    auto b = fashion_mnist::collate(examples);
+    auto ce = ddp::nn::softmax_cross_entropy(m.forward(b.x), b.y);
+    correct.add(static_cast<double>(ce.correct), static_cast<double>(b.y.size()));
+  }
+  m.train();
+  return trainer.reduce(correct).mean();
+}
+
+template <class Trainer>
+void train_on_rank(typename Trainer::communicator_type& comm, const config& c, const fashion_mnist& train_set,
+                   const fashion_mnist& test_set, report& out) {
+  auto m = make_model(c.seed);
+  ddp::host::device dev;
+  typename Trainer::optimizer_type opt{};
+  opt.lr = c.lr;
+  opt.weight_decay = c.weight_decay;
+  if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
+  Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
+  const bool lead = comm.rank() == 0;
+  progress_line progress(lead && c.progress);
+
+  ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate);
+  const std::size_t steps_per_epoch = trainer.steps_per_epoch(train_set.size(), c.batch);
+  const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
+  const auto start = std::chrono::steady_clock::now();
+  std::size_t step = 0;
+  for (int epoch = 1; epoch <= c.epochs; ++epoch) {
+    const auto epoch_start = std::chrono::steady_clock::now();
+    ddp::metric loss, accuracy;
+    auto batches = trainer.epoch(loader);
+    for (std::size_t i = 0; i < batches.size(); ++i, ++step) {
+      trainer.optimizer().lr = learning_rate(c, step, total_steps);
+      const auto& b = batches[i];
+      trainer.step([&](auto& replica) {
+        auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y);
+        replica.backward(ce.grad);
+        loss.add(ce.loss * static_cast<double>(b.y.size()), static_cast<double>(b.y.size()));
+        accuracy.add(static_cast<double>(ce.correct), static_cast<double>(b.y.size()));
+      });
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double rate = static_cast<double>((step + 1) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;
+      progress.update(epoch, c.epochs, i + 1, batches.size(), loss.mean(), rate,
+                      elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1));
+    }
+    progress.end_epoch();
+    const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
+    const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+    const double acc = test_accuracy(trainer, m, test_set);
+    if (lead) {
+      epoch_record e{epoch, global[0].mean(), global[1].mean(), acc, epoch_seconds, global[0].count / epoch_seconds};
+      std::printf("epoch %d/%d: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%% (10,000 images), "
+                  "%.1f s, %.0f samples/s\n",
+                  epoch, c.epochs, e.train_loss, 100 * e.train_accuracy, 100 * e.test_accuracy, e.seconds,
+                  e.samples_per_second);
+      std::fflush(stdout);
+      out.epochs.push_back(e);
+    }
+  }
+  if (lead) {
+    out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    out.samples_per_second =
+        static_cast<double>(total_steps * c.batch * static_cast<std::size_t>(comm.size())) / out.train_seconds;
+    out.policies = Trainer::describe_policies();
+  }
+}
+
+template <class F>
+void with_unused(const std::string& name, F f) {
+  if (name == "forbid") f(ddp::unused_params::forbid{});
+  else if (name == "detect_each_step") f(ddp::unused_params::detect_each_step{});
+  else if (name == "static_graph") f(ddp::unused_params::static_graph{});
+}
+template <class F>
+void with_sampler(const std::string& name, F f) {
+  using ddp::sampler::tail;
+  if (name == "distributed") f(ddp::sampler::distributed<true, tail::pad>{});
+  else if (name == "distributed_drop") f(ddp::sampler::distributed<true, tail::drop>{});
+  else if (name == "distributed_in_order") f(ddp::sampler::distributed<false, tail::pad>{});
+  else if (name == "contiguous") f(ddp::sampler::contiguous{});
+}
+template <class F>
+void with_optimizer(const std::string& name, F f) {
+  if (name == "sgd") f(ddp::optim::sgd{});
+  else if (name == "adamw") f(ddp::optim::adamw{});
+}
+
+// Defined once per buffer-sync policy (one translation unit each); the other slots are
+// dispatched here.
+template <class Sync>
+void run_with_sync(const config& c, report& out) {
+  const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
+  const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
+  with_unused(c.unused_params, [&](auto unused) {
+    with_sampler(c.sampler, [&](auto sampler) {
+      with_optimizer(c.optimizer, [&](auto optimizer) {
+        using trainer_t = ddp::trainer<model, Sync, decltype(unused), decltype(sampler), decltype(optimizer)>;
+        ddp::inproc::launch(c.ranks, [&](ddp::inproc::communicator& comm) {
+          train_on_rank<trainer_t>(comm, c, train_set, test_set, out);
+        });
+      });
+    });
+  });
+}
+
+extern template void run_with_sync<ddp::buffer_sync::none>(const config&, report&);
+extern template void run_with_sync<ddp::buffer_sync::broadcast_each_forward>(const config&, report&);
+extern template void run_with_sync<ddp::buffer_sync::broadcast_once_per_step>(const config&, report&);
+extern template void run_with_sync<ddp::buffer_sync::average_once_per_step>(const config&, report&);
+
+}  // namespace fmnist

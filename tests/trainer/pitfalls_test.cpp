@@ -1,0 +1,371 @@
+// Pitfalls P1-P6 of docs/pitfalls.md: the pattern that fails in PyTorch DDP, and what ddp does.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <set>
+
+#include "ddp/inproc/launch.hpp"
+#include "ddp/nn/batch_norm.hpp"
+#include "ddp/trainer/trainer.hpp"
+#include "trainer/test_model.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+const ddp::optim::sgd sgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-2f};
+
+// What every rank threw (empty when it returned normally).
+struct ranks_outcome {
+  std::vector<std::string> errors;
+  double seconds = 0;
+  bool all_threw() const {
+    return std::all_of(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
+  }
+};
+
+template <class F>
+ranks_outcome on_ranks(int world, F fn) {
+  ranks_outcome o;
+  o.errors.resize(static_cast<std::size_t>(world));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      try {
+        fn(comm);
+      } catch (const std::exception& e) {
+        o.errors[static_cast<std::size_t>(comm.rank())] = e.what();
+        throw;
+      }
+    });
+  } catch (const std::exception&) {
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return o;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+using frozen_bn_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
+frozen_bn_mlp make_frozen_bn_mlp(std::uint64_t seed) {
+  frozen_bn_mlp m(ddp::nn::linear(test::in_features, 10, seed), ddp::nn::batch_norm(10), ddp::nn::relu(),
+                  ddp::nn::linear(10, test::classes, seed + 1));
+  m.layer<1>().set_mode(ddp::nn::batch_norm::mode::frozen);
+  return m;
+}
+
+// Contrastive-style step: two forwards, one loss over both, backwards innermost first.
+template <class Replica>
+void two_forward_step(Replica& r, const test::batch& a, const test::batch& b) {
+  auto ca = ddp::nn::softmax_cross_entropy(r.forward(a.x), a.y);
+  auto cb = ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y);
+  for (auto& g : ca.grad.data) g *= 0.5f;
+  for (auto& g : cb.grad.data) g *= 0.5f;
+  r.backward(cb.grad);
+  r.backward(ca.grad);
+}
+
+}  // namespace
+
+TEST_CASE("P1: two forwards with broadcast_each_forward is caught by buffer version, by name, on every rank") {
+  auto o = on_ranks(2, [](auto& comm) {
+    auto model = make_frozen_bn_mlp(3);
+    ddp::host::device dev;
+    ddp::trainer<frozen_bn_mlp, ddp::buffer_sync::broadcast_each_forward> trainer(model, comm, dev, sgd);
+    auto a = test::make_batch(8, 10), b = test::make_batch(8, 11);
+    trainer.step([&](auto& r) { two_forward_step(r, a, b); });
+  });
+  REQUIRE(o.all_threw());
+  for (const auto& e : o.errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "buffer '1.running_var' was saved for backward at version"));
+    CHECK(contains(e, "buffer_sync::broadcast_each_forward overwrote it"));
+    CHECK(contains(e, "Use ddp::buffer_sync::broadcast_once_per_step"));
+    CHECK(contains(e, "pitfall P1"));
+  }
+}
+
+TEST_CASE("P1: the same model with broadcast_once_per_step trains, equal to one process") {
+  const int world = 2;
+  auto ref_model = make_frozen_bn_mlp(3);
+  test::reference_sgd ref_opt(ref_model, sgd);
+  for (int s = 0; s < 3; ++s) {
+    auto g = test::make_batch(16, 100 + s);
+    // Each rank's batch is split in two forwards; the global loss is the mean over all samples.
+    for (int r = 0; r < world; ++r) {
+      auto mine = g.rows(8 * r, 8 * r + 8);
+      auto a = mine.rows(0, 4), b = mine.rows(4, 8);
+      auto ca = ddp::nn::softmax_cross_entropy(ref_model.forward(a.x), a.y);
+      auto cb = ddp::nn::softmax_cross_entropy(ref_model.forward(b.x), b.y);
+      for (auto& v : ca.grad.data) v *= 0.25f;
+      for (auto& v : cb.grad.data) v *= 0.25f;
+      ref_model.backward(cb.grad, {});
+      ref_model.backward(ca.grad, {});
+    }
+    ref_opt.step();
+  }
+  const auto expected = test::parameter_values(ref_model);
+  auto got = ddp::inproc::launch(world, [](auto& comm) {
+    auto model = make_frozen_bn_mlp(3);
+    ddp::host::device dev;
+    ddp::trainer<frozen_bn_mlp, ddp::buffer_sync::broadcast_once_per_step> trainer(model, comm, dev, sgd);
+    for (int s = 0; s < 3; ++s) {
+      auto g = test::make_batch(16, 100 + s);
+      auto mine = g.rows(8 * static_cast<std::size_t>(comm.rank()), 8 * static_cast<std::size_t>(comm.rank()) + 8);
+      trainer.step([&](auto& r) { two_forward_step(r, mine.rows(0, 4), mine.rows(4, 8)); });
+    }
+    return test::parameter_values(model);
+  });
+  for (const auto& rank : got) CHECK(test::max_relative_error(rank, expected) <= 1e-5);
+}
+
+TEST_CASE("P2 forbid: a parameter skipped on one rank is one error on every rank, naming it and the fixes") {
+  auto o = on_ranks(3, [](auto& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy> trainer(model, comm, dev, sgd);
+    auto b = test::make_batch(6, 20 + static_cast<std::uint64_t>(comm.rank()));
+    model.use_aux = comm.rank() != 1;
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  });
+  REQUIRE(o.all_threw());
+  CHECK(o.seconds < 20.0);
+  for (const auto& e : o.errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "'aux.weight' (no gradient on rank(s) 1)"));
+    CHECK(contains(e, "'aux.bias' (no gradient on rank(s) 1)"));
+    CHECK_FALSE(contains(e, "trunk."));
+    CHECK(contains(e, "ddp::unused_params::detect_each_step"));
+    CHECK(contains(e, "ddp::unused_params::static_graph"));
+    CHECK(contains(e, "pitfall P2"));
+  }
+}
+
+TEST_CASE("P2 detect_each_step: a parameter used on some ranks is averaged over all, as one process") {
+  // Rank 0 uses aux, rank 1 does not: one process sees aux on the first half of the global batch.
+  test::branchy ref(5);
+  test::reference_sgd ref_opt(ref, sgd);
+  for (int s = 0; s < 3; ++s) {
+    auto g = test::make_batch(12, 300 + s);
+    for (int r = 0; r < 2; ++r) {
+      auto half = g.rows(6 * r, 6 * r + 6);
+      ref.use_aux = r == 0;
+      auto ce = ddp::nn::softmax_cross_entropy(ref.forward(half.x), half.y);
+      for (auto& v : ce.grad.data) v *= 0.5f;
+      ref.backward(ce.grad, {});
+    }
+    ref_opt.step();
+  }
+  const auto expected = test::parameter_values(ref);
+  auto got = ddp::inproc::launch(2, [](auto& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy, ddp::unused_params::detect_each_step> trainer(model, comm, dev, sgd);
+    model.use_aux = comm.rank() == 0;
+    for (int s = 0; s < 3; ++s) {
+      auto half = test::make_batch(12, 300 + s).rows(6 * static_cast<std::size_t>(comm.rank()),
+                                                     6 * static_cast<std::size_t>(comm.rank()) + 6);
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(half.x), half.y).grad); });
+    }
+    CHECK(trainer.skipped_parameters().empty());
+    return test::parameter_values(model);
+  });
+  for (const auto& rank : got) CHECK(test::max_relative_error(rank, expected) <= 1e-5);
+}
+
+TEST_CASE("P2 detect_each_step and static_graph: a parameter unused on every rank is left untouched") {
+  auto check = [](auto policy) {
+    using policy_t = decltype(policy);
+    ddp::inproc::launch(2, [](auto& comm) {
+      test::branchy model(5);
+      ddp::host::device dev;
+      ddp::trainer<test::branchy, policy_t> trainer(model, comm, dev, sgd);
+      const auto before = test::parameter_values(model);
+      model.use_aux = false;
+      for (int s = 0; s < 3; ++s) {
+        auto b = test::make_batch(6, 400 + static_cast<std::uint64_t>(s * 2 + comm.rank()));
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      const auto after = test::parameter_values(model);
+      INFO("unused_params::", policy_t::name);
+      CHECK(after[2] == before[2]);  // aux.weight: no momentum, no weight decay
+      CHECK(after[3] == before[3]);
+      CHECK(after[0] != before[0]);  // trunk trained
+      CHECK(trainer.skipped_parameters() == std::vector<std::string>{"aux.weight", "aux.bias"});
+    });
+  };
+  check(ddp::unused_params::detect_each_step{});
+  check(ddp::unused_params::static_graph{});
+}
+
+TEST_CASE("P2 static_graph: a change in the used set after the first step is an error naming the parameter") {
+  auto o = on_ranks(2, [](auto& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy, ddp::unused_params::static_graph> trainer(model, comm, dev, sgd);
+    for (int s = 0; s < 2; ++s) {
+      model.use_aux = !(s == 1 && comm.rank() == 1);
+      auto b = test::make_batch(6, 500 + static_cast<std::uint64_t>(s));
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    }
+  });
+  REQUIRE(o.all_threw());
+  CHECK(contains(o.errors[1], "'aux.weight' (use changed on rank 1)"));
+  for (const auto& e : o.errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "static_graph"));
+    CHECK(contains(e, "ddp::unused_params::detect_each_step"));
+  }
+}
+
+namespace {
+// Wraps a module and reports one parameter on another device, as a user who forgot to move it.
+struct misplaced_module : test::branchy {
+  using test::branchy::branchy;
+  ddp::device_id claim = ddp::device_id::cpu();
+  std::vector<ddp::parameter_ref> parameters() {
+    auto refs = test::branchy::parameters();
+    refs[2].value.device = claim;
+    return refs;
+  }
+};
+}  // namespace
+
+TEST_CASE("P3: a tensor on another device is named, with both devices, on every rank before any reduction") {
+  auto o = on_ranks(2, [](auto& comm) {
+    misplaced_module model(5);
+    if (comm.rank() == 1) model.claim = ddp::device_id::cuda(1);
+    ddp::host::device dev;
+    ddp::trainer<misplaced_module> trainer(model, comm, dev, sgd);
+  });
+  REQUIRE(o.all_threw());
+  for (const auto& e : o.errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "pitfall P3"));
+    CHECK(contains(e, "rank 1: parameter 'aux.weight' lives on cuda:1 but this rank's device is cpu"));
+  }
+}
+
+TEST_CASE("P4: the trainer sets the epoch; orders differ per epoch, repeat per seed, and shard the data") {
+  using sampler = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
+  auto epoch_orders = [](std::uint64_t seed) {
+    return ddp::inproc::launch(3, [seed](auto& comm) {
+      test::branchy model(1);
+      ddp::host::device dev;
+      ddp::trainer<test::branchy, sampler> trainer(model, comm, dev, sgd, {.seed = seed});
+      std::vector<std::vector<std::size_t>> epochs;
+      for (int e = 0; e < 3; ++e) epochs.push_back(trainer.next_epoch_indices(10));
+      CHECK(trainer.epochs_started() == 3);
+      return epochs;
+    });
+  };
+  auto run1 = epoch_orders(7), run2 = epoch_orders(7), other_seed = epoch_orders(8);
+  CHECK(run1 == run2);
+  CHECK(run1 != other_seed);
+  for (int e = 0; e < 3; ++e) {
+    std::multiset<std::size_t> all;
+    for (int r = 0; r < 3; ++r) {
+      CHECK(run1[r][e].size() == 4);  // ceil(10 / 3), padded
+      all.insert(run1[r][e].begin(), run1[r][e].end());
+    }
+    for (std::size_t i = 0; i < 10; ++i) CHECK(all.count(i) >= 1);  // pad covers every sample
+    CHECK(all.size() == 12);
+  }
+  CHECK(run1[0][0] != run1[0][1]);  // a new order each epoch
+
+  // drop: disjoint shards of floor(n / world); in order: round-robin; contiguous: slices.
+  std::set<std::size_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    auto idx = ddp::sampler::distributed<true, ddp::sampler::tail::drop>::indices(10, r, 3, 1, 0);
+    CHECK(idx.size() == 3);
+    for (auto i : idx) CHECK(seen.insert(i).second);
+  }
+  CHECK(ddp::sampler::distributed<false, ddp::sampler::tail::pad>::indices(5, 1, 2, 0, 0) ==
+        std::vector<std::size_t>{1, 3, 0});
+  CHECK(ddp::sampler::contiguous::indices(10, 1, 3, 0, 0) == std::vector<std::size_t>{3, 4, 5});
+}
+
+TEST_CASE("P5: ranks with different models fail on every rank, naming the first difference") {
+  auto o = on_ranks(3, [](auto& comm) {
+    auto hidden = comm.rank() == 2 ? 17u : 16u;
+    test::mlp model(ddp::nn::linear(test::in_features, hidden, 1), test::tracked_affine(hidden), ddp::nn::relu(),
+                    ddp::nn::linear(hidden, 12, 2), ddp::nn::relu(), ddp::nn::linear(12, test::classes, 3));
+    ddp::host::device dev;
+    ddp::trainer<test::mlp> trainer(model, comm, dev, sgd);
+  });
+  REQUIRE(o.all_threw());
+  for (const auto& e : o.errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "pitfall P5"));
+    CHECK(contains(e, "rank 2: entry 0 is parameter '0.weight' f32 [17,6], but on rank 0 it is parameter "
+                      "'0.weight' f32 [16,6]"));
+  }
+}
+
+TEST_CASE("P6: rank 0's weights reach every rank at construction; metrics are global") {
+  auto results = ddp::inproc::launch(3, [](auto& comm) {
+    auto model = test::make_mlp(100 + static_cast<std::uint64_t>(comm.rank()));  // different seeds
+    ddp::host::device dev;
+    ddp::trainer<test::mlp> trainer(model, comm, dev, sgd);
+    ddp::metric loss;
+    loss.add(static_cast<double>(comm.rank() + 1), 2.0);  // rank r saw 2 samples summing r+1
+    const auto global = trainer.reduce(loss);
+    CHECK(global.sum == 6.0);
+    CHECK(global.count == 6.0);
+    CHECK(global.mean() == 1.0);
+    return test::parameter_values(model);
+  });
+  const auto rank0_init = test::parameter_values(*std::make_unique<test::mlp>(test::make_mlp(100)));
+  for (const auto& r : results) CHECK(r == rank0_init);
+}
+
+TEST_CASE("no hang: a rank that throws in backward makes every rank raise, in bounded time") {
+  struct exploding : test::branchy {
+    using test::branchy::branchy;
+    bool explode = false;
+    void backward(const ddp::nn::matrix& g, const ddp::ready_sink& ready) {
+      if (explode) throw std::runtime_error("NaN in backward of rank 1");
+      test::branchy::backward(g, ready);
+    }
+  };
+  auto o = on_ranks(4, [](auto& comm) {
+    exploding model(5);
+    model.explode = comm.rank() == 1;
+    ddp::host::device dev;
+    ddp::trainer<exploding> trainer(model, comm, dev, sgd);
+    auto b = test::make_batch(6, 9);
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  });
+  REQUIRE(o.all_threw());
+  CHECK(o.seconds < 20.0);
+  CHECK(o.errors[1] == "NaN in backward of rank 1");
+  for (int r : {0, 2, 3}) CHECK(contains(o.errors[static_cast<std::size_t>(r)], "rank 1 failed: NaN in backward of rank 1"));
+}
+
+TEST_CASE("a forward without its backward is an error that says so") {
+  auto o = on_ranks(1, [](auto& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy> trainer(model, comm, dev, sgd);
+    auto b = test::make_batch(4, 1);
+    trainer.step([&](auto& r) { (void)r.forward(b.x); });
+  });
+  CHECK(contains(o.errors[0], "1 forward(s) in this step had no backward"));
+}
+
+TEST_CASE("buckets: reverse parameter order under the byte cap; reductions overlap backward") {
+  ddp::inproc::launch(2, [](auto& comm) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::bucket_cap<200>> trainer(model, comm, dev, sgd);
+    // Parameters, last first: 0.weight 96, 0.bias 16, 1.weight 16, 1.bias 16, 3.weight 192,
+    // 3.bias 12, 5.weight 36, 5.bias 3 floats; 200 bytes hold 50 floats.
+    CHECK(trainer.bucket_sizes() == std::vector<std::size_t>{39, 12, 192, 48, 96});
+    auto b = test::make_batch(8, 3);
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    const auto& t = trainer.last_step_overlap();
+    CHECK(t.reduction_seconds > 0.0);
+    CHECK(t.overlapped_seconds >= 0.0);
+    CHECK(t.overlapped_seconds <= t.reduction_seconds);
+  });
+}
