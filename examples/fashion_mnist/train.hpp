@@ -14,6 +14,9 @@
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/inproc/launch.hpp"
+#if DDP_EXAMPLE_WITH_MPI
+#include "ddp/mpi/communicator.hpp"
+#endif
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/trainer/trainer.hpp"
 
@@ -164,27 +167,37 @@ void with_optimizer(const std::string& name, F f) {
   else if (name == "adamw") f(ddp::optim::adamw{});
 }
 
-// Defined once per buffer-sync policy (one translation unit each); the other slots are
-// dispatched here.
-template <class Sync>
+// Defined once per buffer-sync policy and communicator (one translation unit each); the other
+// slots are dispatched here.
+template <class Sync, class Comm>
 void run_with_sync(const config& c, report& out) {
   const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
   const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
   with_unused(c.unused_params, [&](auto unused) {
     with_sampler(c.sampler, [&](auto sampler) {
       with_optimizer(c.optimizer, [&](auto optimizer) {
-        using trainer_t = ddp::trainer<model, Sync, decltype(unused), decltype(sampler), decltype(optimizer)>;
-        ddp::inproc::launch(c.ranks, [&](ddp::inproc::communicator& comm) {
+        using trainer_t = ddp::trainer<model, Sync, decltype(unused), decltype(sampler), decltype(optimizer),
+                                       ddp::use_communicator<Comm>>;
+        if constexpr (std::is_same_v<Comm, ddp::inproc::communicator>) {
+          ddp::inproc::launch(c.ranks, [&](Comm& comm) { train_on_rank<trainer_t>(comm, c, train_set, test_set, out); });
+        } else {  // one rank per process: this process is one of them
+          Comm comm;
           train_on_rank<trainer_t>(comm, c, train_set, test_set, out);
-        });
+        }
       });
     });
   });
 }
 
-extern template void run_with_sync<ddp::buffer_sync::none>(const config&, report&);
-extern template void run_with_sync<ddp::buffer_sync::broadcast_each_forward>(const config&, report&);
-extern template void run_with_sync<ddp::buffer_sync::broadcast_once_per_step>(const config&, report&);
-extern template void run_with_sync<ddp::buffer_sync::average_once_per_step>(const config&, report&);
+#define DDP_EXAMPLE_DECLARE(comm)                                                                        \
+  extern template void run_with_sync<ddp::buffer_sync::none, comm>(const config&, report&);                   \
+  extern template void run_with_sync<ddp::buffer_sync::broadcast_each_forward, comm>(const config&, report&); \
+  extern template void run_with_sync<ddp::buffer_sync::broadcast_once_per_step, comm>(const config&, report&); \
+  extern template void run_with_sync<ddp::buffer_sync::average_once_per_step, comm>(const config&, report&);
+DDP_EXAMPLE_DECLARE(ddp::inproc::communicator)
+#if DDP_EXAMPLE_WITH_MPI
+DDP_EXAMPLE_DECLARE(ddp::mpi::communicator)
+#endif
+#undef DDP_EXAMPLE_DECLARE
 
 }  // namespace fmnist

@@ -5,72 +5,16 @@
 
 #include "ddp/inproc/launch.hpp"
 #include "ddp/trainer/trainer.hpp"
+#include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
 namespace {
 
-constexpr std::size_t per_rank_batch = 8;
-constexpr int steps = 3;
-constexpr std::uint64_t seed = 42;
-const ddp::optim::sgd sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = false};
-
-struct run_result {
-  std::vector<std::vector<float>> params;
-  std::vector<float> running_mean;  // of the tracked_affine layer
-};
-
-run_result reference(int world) {
-  auto model = test::make_mlp(seed);
-  test::reference_sgd opt(model, sgd);
-  for (int s = 0; s < steps; ++s) {
-    auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(world), 1000 + s);
-    auto logits = model.forward(b.x);
-    auto ce = ddp::nn::softmax_cross_entropy(logits, b.y);
-    model.backward(ce.grad, ddp::ready_sink{});
-    opt.step();
-  }
-  auto rm = model.layer<1>().running_mean();
-  return {test::parameter_values(model), {rm.begin(), rm.end()}};
-}
-
-enum class shape { one_forward, two_forwards, two_micro_batches };
-
-// One micro-batch: `forwards` forwards over equal parts, then backwards innermost first.
-template <class Replica>
-void forward_backward(Replica& r, const test::batch& b, int forwards) {
-  const std::size_t part = b.x.rows / static_cast<std::size_t>(forwards);
-  std::vector<ddp::nn::matrix> grads;
-  for (int f = 0; f < forwards; ++f) {
-    auto piece = b.rows(part * f, part * (f + 1));
-    auto ce = ddp::nn::softmax_cross_entropy(r.forward(piece.x), piece.y);
-    for (auto& g : ce.grad.data) g /= static_cast<float>(forwards);  // loss = mean of the parts
-    grads.push_back(std::move(ce.grad));
-  }
-  for (int f = forwards - 1; f >= 0; --f) r.backward(grads[static_cast<std::size_t>(f)]);
-}
+using namespace equivalence;
 
 template <class Sync, class Unused>
 std::vector<run_result> distributed(int world, shape how) {
-  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-    auto model = test::make_mlp(seed + static_cast<std::uint64_t>(comm.rank()));  // rank 0's wins
-    ddp::host::device dev;
-    ddp::trainer<test::mlp, Sync, Unused, ddp::bucket_cap<256>> trainer(model, comm, dev, sgd);
-    for (int s = 0; s < steps; ++s) {
-      auto global = test::make_batch(per_rank_batch * static_cast<std::size_t>(world), 1000 + s);
-      const std::size_t r = static_cast<std::size_t>(comm.rank());
-      auto mine = global.rows(r * per_rank_batch, (r + 1) * per_rank_batch);
-      if (how == shape::two_micro_batches) {
-        const std::size_t half = per_rank_batch / 2;
-        auto first = mine.rows(0, half), second = mine.rows(half, per_rank_batch);
-        trainer.accumulate([&](auto& rep) { forward_backward(rep, first, 1); });
-        trainer.step([&](auto& rep) { forward_backward(rep, second, 1); });
-      } else {
-        trainer.step([&](auto& rep) { forward_backward(rep, mine, how == shape::two_forwards ? 2 : 1); });
-      }
-    }
-    auto rm = model.template layer<1>().running_mean();
-    return run_result{test::parameter_values(model), {rm.begin(), rm.end()}};
-  });
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) { return run_rank<Sync, Unused>(comm, how); });
 }
 
 template <class Sync, class Unused>

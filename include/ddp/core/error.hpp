@@ -39,6 +39,13 @@ class error : public std::runtime_error {
   std::string detail_;
 };
 
+// Raised on every rank alike after the ranks agreed on a problem (a consensus check): no peer
+// waits for this rank, so the communicator need not be aborted.
+class collective_error : public error {
+ public:
+  using error::error;
+};
+
 // Raised on a rank whose collective could not finish because another rank failed,
 // left, or never arrived. `origin_rank` is the rank at fault (-1 when unknown).
 class peer_error : public error {

@@ -16,7 +16,8 @@ namespace ddp::detail {
 template <communicator C, device D>
 void agree_or_throw(C& comm, D& dev, const std::optional<std::string>& problem,
                     const std::string& operation, const std::string& preface) {
-  std::int64_t length = problem ? static_cast<std::int64_t>(problem->size()) + 1 : 0;
+  // Row layout: the text, then at least one zero byte, then a flag byte (1 = has a problem).
+  std::int64_t length = problem ? static_cast<std::int64_t>(problem->size()) + 2 : 0;
   std::int64_t longest = length;
   host_all_reduce(comm, dev, std::span<std::int64_t>(&longest, 1), reduce_op::max);
   if (longest == 0) return;
@@ -30,7 +31,8 @@ void agree_or_throw(C& comm, D& dev, const std::optional<std::string>& problem,
   for (int r = 0; r < comm.size(); ++r) {
     const auto* row = all.data() + static_cast<std::size_t>(r) * mine.size();
     if (!row[mine.size() - 1]) continue;
-    std::string text(reinterpret_cast<const char*>(row));
+    const auto* text_begin = reinterpret_cast<const char*>(row);
+    std::string text(text_begin, std::find(text_begin, text_begin + mine.size() - 1, '\0'));
     auto it = std::find_if(grouped.begin(), grouped.end(), [&](auto& g) { return g.first == text; });
     if (it == grouped.end()) grouped.emplace_back(text, "rank " + std::to_string(r));
     else it->second = (it->second.starts_with("rank ") ? "ranks " + it->second.substr(5) : it->second) +
@@ -38,7 +40,7 @@ void agree_or_throw(C& comm, D& dev, const std::optional<std::string>& problem,
   }
   std::string message = preface;
   for (auto& [text, ranks] : grouped) message += "\n  " + ranks + ": " + text;
-  throw error("trainer", operation, comm.rank(), message);
+  throw collective_error("trainer", operation, comm.rank(), message);
 }
 
 }  // namespace ddp::detail

@@ -379,6 +379,9 @@ class trainer {
         end_micro_batch();
         return result;
       }
+    } catch (const collective_error& e) {
+      broken_ = e.what();  // every rank raises this one: nobody waits
+      throw;
     } catch (const std::exception& e) {
       // Peers may be waiting in a collective this rank will never issue: release them now.
       broken_ = e.what();
@@ -559,14 +562,14 @@ class trainer {
     }
     broken_ = "unused parameters";
     if constexpr (forbid)
-      throw error("trainer", "step", comm_.rank(),
+      throw collective_error("trainer", "step", comm_.rank(),
                   "parameters received no gradient in this step (pitfall P2):" + list +
                       "\nWith unused_params::forbid every parameter must get a gradient on every "
                       "rank in every step. Use ddp::unused_params::detect_each_step when the set "
                       "of used parameters changes between steps, or "
                       "ddp::unused_params::static_graph when it is fixed.");
     else
-      throw error("trainer", "step", comm_.rank(),
+      throw collective_error("trainer", "step", comm_.rank(),
                   "the set of used parameters changed after the first step, which "
                   "unused_params::static_graph learned it in" +
                       (list.empty() ? std::string(" (on another rank)") : ":" + list) +

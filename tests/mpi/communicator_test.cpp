@@ -1,0 +1,24 @@
+// The communicator conformance suite (the one the in-process backend passes) on MPI processes.
+#include <doctest/doctest.h>
+
+#include "../conformance/communicator_suite.hpp"
+#include "mpi/world.hpp"
+
+TEST_CASE("mpi all_reduce: every dtype, op, size, in and out of place") { conformance::all_reduce_cases(mpi_test::comm()); }
+TEST_CASE("mpi broadcast: every dtype, size and root") { conformance::broadcast_cases(mpi_test::comm()); }
+TEST_CASE("mpi all_gather: every dtype and size, in and out of place") { conformance::all_gather_cases(mpi_test::comm()); }
+TEST_CASE("mpi reduce_scatter: every dtype, op and size, in and out of place") { conformance::reduce_scatter_cases(mpi_test::comm()); }
+TEST_CASE("mpi asynchronous collectives complete in issue order") { conformance::async_cases(mpi_test::comm()); }
+TEST_CASE("mpi all_reduce is bitwise identical on every rank and in every run") {
+  auto first = conformance::determinism_case(mpi_test::comm());
+  auto second = conformance::determinism_case(mpi_test::comm());
+  CHECK(first == second);
+}
+TEST_CASE("mpi placement comes from the launcher") {
+  auto p = ddp::mpi::placement_from_environment();
+  REQUIRE(p.has_value());
+  CHECK(p->rank == mpi_test::comm().rank());
+  CHECK(p->size == mpi_test::comm().size());
+  CHECK(p->launcher == "mpirun (OpenMPI)");
+  CHECK(mpi_test::comm().local_rank() == p->local_rank);
+}

@@ -1,0 +1,33 @@
+// The trainer's equivalence test on MPI processes: each process is one rank, and checks its
+// parameters against one process on the global batch.
+#include <doctest/doctest.h>
+
+#include "mpi/world.hpp"
+#include "trainer/equivalence.hpp"
+
+using namespace equivalence;
+
+TEST_CASE_TEMPLATE("mpi: N processes equal one process on the global batch", Sync, ddp::buffer_sync::none,
+                   ddp::buffer_sync::broadcast_each_forward, ddp::buffer_sync::broadcast_once_per_step,
+                   ddp::buffer_sync::average_once_per_step) {
+  auto& comm = mpi_test::comm();
+  const auto ref = reference(comm.size());
+  for (auto how : {shape::one_forward, shape::two_forwards, shape::two_micro_batches}) {
+    CAPTURE(static_cast<int>(how));
+    CHECK(test::max_relative_error(run_rank<Sync, ddp::unused_params::forbid>(comm, how).params, ref.params) <= 1e-5);
+    CHECK(test::max_relative_error(run_rank<Sync, ddp::unused_params::detect_each_step>(comm, how).params, ref.params) <= 1e-5);
+    CHECK(test::max_relative_error(run_rank<Sync, ddp::unused_params::static_graph>(comm, how).params, ref.params) <= 1e-5);
+  }
+}
+
+TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)") {
+  auto& comm = mpi_test::comm();
+  test::branchy model(5);
+  ddp::host::device dev;
+  ddp::trainer<test::branchy, ddp::use_communicator<ddp::mpi::communicator>> trainer(model, comm, dev, sgd);
+  model.use_aux = comm.rank() != 1;
+  auto b = test::make_batch(6, 20);
+  CHECK_THROWS_WITH_AS(
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); }),
+      doctest::Contains("'aux.weight' (no gradient on rank(s) 1)"), ddp::collective_error);
+}

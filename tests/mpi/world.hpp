@@ -1,0 +1,7 @@
+#pragma once
+#include "ddp/core/collectives.hpp"
+#include "ddp/mpi/communicator.hpp"
+
+namespace mpi_test {
+ddp::mpi::communicator& comm();
+}
