@@ -1,16 +1,9 @@
 // expect: this loader shuffles on its own, but the trainer's distributed sampler
 #include <ddp/trainer/trainer.hpp>
 
-#include <vector>
+#include "support/minimal_module.hpp"
 
-struct model {
-  using input_type = std::vector<float>;
-  using output_type = std::vector<float>;
-  std::vector<ddp::parameter_ref> parameters() { return {}; }
-  std::vector<ddp::buffer_ref> buffers() { return {}; }
-  output_type forward(const input_type& x) { return x; }
-  void backward(const output_type&, const ddp::ready_sink&) {}
-};
+using model = test::minimal_module;
 // PyTorch's DataLoader(shuffle=True) beside a DistributedSampler (pitfall P4).
 struct shuffling_loader {
   static constexpr bool shuffles_itself = true;

@@ -8,6 +8,7 @@
 #include "ddp/concepts/module.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/communicator.hpp"
+#include "support/minimal_module.hpp"
 
 namespace {
 
@@ -33,20 +34,9 @@ struct comm_with_blocking_all_reduce : complete_comm {
   void all_reduce(ddp::const_buffer, ddp::mutable_buffer, ddp::reduce_op) {}
 };
 
-struct complete_module {
-  using input_type = std::vector<float>;
-  using output_type = std::vector<float>;
-  std::vector<ddp::parameter_ref> parameters() { return {}; }
-  std::vector<ddp::buffer_ref> buffers() { return {}; }
-  output_type forward(const input_type& x) { return x; }
-  void backward(const output_type&, const ddp::ready_sink&) {}
-};
-struct module_without_buffers {
-  using input_type = std::vector<float>;
-  using output_type = std::vector<float>;
-  std::vector<ddp::parameter_ref> parameters() { return {}; }
-  output_type forward(const input_type& x) { return x; }
-  void backward(const output_type&, const ddp::ready_sink&) {}
+using complete_module = test::minimal_module;
+struct module_without_buffers : complete_module {
+  void buffers() = delete;
 };
 struct module_with_plain_backward : complete_module {
   void backward(const output_type&) {}

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "ddp/concepts/work.hpp"
+#include "ddp/core/spin_wait.hpp"
 
 namespace ddp {
 
@@ -36,8 +37,7 @@ class work {
   // Blocks until the operation finished; rethrows its failure (on every call).
   void wait() const {
     if (!state_) return;
-    for (int spin = 0; spin < 2000 && !state_->done_flag.load(std::memory_order_acquire); ++spin)
-      std::this_thread::yield();
+    detail::spin_until([&] { return state_->done_flag.load(std::memory_order_acquire); });
     std::unique_lock lock(state_->mutex);
     state_->done_cv.wait(lock, [&] { return state_->done; });
     if (state_->failure) std::rethrow_exception(state_->failure);
@@ -88,8 +88,7 @@ class progress_thread {
   void run() {
     for (;;) {
       std::pair<std::function<void()>, std::shared_ptr<detail::work_state>> item;
-      for (int spin = 0; spin < 200 && pending_.load(std::memory_order_acquire) == 0; ++spin)
-        std::this_thread::yield();
+      detail::spin_until([&] { return pending_.load(std::memory_order_acquire) != 0; });
       {
         std::unique_lock lock(mutex_);
         queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

@@ -14,6 +14,7 @@
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/spin_wait.hpp"
 #include "ddp/core/reduce_op.hpp"
 
 namespace ddp::inproc {
@@ -83,13 +84,8 @@ class world {
       cv_.notify_all();
       return;
     }
-    // Peers usually arrive within microseconds: yield for a while before sleeping on the
-    // condition variable, whose wake-up costs tens of microseconds.
     lock.unlock();
-    for (int spin = 0; spin < spin_yields; ++spin) {
-      if (released_.load(std::memory_order_acquire) != generation) return;
-      std::this_thread::yield();
-    }
+    if (detail::spin_until([&] { return released_.load(std::memory_order_acquire) != generation; })) return;
     lock.lock();
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     while (generation_ == generation) {
@@ -165,7 +161,6 @@ class world {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  static constexpr int spin_yields = 2000;
   std::uint64_t generation_ = 0;
   std::atomic<std::uint64_t> released_{0};  // generation_, readable without the lock
   int arrived_ = 0;

@@ -36,6 +36,7 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/sampler/sampler.hpp"
 #include "ddp/trainer/bucket_plan.hpp"
+#include "ddp/trainer/buffer_group.hpp"
 #include "ddp/trainer/consensus.hpp"
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/signature.hpp"
@@ -111,6 +112,7 @@ class trainer {
     check_devices();
     detail::check_same_model(comm_, device_, signature());
     build_buckets();
+    group_buffers();
     broadcast_state();
     zero_gradients();
   }
@@ -176,16 +178,9 @@ class trainer {
   // same running statistics (buffer_sync::none leaves each rank's own). Collective.
   void synchronize_buffers() {
     if constexpr (!std::is_same_v<buffer_sync_policy, buffer_sync::none>) {
-      for (auto& b : buffers_) {
-        const mutable_buffer buf{b.value.data, b.value.numel(), b.value.type};
-        if constexpr (std::is_same_v<buffer_sync_policy, buffer_sync::average_once_per_step>) {
-          if (is_floating(b.value.type)) {
-            overwrite_buffer(b, [&] { comm_.all_reduce(buf, buf, reduce_op::avg).wait(); });
-            continue;
-          }
-        }
-        overwrite_buffer(b, [&] { comm_.broadcast(buf, 0).wait(); });
-      }
+      for (auto& g : average_groups_)
+        overwrite(g, [&](mutable_buffer b) { comm_.all_reduce(b, b, reduce_op::avg).wait(); });
+      overwrite(broadcast_group_, [&](mutable_buffer b) { comm_.broadcast(b, 0).wait(); });
     }
   }
 
@@ -357,9 +352,30 @@ class trainer {
   void broadcast_state() {
     for (auto& p : params_)
       comm_.broadcast(mutable_buffer{p.value, p.numel, dtype::f32}, 0).wait();
-    for (auto& b : buffers_) overwrite_buffer(b, [&] {
-      comm_.broadcast(mutable_buffer{b.value.data, b.value.numel(), b.value.type}, 0).wait();
-    });
+    detail::buffer_group<device_type> every_buffer(device_, dtype::u8);
+    for (const auto& b : buffers_) every_buffer.add(b.value);
+    overwrite(every_buffer, [&](mutable_buffer b) { comm_.broadcast(b, 0).wait(); });
+  }
+
+  // The buffer-sync policy's collectives, one per group: averaged floating buffers by dtype,
+  // and everything broadcast as bytes.
+  void group_buffers() {
+    for (const auto& b : buffers_) {
+      const bool average = std::is_same_v<buffer_sync_policy, buffer_sync::average_once_per_step> &&
+                           is_floating(b.value.type);
+      if (!average) {
+        broadcast_group_.add(b.value);
+        continue;
+      }
+      if (b.value.type != dtype::f32 && b.value.type != dtype::f64)
+        fail_construct("buffer '" + b.name + "' is " + std::string(name_of(b.value.type)) +
+                       "; buffer_sync::average_once_per_step averages f32 and f64 buffers (keep it in "
+                       "f32, or use buffer_sync::broadcast_once_per_step)");
+      auto it = std::find_if(average_groups_.begin(), average_groups_.end(),
+                             [&](auto& g) { return g.members().front().type == b.value.type; });
+      if (it == average_groups_.end()) it = average_groups_.insert(average_groups_.end(), {device_, b.value.type});
+      it->add(b.value);
+    }
   }
 
   // ---- the step -----------------------------------------------------------------------
@@ -623,13 +639,16 @@ class trainer {
 
   // ---- buffers ------------------------------------------------------------------------
 
-  template <class Write>
-  void overwrite_buffer(buffer_info& b, Write write) {
-    write();
-    if (b.version) {
-      b.version->bump();
-      b.synced_at = b.version->value();
-    }
+  // Runs a collective over a group of buffers, then bumps their versions (the P1 check).
+  template <class Collective>
+  void overwrite(detail::buffer_group<device_type>& group, Collective collective) {
+    group.apply(collective);
+    for (const auto& t : group.members())
+      for (auto& b : buffers_)
+        if (b.value.data == t.data && b.version) {
+          b.version->bump();
+          b.synced_at = b.version->value();
+        }
   }
 
   void sync_buffers_before_forward() {
@@ -672,6 +691,8 @@ class trainer {
   std::vector<parameter_ref> param_refs_;
   std::vector<param_info> params_;
   std::vector<buffer_info> buffers_;
+  detail::buffer_group<device_type> broadcast_group_{device_, dtype::u8};
+  std::vector<detail::buffer_group<device_type>> average_groups_;
   std::vector<bucket> buckets_;
 
   // Per-step state.
