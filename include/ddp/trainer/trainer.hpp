@@ -250,7 +250,6 @@ class trainer {
     std::size_t pending = 0;
     bool launched = false;
     std::optional<work_type> work;
-    clock::time_point launched_at;
   };
 
   // ---- construction -------------------------------------------------------------------
@@ -477,7 +476,6 @@ class trainer {
     auto& bk = buckets_[b];
     if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
     if (bk.control) write_control(bk);
-    bk.launched_at = clock::now();
     bk.work.emplace(comm_.all_reduce(const_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
                                      mutable_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
                                      reduce_op::avg));
