@@ -248,7 +248,6 @@ class trainer {
     device_array<device_type, float> grads;
     device_array<device_type, float> state;  // optimizer state, state_slots * numel
     std::size_t pending = 0;
-    bool launched = false;
     std::optional<work_type> work;
   };
 
@@ -442,7 +441,7 @@ class trainer {
     if (static_graph && learned_ && !learned_used_[i]) {
       // Counted as a change when the last bucket goes; after that it is too late to tell the
       // peers through it, so this rank fails and abort() tells them.
-      if (buckets_.back().launched)
+      if (next_launch_ == buckets_.size())
         throw error("trainer", "backward", comm_.rank(),
                     "parameter '" + params_[i].name + "' got a gradient, but "
                     "unused_params::static_graph learned in the first step that it is unused; "
@@ -479,7 +478,6 @@ class trainer {
     bk.work.emplace(comm_.all_reduce(const_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
                                      mutable_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
                                      reduce_op::avg));
-    bk.launched = true;
   }
 
   // Control floats: [problem count, used flag per parameter (detecting policies)].
@@ -551,30 +549,25 @@ class trainer {
     }
   }
 
-  // Slow path, taken only when some rank broke the policy: gather who used what and raise the
-  // same error on every rank.
+  // Slow path, taken only when some rank broke the policy: gather what every rank used (and, for
+  // static_graph, what it learned) and raise the same error on every rank.
   [[noreturn]] void report_unused() {
-    std::vector<std::uint8_t> mine(used_.begin(), used_.end());
-    auto all = detail::host_all_gather(comm_, device_, std::span<const std::uint8_t>(mine));
     const std::size_t n = params_.size();
+    std::vector<std::uint8_t> mine(used_.begin(), used_.end());
+    if constexpr (static_graph) mine.insert(mine.end(), learned_used_.begin(), learned_used_.end());
+    const auto all = detail::host_all_gather(comm_, device_, std::span<const std::uint8_t>(mine));
     std::string list;
     for (std::size_t i = 0; i < n; ++i) {
       std::string ranks;
       for (int r = 0; r < comm_.size(); ++r) {
-        const bool used_now = all[static_cast<std::size_t>(r) * n + i] != 0;
-        const bool problem = forbid ? !used_now : false;
+        const auto* row = all.data() + static_cast<std::size_t>(r) * mine.size();
+        const bool problem = forbid ? !row[i] : (row[i] != 0) != (row[n + i] != 0);
         if (problem) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
       }
-      if constexpr (static_graph) {
-        // Each rank knows only its own learned set: name the parameters whose use changed here.
-        const bool changed = (used_[i] != 0) != (learned_used_[i] != 0);
-        if (changed) ranks = std::to_string(comm_.rank());
-      }
       if (!ranks.empty())
-        list += "\n  '" + params_[i].name + "' (" + (forbid ? "no gradient on rank(s) " : "use changed on rank ") +
+        list += "\n  '" + params_[i].name + "' (" + (forbid ? "no gradient" : "use changed") + " on rank(s) " +
                 ranks + ")";
     }
-    broken_ = "unused parameters";
     if constexpr (forbid)
       throw collective_error("trainer", "step", comm_.rank(),
                   "parameters received no gradient in this step (pitfall P2):" + list +
@@ -585,8 +578,7 @@ class trainer {
     else
       throw collective_error("trainer", "step", comm_.rank(),
                   "the set of used parameters changed after the first step, which "
-                  "unused_params::static_graph learned it in" +
-                      (list.empty() ? std::string(" (on another rank)") : ":" + list) +
+                  "unused_params::static_graph learned it in:" + list +
                       "\nUse ddp::unused_params::detect_each_step when the set changes between steps.");
   }
 
@@ -598,7 +590,7 @@ class trainer {
       apply_optimizer(bk);
     }
     zero_gradients();
-    for (auto& bk : buckets_) bk.work.reset(), bk.launched = false;
+    for (auto& bk : buckets_) bk.work.reset();
     next_launch_ = 0;
     micro_batches_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
