@@ -38,12 +38,34 @@ if(DDP_WITH_MPI)
   endif()
 endif()
 
-#   ddp::cuda   CUDA runtime and cuBLAS; ddp::nccl adds NCCL. Found from the CUDA toolkit; the
-#               CUDA device and the NCCL communicator that use them are issue 5's work.
+#   ddp::cuda   the CUDA device and reference layers (include/ddp/cuda): CUDA runtime, cuBLAS, and
+#               the one nvcc translation unit of kernels (src/cuda/kernels.cu), which ddp's own tree
+#               builds once and an installed package adds to each consumer target.
+#   ddp::nccl   the NCCL communicator (include/ddp/nccl), on top of ddp::cuda.
 if(DDP_WITH_CUDA)
   find_package(CUDAToolkit QUIET)
-  if(CUDAToolkit_FOUND)
-    ddp_component(cuda CUDA::cudart CUDA::cublas)
+  if(CUDAToolkit_FOUND AND NOT CMAKE_CUDA_COMPILER AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CUDAToolkit_FOUND AND CMAKE_CUDA_COMPILER)
+    # H100/H200 by default: one architecture keeps nvcc's work small. Override with
+    # -DCMAKE_CUDA_ARCHITECTURES=80;90 (or native on a GPU machine).
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    add_library(ddp_cuda_kernels STATIC ${PROJECT_SOURCE_DIR}/src/cuda/kernels.cu)
+    target_include_directories(ddp_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/include)
+    # CMake 3.25 does not know nvcc 13's C++20 feature names; the flag says it directly.
+    target_compile_options(ddp_cuda_kernels PRIVATE -std=c++20)
+    set_target_properties(ddp_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    ddp_component(cuda CUDA::cudart CUDA::cublas $<BUILD_INTERFACE:ddp_cuda_kernels>)
+    target_sources(ddp_cuda INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_DATADIR}/ddp/cuda/kernels.cu>)
+    if(DDP_INSTALL)
+      install(FILES src/cuda/kernels.cu DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/cuda)
+    endif()
     find_library(DDP_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
     find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
     if(DDP_NCCL_LIBRARY AND DDP_NCCL_INCLUDE_DIR)
@@ -52,8 +74,8 @@ if(DDP_WITH_CUDA)
     else()
       message(STATUS "ddp: NCCL not found beside the CUDA toolkit; ddp::nccl is not built")
     endif()
-    message(STATUS "ddp: CUDA ${CUDAToolkit_VERSION} found (ddp::cuda)")
+    message(STATUS "ddp: CUDA ${CUDAToolkit_VERSION} found (ddp::cuda), architectures ${CMAKE_CUDA_ARCHITECTURES}")
   else()
-    message(STATUS "ddp: CUDA toolkit not found; ddp::cuda and ddp::nccl are not built")
+    message(STATUS "ddp: CUDA toolkit or nvcc not found; ddp::cuda and ddp::nccl are not built")
   endif()
 endif()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the dependencies, builds everything (the CUDA/NCCL target only compiles: no GPU here)
+# Installs the dependencies, builds everything (the GPU targets only compile: no GPU here)
 # and runs the whole test suite under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,4 +7,9 @@ scripts/install-deps.sh
 build=${DDP_BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j"${DDP_JOBS:-2}"
+# The GPU targets (ddp_gpu: GPU tests, GPU benchmark, the example's GPU build) compile and link
+# without a GPU; they run in scripts/gpu-check.sh on a machine that has one.
+if cmake --build "$build" --target help | grep -q '^\.\.\. ddp_gpu$'; then
+  cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
+fi
 ctest --test-dir "$build" -j"${DDP_JOBS:-2}" --output-on-failure "$@"

@@ -7,18 +7,39 @@
 #include "train.hpp"
 
 namespace {
-void print_banner(const fmnist::config& c) {
-  std::printf("ddp Fashion-MNIST: %d rank(s) x batch %zu on %s, %d epoch(s), %s lr %.3g (%s), seed %llu\n", c.ranks,
-              c.batch, c.backend.c_str(), c.epochs, c.optimizer.c_str(), c.lr, c.schedule.c_str(),
-              static_cast<unsigned long long>(c.seed));
+
+#if DDP_EXAMPLE_WITH_CUDA
+using platform = fmnist::gpu_platform;
+#else
+using platform = fmnist::host_platform;
+#endif
+
+constexpr const char* gpu_build_hint =
+    "--device cuda is in fashion_mnist_gpu (built when the CUDA toolkit is found: cmake --build build --target "
+    "fashion_mnist_gpu)";
+
+// Accepts exactly `value`; anything else fails with `elsewhere`, which says where it is served.
+CLI::Validator only(std::string value, std::string elsewhere) {
+  return CLI::Validator(
+      [value, elsewhere](std::string& given) {
+        return given == value ? std::string() : "'" + given + "' is not served by this binary: " + elsewhere;
+      },
+      value);
 }
+
+void print_banner(const fmnist::config& c) {
+  std::printf("ddp Fashion-MNIST: %d rank(s) x batch %zu on %s (%s), %d epoch(s), %s lr %.3g (%s), seed %llu\n",
+              c.ranks, c.batch, c.backend.c_str(), c.device.c_str(), c.epochs, c.optimizer.c_str(), c.lr,
+              c.schedule.c_str(), static_cast<unsigned long long>(c.seed));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   fmnist::config c;
   CLI::App app{"ddp example: data-parallel training of a 784-512-512-10 MLP (batch_norm after each hidden "
                "layer) on Fashion-MNIST"};
-  app.add_option("--ranks", c.ranks, "number of ranks (in-process threads)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--ranks", c.ranks, "number of ranks (in-process threads; with --device cuda one GPU each)")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--epochs", c.epochs, "passes over the 60,000 training images")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--batch", c.batch, "batch size per rank (global batch = ranks x batch)")->check(CLI::Range(2, 60000))->capture_default_str();
   app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
@@ -36,46 +57,71 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"distributed", "distributed_drop", "distributed_in_order", "contiguous"}))->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
-#if DDP_EXAMPLE_WITH_MPI
+  // Each binary runs one platform; a flag value that belongs to another binary says which one.
+#if DDP_EXAMPLE_WITH_CUDA
+  c.backend = "nccl";
+  c.device = "cuda";
+  app.add_option("--backend", c.backend,
+                 "communicator: nccl, one GPU per rank (in-process threads, or one process per GPU under "
+                 "mpirun/srun)")
+      ->check(only("nccl", "the host backends (inproc, mpi) are in fashion_mnist and fashion_mnist_mpi"))
+      ->capture_default_str();
+  app.add_option("--device", c.device, "device")
+      ->check(only("cuda", "--device cpu is in fashion_mnist and fashion_mnist_mpi"))
+      ->capture_default_str();
+#elif DDP_EXAMPLE_WITH_MPI
   c.backend = "mpi";
-  app.add_option("--backend", c.backend,
-                 "communicator: mpi, one rank per process under mpirun (in-process ranks are in fashion_mnist)")
-      ->check(CLI::IsMember({"mpi"}))->capture_default_str();
+  app.add_option("--backend", c.backend, "communicator: mpi, one rank per process under mpirun")
+      ->check(only("mpi", "in-process ranks are in fashion_mnist; nccl is in fashion_mnist_gpu"))
+      ->capture_default_str();
+  app.add_option("--device", c.device, "device")->check(only("cpu", gpu_build_hint))->capture_default_str();
 #else
-  app.add_option("--backend", c.backend,
-                 "communicator (--backend mpi is in fashion_mnist_mpi, built when OpenMPI is found)")
-      ->check(CLI::IsMember({"inproc"}))->capture_default_str();
+  app.add_option("--backend", c.backend, "communicator: inproc, ranks as threads of this process")
+      ->check(only("inproc", "--backend mpi is in fashion_mnist_mpi (built when OpenMPI is found); --backend nccl "
+                             "is in fashion_mnist_gpu"))
+      ->capture_default_str();
+  app.add_option("--device", c.device, "device")->check(only("cpu", gpu_build_hint))->capture_default_str();
 #endif
-  app.add_option("--device", c.device, "device")->check(CLI::IsMember({"cpu"}))->capture_default_str();
   app.add_flag("!--no-progress", c.progress, "no per-step progress line");
   CLI11_PARSE(app, argc, argv);
 
   fmnist::report r;
   const auto start = std::chrono::steady_clock::now();
-  auto run = [&]<class Comm>() {
-    if (c.buffer_sync == "none") fmnist::run_with_sync<ddp::buffer_sync::none, Comm>(c, r);
-    else if (c.buffer_sync == "broadcast_each_forward") fmnist::run_with_sync<ddp::buffer_sync::broadcast_each_forward, Comm>(c, r);
-    else if (c.buffer_sync == "average_once_per_step") fmnist::run_with_sync<ddp::buffer_sync::average_once_per_step, Comm>(c, r);
-    else fmnist::run_with_sync<ddp::buffer_sync::broadcast_once_per_step, Comm>(c, r);
+  auto run = [&]<class Launcher>() {
+    using P = platform;
+    if (c.buffer_sync == "none") fmnist::run_with_sync<ddp::buffer_sync::none, Launcher, P>(c, r);
+    else if (c.buffer_sync == "broadcast_each_forward") fmnist::run_with_sync<ddp::buffer_sync::broadcast_each_forward, Launcher, P>(c, r);
+    else if (c.buffer_sync == "average_once_per_step") fmnist::run_with_sync<ddp::buffer_sync::average_once_per_step, Launcher, P>(c, r);
+    else fmnist::run_with_sync<ddp::buffer_sync::broadcast_once_per_step, Launcher, P>(c, r);
   };
   bool lead = true;
   try {
 #if DDP_EXAMPLE_WITH_MPI
-    {
+    // The GPU build runs under mpirun/srun when started by one, else as in-process threads.
+#if DDP_EXAMPLE_WITH_CUDA
+    const bool under_mpi = ddp::mpi::placement_from_environment().has_value();
+#else
+    const bool under_mpi = true;
+#endif
+#else
+    const bool under_mpi = false;
+#endif
+    if (under_mpi) {
+#if DDP_EXAMPLE_WITH_MPI
       ddp::mpi::environment env(&argc, &argv);
       const auto world = ddp::mpi::environment::world();
       if (app.count("--ranks") && c.ranks != world.size)
-        throw std::invalid_argument("with --backend mpi the ranks are the MPI processes: --ranks " + std::to_string(c.ranks) +
+        throw std::invalid_argument("under mpirun the ranks are the MPI processes: --ranks " + std::to_string(c.ranks) +
                                     " but mpirun started " + std::to_string(world.size) + " (set -np instead)");
       c.ranks = world.size;
       lead = world.rank == 0;
       if (lead) print_banner(c);
       run.template operator()<ddp::mpi::communicator>();
-    }
-#else
-    print_banner(c);
-    run.template operator()<ddp::inproc::communicator>();
 #endif
+    } else {
+      print_banner(c);
+      run.template operator()<ddp::inproc::communicator>();
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -17,7 +17,9 @@
 #if DDP_EXAMPLE_WITH_MPI
 #include "ddp/mpi/communicator.hpp"
 #endif
-#include "ddp/nn/cross_entropy.hpp"
+#if DDP_EXAMPLE_WITH_CUDA
+#include "gpu_platform.hpp"
+#endif
 #include "ddp/trainer/trainer.hpp"
 
 namespace fmnist {
@@ -69,8 +71,9 @@ class progress_line {
 };
 
 // Accuracy over the full test set: rank r evaluates its share, the counts are reduced.
-template <class Trainer>
-double test_accuracy(Trainer& trainer, model& m, const fashion_mnist& test) {
+template <class Platform, class Trainer>
+double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Platform::device& dev,
+                     const fashion_mnist& test) {
   const auto& comm = trainer.communicator();
   const std::size_t n = test.size(), w = static_cast<std::size_t>(comm.size()), r = static_cast<std::size_t>(comm.rank());
   const std::size_t begin = n * r / w, end = n * (r + 1) / w;
@@ -82,18 +85,17 @@ double test_accuracy(Trainer& trainer, model& m, const fashion_mnist& test) {
     examples.clear();
     for (std::size_t k = i; k < std::min(end, i + 500); ++k) examples.push_back(test.get(k));
     auto b = fashion_mnist::collate(examples);
-    auto ce = ddp::nn::softmax_cross_entropy(m.forward(b.x), b.y);
+    auto ce = Platform::loss(dev, m.forward(Platform::input(dev, b.x)), b.y);
     correct.add(static_cast<double>(ce.correct), static_cast<double>(b.y.size()));
   }
   m.train();
   return trainer.reduce(correct).mean();
 }
 
-template <class Trainer>
-void train_on_rank(typename Trainer::communicator_type& comm, const config& c, const fashion_mnist& train_set,
-                   const fashion_mnist& test_set, report& out) {
-  auto m = make_model(c.seed);
-  ddp::host::device dev;
+template <class Trainer, class Platform>
+void train_on_rank(typename Trainer::communicator_type& comm, typename Platform::device& dev, const config& c,
+                   const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
+  auto m = Platform::make_model(dev, c.seed);
   typename Trainer::optimizer_type opt{};
   opt.lr = c.lr;
   opt.weight_decay = c.weight_decay;
@@ -115,7 +117,7 @@ void train_on_rank(typename Trainer::communicator_type& comm, const config& c, c
       trainer.optimizer().lr = learning_rate(c, step, total_steps);
       const auto& b = batches[i];
       trainer.step([&](auto& replica) {
-        auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y);
+        auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y);
         replica.backward(ce.grad);
         loss.add(ce.loss * static_cast<double>(b.y.size()), static_cast<double>(b.y.size()));
         accuracy.add(static_cast<double>(ce.correct), static_cast<double>(b.y.size()));
@@ -128,7 +130,7 @@ void train_on_rank(typename Trainer::communicator_type& comm, const config& c, c
     progress.end_epoch();
     const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
     const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    const double acc = test_accuracy(trainer, m, test_set);
+    const double acc = test_accuracy<Platform>(trainer, m, dev, test_set);
     if (lead) {
       epoch_record e{epoch, global[0].mean(), global[1].mean(), acc, epoch_seconds, global[0].count / epoch_seconds};
       std::printf("epoch %d/%d: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%% (10,000 images), "
@@ -167,36 +169,52 @@ void with_optimizer(const std::string& name, F f) {
   else if (name == "adamw") f(ddp::optim::adamw{});
 }
 
-// Defined once per buffer-sync policy and communicator (one translation unit each); the other
-// slots are dispatched here.
-template <class Sync, class Comm>
+// Defined once per buffer-sync policy, launcher and platform (one translation unit each); the
+// other slots are dispatched here. The launcher starts the ranks (in-process threads, or this
+// process under mpirun); the platform picks device, model and communicator for each rank.
+template <class Sync, class Launcher, class Platform>
 void run_with_sync(const config& c, report& out) {
+  using Comm = typename Platform::template communicator<Launcher>;
   const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
   const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
   with_unused(c.unused_params, [&](auto unused) {
     with_sampler(c.sampler, [&](auto sampler) {
       with_optimizer(c.optimizer, [&](auto optimizer) {
-        using trainer_t = ddp::trainer<model, Sync, decltype(unused), decltype(sampler), decltype(optimizer),
-                                       ddp::use_communicator<Comm>>;
-        if constexpr (std::is_same_v<Comm, ddp::inproc::communicator>) {
-          ddp::inproc::launch(c.ranks, [&](Comm& comm) { train_on_rank<trainer_t>(comm, c, train_set, test_set, out); });
+        using trainer_t = ddp::trainer<typename Platform::model, Sync, decltype(unused), decltype(sampler),
+                                       decltype(optimizer), ddp::use_communicator<Comm>,
+                                       ddp::use_device<typename Platform::device>>;
+        auto rank = [&](Comm& comm, typename Platform::device& dev) {
+          train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
+        };
+        if constexpr (std::is_same_v<Launcher, ddp::inproc::communicator>) {
+          ddp::inproc::launch(c.ranks, [&](Launcher& launcher) { Platform::on_rank(launcher, rank); });
         } else {  // one rank per process: this process is one of them
-          Comm comm;
-          train_on_rank<trainer_t>(comm, c, train_set, test_set, out);
+          Launcher launcher;
+          Platform::on_rank(launcher, rank);
         }
       });
     });
   });
 }
 
-#define DDP_EXAMPLE_DECLARE(comm)                                                                        \
-  extern template void run_with_sync<ddp::buffer_sync::none, comm>(const config&, report&);                   \
-  extern template void run_with_sync<ddp::buffer_sync::broadcast_each_forward, comm>(const config&, report&); \
-  extern template void run_with_sync<ddp::buffer_sync::broadcast_once_per_step, comm>(const config&, report&); \
-  extern template void run_with_sync<ddp::buffer_sync::average_once_per_step, comm>(const config&, report&);
-DDP_EXAMPLE_DECLARE(ddp::inproc::communicator)
+#define DDP_EXAMPLE_DECLARE(launcher, platform)                                                             \
+  extern template void run_with_sync<ddp::buffer_sync::none, launcher, platform>(const config&, report&);       \
+  extern template void run_with_sync<ddp::buffer_sync::broadcast_each_forward, launcher, platform>(const config&, \
+                                                                                                    report&);       \
+  extern template void run_with_sync<ddp::buffer_sync::broadcast_once_per_step, launcher, platform>(const config&, \
+                                                                                                     report&);       \
+  extern template void run_with_sync<ddp::buffer_sync::average_once_per_step, launcher, platform>(const config&,   \
+                                                                                                   report&);
+#if DDP_EXAMPLE_WITH_CUDA
+DDP_EXAMPLE_DECLARE(ddp::inproc::communicator, gpu_platform)
 #if DDP_EXAMPLE_WITH_MPI
-DDP_EXAMPLE_DECLARE(ddp::mpi::communicator)
+DDP_EXAMPLE_DECLARE(ddp::mpi::communicator, gpu_platform)
+#endif
+#else
+DDP_EXAMPLE_DECLARE(ddp::inproc::communicator, host_platform)
+#if DDP_EXAMPLE_WITH_MPI
+DDP_EXAMPLE_DECLARE(ddp::mpi::communicator, host_platform)
+#endif
 #endif
 #undef DDP_EXAMPLE_DECLARE
 

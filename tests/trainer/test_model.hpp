@@ -20,6 +20,7 @@ namespace test {
 // every buffer-sync policy still has real buffers to keep in sync.
 class tracked_affine {
  public:
+  using matrix_type = ddp::nn::matrix;
   explicit tracked_affine(std::size_t f)
       : f_(f), running_mean_("running_mean", f, 0.0f), batches_("num_batches_tracked", 1, 0) {
     params_.emplace_back("weight", ddp::shape_t{static_cast<std::int64_t>(f)});

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
@@ -128,6 +129,14 @@ class world {
                               "collective; every rank must issue the same collectives");
     }
     cv_.notify_all();
+  }
+
+  // The rank at fault and what happened, once the world failed (watchdogs of device
+  // communicators bootstrapped from this world poll it).
+  std::optional<std::pair<int, std::string>> failure_report() const {
+    std::lock_guard lock(mutex_);
+    if (!failure_) return std::nullopt;
+    return std::pair{failure_->origin, failure_->what};
   }
 
   std::optional<int> failed_rank() const {

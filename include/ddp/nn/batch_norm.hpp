@@ -24,6 +24,7 @@ namespace ddp::nn {
 
 class batch_norm {
  public:
+  using matrix_type = matrix;
   enum class mode { batch_statistics, frozen };
 
   explicit batch_norm(std::size_t features, float momentum = 0.1f, float eps = 1e-5f)

@@ -14,6 +14,7 @@ namespace ddp::nn {
 
 class dropout {
  public:
+  using matrix_type = matrix;
   dropout(float p, std::uint64_t seed, int rank) : p_(p), seed_(seed), rank_(rank) {
     if (!(p >= 0.0f && p < 1.0f))
       throw std::invalid_argument("ddp::nn::dropout: p must be in [0, 1), got " + std::to_string(p));

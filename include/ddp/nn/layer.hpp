@@ -2,9 +2,10 @@
 // What ddp::nn::sequential needs of a layer. Each layer keeps a stack of what its training
 // forwards saved; backward pops the innermost.
 //
-//   matrix forward(const matrix& x, bool training);   training: push what backward needs
-//   matrix backward(const matrix& dy, bool need_dx);  accumulate parameter gradients, pop
-//   std::span<parameter> params();                    empty for layers without parameters
+//   using matrix_type = ...;                           the activations' type
+//   matrix_type forward(const matrix_type& x, bool training);   training: push what backward needs
+//   matrix_type backward(const matrix_type& dy, bool need_dx);  accumulate parameter gradients, pop
+//   std::span<P> params();                             empty for layers without parameters
 //   std::vector<buffer_ref> buffer_refs(const std::string& prefix);
 #include <concepts>
 #include <span>
@@ -16,13 +17,18 @@
 
 namespace ddp::nn {
 
+// `matrix_type` is the activation type: ddp::nn::matrix on the host, ddp::cuda::nn::matrix on a
+// GPU. params() is a span of parameters that hand out refs and take bound gradient storage.
 template <class L>
-concept layer = requires(L& l, const matrix& x, bool flag, const std::string& prefix) {
-  { l.forward(x, flag) } -> std::same_as<matrix>;
-  { l.backward(x, flag) } -> std::same_as<matrix>;
-  { l.params() } -> std::same_as<std::span<parameter>>;
-  { l.buffer_refs(prefix) } -> std::same_as<std::vector<buffer_ref>>;
-};
+concept layer = requires { typename L::matrix_type; } &&
+                requires(L& l, const typename L::matrix_type& x, bool flag, const std::string& prefix, float* storage) {
+                  { l.forward(x, flag) } -> std::same_as<typename L::matrix_type>;
+                  { l.backward(x, flag) } -> std::same_as<typename L::matrix_type>;
+                  { l.params().size() } -> std::convertible_to<std::size_t>;
+                  { l.params()[0].ref(prefix) } -> std::same_as<parameter_ref>;
+                  l.params()[0].bind_gradient(storage);
+                  { l.buffer_refs(prefix) } -> std::same_as<std::vector<buffer_ref>>;
+                };
 
 // Pops the innermost saved entry, naming the layer when there is none.
 template <class T>

@@ -11,17 +11,24 @@
 
 namespace ddp::nn {
 
+// PyTorch's nn.Linear initialisation, from `seed`: the same numbers on every device.
+inline void initialise_linear(std::size_t in, std::span<float> weight, std::span<float> bias, std::uint64_t seed) {
+  splitmix64 rng(seed);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+  for (auto& w : weight) w = rng.uniform(-bound, bound);
+  for (auto& b : bias) b = rng.uniform(-bound, bound);
+}
+
 class linear {
  public:
   linear(std::size_t in, std::size_t out, std::uint64_t seed) : in_(in), out_(out) {
     blas::use_one_thread_per_rank();
     params_.emplace_back("weight", shape_t{static_cast<std::int64_t>(out), static_cast<std::int64_t>(in)});
     params_.emplace_back("bias", shape_t{static_cast<std::int64_t>(out)});
-    splitmix64 rng(seed);
-    const float bound = 1.0f / std::sqrt(static_cast<float>(in));
-    for (auto& w : params_[0].value()) w = rng.uniform(-bound, bound);
-    for (auto& b : params_[1].value()) b = rng.uniform(-bound, bound);
+    initialise_linear(in, params_[0].value(), params_[1].value(), seed);
   }
+
+  using matrix_type = matrix;
 
   matrix forward(const matrix& x, bool training) {
     require_cols(x, in_, "linear");

@@ -7,6 +7,7 @@ namespace ddp::nn {
 
 class relu {
  public:
+  using matrix_type = matrix;
   matrix forward(const matrix& x, bool training) {
     matrix y = x;
     for (auto& v : y.data) v = v > 0.0f ? v : 0.0f;

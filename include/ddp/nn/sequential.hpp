@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -19,14 +20,19 @@
 
 namespace ddp::nn {
 
-template <layer... Layers>
+template <layer First, layer... Rest>
 class sequential {
+  static_assert((std::is_same_v<typename First::matrix_type, typename Rest::matrix_type> && ...),
+                "ddp::nn::sequential: every layer must work on one matrix type (all host layers, or all "
+                "ddp::cuda::nn layers)");
+
  public:
-  using input_type = matrix;
-  using output_type = matrix;
+  using matrix_type = typename First::matrix_type;
+  using input_type = matrix_type;
+  using output_type = matrix_type;
   static constexpr bool reports_gradient_ready = true;
 
-  explicit sequential(Layers... layers) : layers_(std::move(layers)...) {
+  explicit sequential(First first, Rest... rest) : layers_(std::move(first), std::move(rest)...) {
     std::size_t next = 0;
     for_each_layer([&](auto& l, std::size_t k) {
       first_param_[k] = next;
@@ -56,18 +62,18 @@ class sequential {
   void eval() noexcept { training_ = false; }
   bool training() const noexcept { return training_; }
 
-  matrix forward(const matrix& x) {
-    matrix h = x;
+  matrix_type forward(const matrix_type& x) {
+    matrix_type h = x;
     for_each_layer([&](auto& l, std::size_t) { h = l.forward(h, training_); });
     if (training_) ++pending_;
     return h;
   }
 
-  void backward(const matrix& grad_output, const ready_sink& ready) {
+  void backward(const matrix_type& grad_output, const ready_sink& ready) {
     if (pending_ == 0)
       throw std::logic_error("ddp::nn::sequential: backward without a training forward");
     --pending_;
-    matrix g = grad_output;
+    matrix_type g = grad_output;
     for_each_layer_reverse([&](auto& l, std::size_t k) {
       g = l.backward(g, /*need_dx=*/k > 0);
       for (std::size_t i = 0; i < l.params().size(); ++i) ready(first_param_[k] + i);
@@ -95,18 +101,18 @@ class sequential {
   template <class F>
   void for_each_layer(F&& f) {
     [&]<std::size_t... K>(std::index_sequence<K...>) { (f(std::get<K>(layers_), K), ...); }
-    (std::index_sequence_for<Layers...>{});
+    (std::index_sequence_for<First, Rest...>{});
   }
   template <class F>
   void for_each_layer_reverse(F&& f) {
-    constexpr std::size_t n = sizeof...(Layers);
+    constexpr std::size_t n = 1 + sizeof...(Rest);
     [&]<std::size_t... K>(std::index_sequence<K...>) {
       (f(std::get<n - 1 - K>(layers_), n - 1 - K), ...);
-    }(std::index_sequence_for<Layers...>{});
+    }(std::index_sequence_for<First, Rest...>{});
   }
 
-  std::tuple<Layers...> layers_;
-  std::array<std::size_t, sizeof...(Layers)> first_param_{};
+  std::tuple<First, Rest...> layers_;
+  std::array<std::size_t, 1 + sizeof...(Rest)> first_param_{};
   std::size_t param_count_ = 0;
   std::size_t pending_ = 0;
   bool training_ = true;

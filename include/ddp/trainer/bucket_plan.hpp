@@ -1,10 +1,13 @@
 #pragma once
 // Which parameters share a gradient bucket: parameters in reverse order (the order backward
-// usually finishes them), a new bucket whenever the next one would pass the byte cap.
+// usually finishes them), a new bucket whenever the next one would pass the byte cap. Each
+// parameter starts at a multiple of 4 floats, so device kernels move it with 16-byte loads.
 #include <cstddef>
 #include <vector>
 
 namespace ddp::detail {
+
+inline constexpr std::size_t slot_alignment = 4;  // floats
 
 struct bucket_slot {
   std::size_t bucket = 0;
@@ -21,14 +24,16 @@ inline bucket_plan plan_buckets(const std::vector<std::size_t>& numels, std::siz
   bucket_plan plan;
   plan.slots.resize(numels.size());
   const std::size_t cap = cap_bytes / sizeof(float);
+  auto aligned = [](std::size_t n) { return (n + slot_alignment - 1) / slot_alignment * slot_alignment; };
   for (std::size_t k = numels.size(); k-- > 0;) {
-    if (plan.buckets.empty() || (plan.sizes.back() > 0 && plan.sizes.back() + numels[k] > cap)) {
+    if (plan.buckets.empty() || (plan.sizes.back() > 0 && aligned(plan.sizes.back()) + numels[k] > cap)) {
       plan.buckets.emplace_back();
       plan.sizes.push_back(0);
     }
-    plan.slots[k] = {plan.buckets.size() - 1, plan.sizes.back()};
+    const std::size_t offset = aligned(plan.sizes.back());
+    plan.slots[k] = {plan.buckets.size() - 1, offset};
     plan.buckets.back().push_back(k);
-    plan.sizes.back() += numels[k];
+    plan.sizes.back() = offset + numels[k];
   }
   return plan;
 }

@@ -324,6 +324,7 @@ class trainer {
       bk.numel = plan.sizes[b];
       if (b + 1 == buckets_.size()) bk.control = control_size();
       bk.grads = device_array<device_type, float>(device_, bk.numel + bk.control);
+      device_.fill_zero(bk.grads.data(), bk.grads.size() * sizeof(float));  // and the padding stays 0
       bk.state = device_array<device_type, float>(
           device_, bk.numel * static_cast<std::size_t>(optimizer_type::state_slots));
       device_.fill_zero(bk.state.data(), bk.state.size() * sizeof(float));

@@ -1,0 +1,161 @@
+#pragma once
+// The CUDA device: tensors in one GPU's memory, the trainer's kernels queued on one compute
+// stream in call order. A model of ddp::device (ddp/concepts/device.hpp).
+//
+//   ddp::cuda::device dev(comm.local_rank(), comm.rank());   // ordinal, rank for messages
+//
+// Every call makes the ordinal current on the calling thread first, so in-process ranks (one
+// thread per GPU) and a user's own cudaSetDevice calls cannot send work to the wrong GPU.
+// Kernels come from ddp/cuda/kernels.cuh, compiled once into the target by ddp::cuda.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <optional>
+#include <span>
+#include <string>
+
+#include "ddp/concepts/device.hpp"
+#include "ddp/cuda/check.hpp"
+#include "ddp/cuda/kernels.hpp"
+#include "ddp/cuda/stream.hpp"
+
+namespace ddp::cuda {
+
+class device {
+ public:
+  static constexpr device_kind kind = device_kind::cuda;
+
+  explicit device(int ordinal = 0, int rank = -1) : site_{rank, ordinal}, stream_(select(site_)) {
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal), "cudaDeviceGetAttribute", site_);
+    limits_.max_blocks = sms * 8;  // 8 blocks of 256 threads fill an SM's 2048 threads
+  }
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+  ~device() {
+    if (blas_) cublasDestroy(blas_);
+  }
+
+  device_id id() const noexcept { return device_id::cuda(site_.device); }
+  int ordinal() const noexcept { return site_.device; }
+  int rank() const noexcept { return site_.rank; }
+  call_site site() const noexcept { return site_; }
+  // The compute stream: the trainer's kernels, and a communicator bound to this device orders
+  // its collectives after the work queued here.
+  cudaStream_t stream() const noexcept { return stream_.get(); }
+  kernels::launch_limits limits() const noexcept { return limits_; }
+  // This stream's cuBLAS handle (created on first use).
+  cublasHandle_t blas() {
+    activate();
+    if (!blas_) {
+      check(cublasCreate(&blas_), "cublasCreate", site_);
+      check(cublasSetStream(blas_, stream()), "cublasSetStream", site_);
+    }
+    return blas_;
+  }
+  // Makes this device current on the calling thread.
+  void activate() const { check(cudaSetDevice(site_.device), "cudaSetDevice", site_); }
+
+  void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    activate();
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc", site_);
+    return p;
+  }
+  // cudaFree waits for the device first: no queued kernel still reads the memory.
+  void deallocate(void* p, std::size_t) noexcept {
+    if (p) cudaFree(p);
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes) { memcpy(dst, src, bytes, cudaMemcpyDeviceToDevice); }
+  // The host source may be freed as soon as this returns (pageable memory is staged first).
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) { memcpy(dst, src, bytes, cudaMemcpyHostToDevice); }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+    memcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    stream_.synchronize();
+  }
+  void fill_zero(void* dst, std::size_t bytes) {
+    if (!bytes) return;
+    activate();
+    check(cudaMemsetAsync(dst, 0, bytes, stream()), "cudaMemsetAsync", site_);
+  }
+
+  void scale(float* x, std::size_t n, float factor) {
+    activate();
+    check(kernels::scale(x, n, factor, limits_, stream()), "scale kernel", site_);
+  }
+  void pack(std::span<const segment> s, float* bucket) { copy_segments(s, bucket, kernels::direction::pack); }
+  void unpack(std::span<const segment> s, const float* bucket) {
+    copy_segments(s, const_cast<float*>(bucket), kernels::direction::unpack);
+  }
+
+  void cast(const_buffer src, mutable_buffer dst) {
+    if (src.count != dst.count)
+      throw error("cuda", "cast", site_.rank,
+                  "source has " + std::to_string(src.count) + " elements but destination " + std::to_string(dst.count));
+    if (src.type == dst.type) return copy(dst.data, src.data, src.bytes());
+    activate();
+    cudaError_t status = cudaSuccess;
+    if (!kernels::cast(src.data, src.type, dst.data, dst.type, src.count, limits_, stream(), status))
+      throw error("cuda", "cast", site_.rank,
+                  "no conversion from " + std::string(name_of(src.type)) + " to " + std::string(name_of(dst.type)) +
+                      "; cast supports f32 <-> f16 / bf16");
+    check(status, "cast kernel", site_);
+  }
+
+  void sgd_update(std::span<const segment> p, const float* g, float* m, const optim::sgd& o) {
+    activate();
+    check(kernels::sgd_update(p.data(), p.size(), g, m, o, limits_, stream()), "sgd_update kernel", site_);
+  }
+  void adamw_update(std::span<const segment> p, const float* g, float* m, float* v, const optim::adamw& o,
+                    std::int64_t step) {
+    activate();
+    check(kernels::adamw_update(p.data(), p.size(), g, m, v, o, step, limits_, stream()), "adamw_update kernel",
+          site_);
+  }
+
+  void synchronize() { stream_.synchronize(); }
+
+  // Where `p` lives according to the driver: a device pointer names its GPU, anything else is
+  // host memory (P3 checks compare this with the rank's device).
+  std::optional<device_id> locate(const void* p) const {
+    cudaPointerAttributes attr{};
+    check(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes", site_);
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return device_id::cuda(attr.device);
+    return device_id::cpu();
+  }
+
+ private:
+  static call_site select(call_site site) {
+    const int n = device_count(site);
+    if (site.device < 0 || site.device >= n)
+      throw error("cuda", "device", site.rank,
+                  "device ordinal " + std::to_string(site.device) + " requested, but this process sees " +
+                      std::to_string(n) + " CUDA device(s); start at most one rank per visible GPU on "
+                      "each machine (CUDA_VISIBLE_DEVICES limits what a process sees)");
+    check(cudaSetDevice(site.device), "cudaSetDevice", site);
+    return site;
+  }
+
+  void memcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    if (!bytes || dst == src) return;
+    activate();
+    check(cudaMemcpyAsync(dst, src, bytes, kind, stream()), "cudaMemcpyAsync", site_);
+  }
+
+  void copy_segments(std::span<const segment> s, float* bucket, kernels::direction d) {
+    activate();
+    check(kernels::copy_segments(s.data(), s.size(), bucket, d, limits_, stream()),
+          d == kernels::direction::pack ? "pack kernel" : "unpack kernel", site_);
+  }
+
+  call_site site_;
+  cuda::stream stream_;
+  kernels::launch_limits limits_;
+  cublasHandle_t blas_ = nullptr;
+};
+
+static_assert(diagnose_device<device>());
+
+}  // namespace ddp::cuda

@@ -1,0 +1,40 @@
+#pragma once
+// The CUDA device's kernels, as host functions that enqueue them on a stream. Declared here so
+// host translation units (compiled by g++) call them; defined in ddp/cuda/kernels.cuh, which
+// one nvcc translation unit compiles: ddp::cuda adds that unit to its consumer (src/cuda/kernels.cu).
+// Each returns the launch status (cudaGetLastError); none synchronises.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/segment.hpp"
+#include "ddp/optim/adamw.hpp"
+#include "ddp/optim/sgd.hpp"
+
+namespace ddp::cuda::kernels {
+
+// How wide a launch may go: blocks per grid-stride kernel (a few waves of the device's SMs).
+struct launch_limits {
+  int max_blocks = 1024;
+};
+
+enum class direction { pack, unpack };
+
+// pack: bucket[s.offset ..] = s.tensor[..]; unpack: the other way; for every segment.
+cudaError_t copy_segments(const segment* segments, std::size_t count, float* bucket, direction d,
+                          launch_limits, cudaStream_t);
+// x[i] *= factor
+cudaError_t scale(float* x, std::size_t n, float factor, launch_limits, cudaStream_t);
+// f32 <-> f16 / bf16, n elements; false (nothing launched) for another pair of dtypes.
+bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launch_limits, cudaStream_t,
+          cudaError_t& status);
+// The fused optimizer updates of ddp/host/kernels.hpp, per segment: parameter s.tensor, gradient
+// and state at s.offset of grad / state.
+cudaError_t sgd_update(const segment* params, std::size_t count, const float* grad, float* momentum,
+                       const optim::sgd&, launch_limits, cudaStream_t);
+cudaError_t adamw_update(const segment* params, std::size_t count, const float* grad, float* m, float* v,
+                         const optim::adamw&, std::int64_t step, launch_limits, cudaStream_t);
+
+}  // namespace ddp::cuda::kernels

@@ -1,0 +1,144 @@
+#pragma once
+// Batch normalisation on a GPU: the behaviour and the arithmetic of ddp::nn::batch_norm
+// (PyTorch's BatchNorm1d; frozen mode; synchronised statistics through `reduce`), with the
+// per-feature sums in double on the device. With synchronised statistics the sums make one
+// round trip through host memory per forward and per backward, for the host-side reduction.
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "ddp/cuda/nn/kernels.hpp"
+#include "ddp/cuda/nn/matrix.hpp"
+#include "ddp/cuda/nn/parameter.hpp"
+#include "ddp/nn/layer.hpp"
+
+namespace ddp::cuda::nn {
+
+class batch_norm {
+ public:
+  using matrix_type = matrix;
+  enum class mode { batch_statistics, frozen };
+
+  batch_norm(cuda::device& dev, std::size_t features, float momentum = 0.1f, float eps = 1e-5f)
+      : dev_(&dev), features_(features), momentum_(momentum), eps_(eps),
+        running_mean_(dev, "running_mean", features, 0.0f), running_var_(dev, "running_var", features, 1.0f),
+        batches_tracked_(dev, "num_batches_tracked", 1, 0) {
+    params_.emplace_back(dev, "weight", shape_t{static_cast<std::int64_t>(features)}, std::vector<float>(features, 1.0f));
+    params_.emplace_back(dev, "bias", shape_t{static_cast<std::int64_t>(features)}, std::vector<float>(features, 0.0f));
+  }
+
+  void set_mode(mode m) noexcept { mode_ = m; }
+  // `reduce` sums a host vector elementwise over every rank, in place (a blocking collective).
+  void synchronize_statistics(std::function<void(std::span<double>)> reduce) { reduce_ = std::move(reduce); }
+
+  matrix forward(const matrix& x, bool training) {
+    require_cols(x, features_, "batch_norm");
+    const std::size_t n = x.rows(), f = features_;
+    const bool batch_stats = training && mode_ == mode::batch_statistics;
+    if (batch_stats && n < 2)
+      throw std::invalid_argument("ddp::cuda::nn::batch_norm: training needs at least 2 samples per batch, got " +
+                                  std::to_string(n));
+    device_vector<float> mean(*dev_, f), inv_std(*dev_, f);
+    if (batch_stats) {
+      device_vector<double> moments(*dev_, 2 * f);
+      run(kernels::column_moments(x.data(), n, f, moments.data(), stream()), "column_moments kernel");
+      const double count = reduce_over_ranks(moments, static_cast<double>(n));
+      run(kernels::batch_statistics(moments.data(), count, f, momentum_, eps_, mean.data(), inv_std.data(),
+                                    running_mean_.data(), running_var_.data(), stream()),
+          "batch_statistics kernel");
+      run(kernels::add_i64(batches_tracked_.data(), 1, stream()), "add_i64 kernel");
+      batch_count_.push_back(count);
+      running_mean_.version().bump();
+      running_var_.version().bump();
+      batches_tracked_.version().bump();
+    } else {
+      run(kernels::running_statistics(running_mean_.data(), running_var_.data(), f, eps_, mean.data(), inv_std.data(),
+                                      stream()),
+          "running_statistics kernel");
+    }
+    matrix xhat(*dev_, n, f), y(*dev_, n, f);
+    run(kernels::normalize(x.data(), mean.data(), inv_std.data(), params_[0].value(), params_[1].value(), xhat.data(),
+                           y.data(), n, f, stream()),
+        "normalize kernel");
+    if (training) {
+      if (!batch_stats) running_var_.version().save_for_backward();
+      saved_.push_back({std::move(xhat), batch_stats ? std::move(inv_std) : device_vector<float>{}});
+    }
+    return y;
+  }
+
+  matrix backward(const matrix& dy, bool need_dx) {
+    auto s = ddp::nn::pop_saved(saved_, "batch_norm");
+    const bool batch_stats = s.inv_std.size() != 0;
+    const std::size_t n = dy.rows(), f = features_;
+    device_vector<float> inv_std = std::move(s.inv_std);
+    if (!batch_stats) {  // frozen: the running variance, as the forward saw it (checked by version)
+      running_var_.version().release_saved();
+      device_vector<float> unused_mean(*dev_, f);
+      inv_std = device_vector<float>(*dev_, f);
+      run(kernels::running_statistics(running_mean_.data(), running_var_.data(), f, eps_, unused_mean.data(),
+                                      inv_std.data(), stream()),
+          "running_statistics kernel");
+    }
+    device_vector<double> sums(*dev_, 2 * f);
+    run(kernels::normalize_backward_sums(dy.data(), s.xhat.data(), n, f, sums.data(), params_[0].grad(),
+                                         params_[1].grad(), stream()),
+        "normalize_backward_sums kernel");
+    double count = static_cast<double>(n);
+    if (batch_stats) {
+      count = ddp::nn::pop_saved(batch_count_, "batch_norm");
+      reduce_over_ranks(sums, 0.0);  // the global batch's sums, for dx
+    }
+    if (!need_dx) return {};
+    matrix dx(*dev_, n, f);
+    run(kernels::normalize_backward_input(dy.data(), s.xhat.data(), params_[0].value(), inv_std.data(), sums.data(),
+                                          count, batch_stats, dx.data(), n, f, stream()),
+        "normalize_backward_input kernel");
+    return dx;
+  }
+
+  std::span<parameter> params() noexcept { return params_; }
+  std::vector<buffer_ref> buffer_refs(const std::string& prefix) {
+    return {running_mean_.ref(prefix), running_var_.ref(prefix), batches_tracked_.ref(prefix)};
+  }
+  // Copies to the host (waits for the stream).
+  std::vector<float> running_mean() const { return running_mean_.to_host(); }
+  std::vector<float> running_var() const { return running_var_.to_host(); }
+  std::int64_t batches_tracked() const { return batches_tracked_.to_host()[0]; }
+
+ private:
+  struct saved {
+    matrix xhat;
+    device_vector<float> inv_std;  // empty when the forward used running statistics
+  };
+
+  cudaStream_t stream() const noexcept { return dev_->stream(); }
+  void run(cudaError_t status, const char* kernel) const { check(status, kernel, dev_->site()); }
+
+  // With synchronised statistics: sums `v` (and `count`, appended) over every rank through host
+  // memory; returns the (global) count.
+  double reduce_over_ranks(device_vector<double>& v, double count) {
+    if (!reduce_) return count;
+    std::vector<double> host = v.to_host();
+    host.push_back(count);
+    reduce_(std::span<double>(host));
+    count = host.back();
+    host.pop_back();
+    v = device_vector<double>::from_host(*dev_, host);
+    return count;
+  }
+
+  cuda::device* dev_;
+  std::size_t features_;
+  float momentum_, eps_;
+  mode mode_ = mode::batch_statistics;
+  std::vector<parameter> params_;
+  buffer<float> running_mean_, running_var_;
+  buffer<std::int64_t> batches_tracked_;
+  std::vector<saved> saved_;
+  std::vector<double> batch_count_;
+  std::function<void(std::span<double>)> reduce_;
+};
+
+}  // namespace ddp::cuda::nn

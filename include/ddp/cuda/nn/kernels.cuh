@@ -1,0 +1,205 @@
+#pragma once
+// Definitions of ddp/cuda/nn/kernels.hpp; compile in exactly one nvcc translation unit.
+// These serve small layers (features in the hundreds, batches in the tens to thousands): one
+// thread per feature column walks the rows, so neighbouring threads read neighbouring floats.
+#include <cstdint>
+
+#include "ddp/cuda/nn/kernels.hpp"
+
+namespace ddp::cuda::nn::kernels {
+
+namespace device_code {
+
+constexpr unsigned threads = 256;
+
+inline unsigned blocks(std::size_t n) {
+  const std::size_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 65535 * 16 ? (b ? b : 1) : 65535 * 16);
+}
+
+__device__ __forceinline__ std::size_t first_index() {
+  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::size_t stride() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
+
+__global__ void fill_rows_kernel(float* y, const float* row, std::size_t rows, std::size_t cols) {
+  for (std::size_t i = first_index(); i < rows * cols; i += stride()) y[i] = row[i % cols];
+}
+
+__global__ void add_column_sums_kernel(float* out, const float* x, std::size_t rows, std::size_t cols) {
+  for (std::size_t c = first_index(); c < cols; c += stride()) {
+    float s = out[c];
+    for (std::size_t r = 0; r < rows; ++r) s += x[r * cols + c];
+    out[c] = s;
+  }
+}
+
+__global__ void relu_forward_kernel(const float* x, float* y, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride()) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride()) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+__global__ void add_i64_kernel(std::int64_t* x, std::int64_t v) { *x += v; }
+
+__global__ void column_moments_kernel(const float* x, std::size_t rows, std::size_t cols, double* m) {
+  for (std::size_t c = first_index(); c < cols; c += stride()) {
+    double s = 0.0, sq = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float v = x[r * cols + c];
+      s += v;
+      sq += static_cast<double>(v) * v;
+    }
+    m[c] = s;
+    m[cols + c] = sq;
+  }
+}
+
+__global__ void batch_statistics_kernel(const double* m, double count, std::size_t f, float momentum, float eps,
+                                        float* mean, float* inv_std, float* rm, float* rv) {
+  for (std::size_t c = first_index(); c < f; c += stride()) {
+    const double mu = m[c] / count;
+    const double var = fmax(0.0, m[f + c] / count - mu * mu);
+    mean[c] = static_cast<float>(mu);
+    inv_std[c] = static_cast<float>(1.0 / sqrt(var + eps));
+    rm[c] = (1.0f - momentum) * rm[c] + momentum * mean[c];
+    rv[c] = (1.0f - momentum) * rv[c] + momentum * static_cast<float>(var * count / (count - 1));
+  }
+}
+
+__global__ void running_statistics_kernel(const float* rm, const float* rv, std::size_t f, float eps, float* mean,
+                                          float* inv_std) {
+  for (std::size_t c = first_index(); c < f; c += stride()) {
+    mean[c] = rm[c];
+    inv_std[c] = 1.0f / sqrtf(rv[c] + eps);
+  }
+}
+
+__global__ void normalize_kernel(const float* x, const float* mean, const float* inv_std, const float* g,
+                                 const float* b, float* xhat, float* y, std::size_t rows, std::size_t cols) {
+  for (std::size_t i = first_index(); i < rows * cols; i += stride()) {
+    const std::size_t c = i % cols;
+    const float h = (x[i] - mean[c]) * inv_std[c];
+    xhat[i] = h;
+    y[i] = h * g[c] + b[c];
+  }
+}
+
+__global__ void normalize_backward_sums_kernel(const float* dy, const float* xhat, std::size_t rows, std::size_t cols,
+                                               double* sums, float* dg, float* db) {
+  for (std::size_t c = first_index(); c < cols; c += stride()) {
+    double s = 0.0, sh = 0.0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float d = dy[r * cols + c];
+      s += d;
+      sh += static_cast<double>(d) * xhat[r * cols + c];
+    }
+    sums[c] = s;
+    sums[cols + c] = sh;
+    dg[c] += static_cast<float>(sh);
+    db[c] += static_cast<float>(s);
+  }
+}
+
+__global__ void normalize_backward_input_kernel(const float* dy, const float* xhat, const float* g,
+                                                const float* inv_std, const double* sums, double count,
+                                                bool batch_stats, float* dx, std::size_t rows, std::size_t cols) {
+  for (std::size_t i = first_index(); i < rows * cols; i += stride()) {
+    const std::size_t c = i % cols;
+    if (batch_stats) {
+      const double mean_dy = sums[c] / count;
+      const double mean_dy_xhat = sums[cols + c] / count;
+      dx[i] = static_cast<float>(g[c] * inv_std[c] * (dy[i] - mean_dy - xhat[i] * mean_dy_xhat));
+    } else {
+      dx[i] = dy[i] * g[c] * inv_std[c];
+    }
+  }
+}
+
+__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, std::size_t rows,
+                                             std::size_t cols, float* grad, double* loss, std::int32_t* correct,
+                                             std::int32_t* bad_label) {
+  const double inv_n = 1.0 / static_cast<double>(rows);
+  for (std::size_t r = first_index(); r < rows; r += stride()) {
+    const float* z = logits + r * cols;
+    const std::int32_t label = labels[r];
+    if (label < 0 || static_cast<std::size_t>(label) >= cols) {
+      atomicCAS(bad_label, -1, label);
+      loss[r] = 0.0;
+      correct[r] = 0;
+      continue;
+    }
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < cols; ++c)
+      if (z[c] > z[best]) best = c;
+    const float zmax = z[best];
+    double sum = 0.0;
+    for (std::size_t c = 0; c < cols; ++c) sum += exp(static_cast<double>(z[c] - zmax));
+    const double log_sum = log(sum);
+    loss[r] = (log_sum - static_cast<double>(z[label] - zmax)) * inv_n;
+    for (std::size_t c = 0; c < cols; ++c)
+      grad[r * cols + c] =
+          static_cast<float>((exp(static_cast<double>(z[c] - zmax) - log_sum) - (c == static_cast<std::size_t>(label))) * inv_n);
+    correct[r] = best == static_cast<std::size_t>(label);
+  }
+}
+
+}  // namespace device_code
+
+#define DDP_NN_LAUNCH(n, kernel, ...)                                                       \
+  do {                                                                                      \
+    if ((n) == 0) return cudaSuccess;                                                       \
+    device_code::kernel<<<device_code::blocks(n), device_code::threads, 0, stream>>>(__VA_ARGS__); \
+    return cudaGetLastError();                                                              \
+  } while (0)
+
+cudaError_t fill_rows(float* y, const float* row, std::size_t rows, std::size_t cols, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows * cols, fill_rows_kernel, y, row, rows, cols);
+}
+cudaError_t add_column_sums(float* out, const float* x, std::size_t rows, std::size_t cols, cudaStream_t stream) {
+  DDP_NN_LAUNCH(cols, add_column_sums_kernel, out, x, rows, cols);
+}
+cudaError_t relu_forward(const float* x, float* y, std::size_t n, cudaStream_t stream) {
+  DDP_NN_LAUNCH(n, relu_forward_kernel, x, y, n);
+}
+cudaError_t relu_backward(const float* y, const float* dy, float* dx, std::size_t n, cudaStream_t stream) {
+  DDP_NN_LAUNCH(n, relu_backward_kernel, y, dy, dx, n);
+}
+cudaError_t add_i64(std::int64_t* x, std::int64_t v, cudaStream_t stream) { DDP_NN_LAUNCH(1, add_i64_kernel, x, v); }
+cudaError_t column_moments(const float* x, std::size_t rows, std::size_t cols, double* moments, cudaStream_t stream) {
+  DDP_NN_LAUNCH(cols, column_moments_kernel, x, rows, cols, moments);
+}
+cudaError_t batch_statistics(const double* moments, double count, std::size_t features, float momentum, float eps,
+                             float* mean, float* inv_std, float* running_mean, float* running_var, cudaStream_t stream) {
+  DDP_NN_LAUNCH(features, batch_statistics_kernel, moments, count, features, momentum, eps, mean, inv_std,
+                running_mean, running_var);
+}
+cudaError_t running_statistics(const float* running_mean, const float* running_var, std::size_t features, float eps,
+                               float* mean, float* inv_std, cudaStream_t stream) {
+  DDP_NN_LAUNCH(features, running_statistics_kernel, running_mean, running_var, features, eps, mean, inv_std);
+}
+cudaError_t normalize(const float* x, const float* mean, const float* inv_std, const float* gamma, const float* beta,
+                      float* xhat, float* y, std::size_t rows, std::size_t cols, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows * cols, normalize_kernel, x, mean, inv_std, gamma, beta, xhat, y, rows, cols);
+}
+cudaError_t normalize_backward_sums(const float* dy, const float* xhat, std::size_t rows, std::size_t cols,
+                                   double* sums, float* dgamma, float* dbeta, cudaStream_t stream) {
+  DDP_NN_LAUNCH(cols, normalize_backward_sums_kernel, dy, xhat, rows, cols, sums, dgamma, dbeta);
+}
+cudaError_t normalize_backward_input(const float* dy, const float* xhat, const float* gamma, const float* inv_std,
+                                     const double* sums, double count, bool batch_stats, float* dx, std::size_t rows,
+                                     std::size_t cols, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows * cols, normalize_backward_input_kernel, dy, xhat, gamma, inv_std, sums, count, batch_stats, dx,
+                rows, cols);
+}
+cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::size_t rows,
+                                  std::size_t cols, float* grad, double* loss, std::int32_t* correct,
+                                  std::int32_t* bad_label, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows, softmax_cross_entropy_kernel, logits, labels, rows, cols, grad, loss, correct, bad_label);
+}
+
+#undef DDP_NN_LAUNCH
+
+}  // namespace ddp::cuda::nn::kernels

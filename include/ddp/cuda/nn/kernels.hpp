@@ -1,0 +1,48 @@
+#pragma once
+// Kernels of the CUDA reference layers (ddp/cuda/nn), as host functions that enqueue them.
+// Defined in ddp/cuda/nn/kernels.cuh (one nvcc translation unit, src/cuda/kernels.cu). Matrices
+// are row-major, rows = samples; each returns the launch status.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddp::cuda::nn::kernels {
+
+// y[r, :] = row, for every r
+cudaError_t fill_rows(float* y, const float* row, std::size_t rows, std::size_t cols, cudaStream_t);
+// out[c] += sum over r of x[r, c]
+cudaError_t add_column_sums(float* out, const float* x, std::size_t rows, std::size_t cols, cudaStream_t);
+cudaError_t relu_forward(const float* x, float* y, std::size_t n, cudaStream_t);
+// dx = y > 0 ? dy : 0
+cudaError_t relu_backward(const float* y, const float* dy, float* dx, std::size_t n, cudaStream_t);
+
+// *x += v (a device-side counter)
+cudaError_t add_i64(std::int64_t* x, std::int64_t v, cudaStream_t);
+
+// batch_norm, with the host layer's arithmetic (ddp/nn/batch_norm.hpp): sums in double.
+// moments[c] = sum of x[:, c], moments[cols + c] = sum of x[:, c]^2
+cudaError_t column_moments(const float* x, std::size_t rows, std::size_t cols, double* moments, cudaStream_t);
+// From (global) moments over `count` samples: mean, 1/sqrt(var + eps), and the running statistics.
+cudaError_t batch_statistics(const double* moments, double count, std::size_t features, float momentum, float eps,
+                             float* mean, float* inv_std, float* running_mean, float* running_var, cudaStream_t);
+cudaError_t running_statistics(const float* running_mean, const float* running_var, std::size_t features, float eps,
+                               float* mean, float* inv_std, cudaStream_t);
+// xhat = (x - mean) * inv_std; y = xhat * gamma + beta
+cudaError_t normalize(const float* x, const float* mean, const float* inv_std, const float* gamma, const float* beta,
+                      float* xhat, float* y, std::size_t rows, std::size_t cols, cudaStream_t);
+// sums[c] = sum dy, sums[cols + c] = sum dy * xhat; dgamma += the latter, dbeta += the former
+cudaError_t normalize_backward_sums(const float* dy, const float* xhat, std::size_t rows, std::size_t cols,
+                                   double* sums, float* dgamma, float* dbeta, cudaStream_t);
+// dx of batch statistics over `count` samples (batch_stats), or of fixed statistics
+cudaError_t normalize_backward_input(const float* dy, const float* xhat, const float* gamma, const float* inv_std,
+                                     const double* sums, double count, bool batch_stats, float* dx, std::size_t rows,
+                                     std::size_t cols, cudaStream_t);
+
+// Softmax cross-entropy per row: loss[r] (already divided by rows), grad of the mean loss,
+// correct[r] = argmax is the label; *bad_label = a row's label outside [0, cols), else -1 stays.
+cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::size_t rows,
+                                  std::size_t cols, float* grad, double* loss, std::int32_t* correct,
+                                  std::int32_t* bad_label, cudaStream_t);
+
+}  // namespace ddp::cuda::nn::kernels

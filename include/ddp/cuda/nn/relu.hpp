@@ -1,0 +1,37 @@
+#pragma once
+#include <vector>
+
+#include "ddp/cuda/nn/kernels.hpp"
+#include "ddp/cuda/nn/matrix.hpp"
+#include "ddp/cuda/nn/parameter.hpp"
+#include "ddp/nn/layer.hpp"
+
+namespace ddp::cuda::nn {
+
+class relu {
+ public:
+  using matrix_type = matrix;
+
+  matrix forward(const matrix& x, bool training) {
+    matrix y(x.device(), x.rows(), x.cols());
+    check(kernels::relu_forward(x.data(), y.data(), x.size(), x.device().stream()), "relu_forward kernel",
+          x.device().site());
+    if (training) saved_.push_back(y);
+    return y;
+  }
+  matrix backward(const matrix& dy, bool need_dx) {
+    const matrix y = ddp::nn::pop_saved(saved_, "relu");
+    if (!need_dx) return {};
+    matrix dx(dy.device(), dy.rows(), dy.cols());
+    check(kernels::relu_backward(y.data(), dy.data(), dx.data(), dy.size(), dy.device().stream()),
+          "relu_backward kernel", dy.device().site());
+    return dx;
+  }
+  std::span<parameter> params() noexcept { return {}; }
+  std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
+
+ private:
+  std::vector<matrix> saved_;
+};
+
+}  // namespace ddp::cuda::nn

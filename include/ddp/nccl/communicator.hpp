@@ -1,0 +1,460 @@
+#pragma once
+// The NCCL communicator: one rank per GPU, CUDA memory, collectives on a communication stream.
+//
+//   ddp::cuda::device dev(local_rank, rank);
+//   auto comm = ddp::nccl::bootstrap(host_comm, dev);   // host_comm: inproc or mpi
+//
+// Ordering: a collective observes every write queued on the device's compute stream before the
+// call (an event recorded there, which the communication stream waits for), so a bucket's
+// reduction starts as soon as backward has produced it and runs beside the rest of backward.
+// wait() returns once the collective finished; work the caller queues on the compute stream
+// afterwards reads the result.
+//
+// Failure: NCCL by itself lets a rank wait forever for a peer that died. Here a watchdog thread
+// per communicator aborts it (ncclCommAbort) when a collective runs past the timeout, when NCCL
+// reports an asynchronous error, or when a peer gave up (heard through the host communicator
+// that bootstrapped it); every pending and later collective then throws ddp::peer_error (or
+// ddp::timeout_error) naming the rank at fault. abort(reason) does the same from this rank.
+//
+// P3: every buffer's pointer attributes are checked against the communicator's GPU before the
+// collective is queued; a mismatch names the buffer and both devices.
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/cuda/device.hpp"
+#include "ddp/nccl/check.hpp"
+
+namespace ddp::nccl {
+
+struct options {
+  // A collective (or the set-up) that runs longer than this fails on every rank.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// How ranks tell each other that one gave up, beside NCCL: `abort` tells every peer (or ends
+// the job), `poll` returns a peer's failure (rank, what) once there is one.
+struct peer_channel {
+  std::function<void(const std::string&)> abort = [](const std::string&) {};
+  std::function<std::optional<std::pair<int, std::string>>()> poll = [] {
+    return std::optional<std::pair<int, std::string>>{};
+  };
+};
+
+namespace detail {
+
+using clock = std::chrono::steady_clock;
+
+struct pending {
+  pending(cuda::call_site site, const char* n, std::uint64_t seq) : done(site), name(n), sequence(seq) {}
+  cuda::event done;
+  const char* name;
+  std::uint64_t sequence;
+  clock::time_point issued = clock::now();
+};
+
+struct failure {
+  int origin;
+  std::string what;
+  bool timed_out;
+};
+
+// Everything a communicator and its work handles share; the watchdog thread works on it too.
+class core {
+ public:
+  core(cuda::device& dev, int rank, int size, const ncclUniqueId& id, peer_channel channel, options opts)
+      : device_(&dev), rank_(rank), size_(size), options_(opts), channel_(std::move(channel)),
+        stream_(dev.site(), cuda::stream::greatest_priority(dev.site())), ready_(dev.site()) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw error("nccl", "communicator", rank, "rank " + std::to_string(rank) + " is outside a world of size " +
+                                                    std::to_string(size));
+    dev.activate();
+    scratch_ = static_cast<float*>(dev.allocate(sizeof(float)));
+    initialise(id);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+  core(const core&) = delete;
+  core& operator=(const core&) = delete;
+
+  ~core() {
+    {
+      std::lock_guard lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    std::lock_guard lock(nccl_mutex_);
+    if (comm_ && !failed_.load()) {
+      // Finish what is queued, then take the communicator down; abort if that cannot finish.
+      ncclResult_t r = ncclCommFinalize(comm_);
+      const auto deadline = clock::now() + options_.timeout;
+      while (r == ncclSuccess || r == ncclInProgress) {
+        ncclResult_t state = ncclInProgress;
+        ncclCommGetAsyncError(comm_, &state);
+        if (state != ncclInProgress) {
+          r = state;
+          break;
+        }
+        if (clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (r == ncclSuccess) ncclCommDestroy(comm_);
+      else ncclCommAbort(comm_);
+    } else if (comm_) {
+      ncclCommAbort(comm_);
+    }
+    device_->deallocate(scratch_, sizeof(float));
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  cuda::device& device() const noexcept { return *device_; }
+  float* scratch() const noexcept { return scratch_; }
+
+  // Queues `call(comm, stream)` after the compute stream's work; returns what wait() needs.
+  template <class Call>
+  std::shared_ptr<pending> enqueue(const char* name, Call call) {
+    throw_if_failed(name);
+    device_->activate();
+    auto p = std::make_shared<pending>(device_->site(), name, next_sequence_++);
+    ready_.record(device_->stream());
+    stream_.wait(ready_.get());
+    {
+      std::lock_guard lock(nccl_mutex_);
+      if (!comm_) throw_if_failed(name);
+      settle(call(comm_, stream_.get()), name);
+    }
+    p->done.record(stream_.get());
+    {
+      std::lock_guard lock(watch_mutex_);
+      in_flight_.push_back(p);
+    }
+    return p;
+  }
+
+  // Host waits for `p`; then the compute stream is ordered after it too.
+  void wait(const pending& p) {
+    const auto deadline = p.issued + options_.timeout;
+    for (int spins = 0; !p.done.done(); ++spins) {
+      throw_if_failed(p.name);
+      if (clock::now() > deadline) {
+        fail({rank_, describe_timeout(p), true}, /*tell_peers=*/true);
+        throw_if_failed(p.name);
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else std::this_thread::yield();
+    }
+    throw_if_failed(p.name);
+    device_->activate();
+    cuda::check(cudaStreamWaitEvent(device_->stream(), p.done.get(), 0), "cudaStreamWaitEvent", device_->site());
+  }
+
+  bool test(const pending& p) {
+    throw_if_failed(p.name);
+    return p.done.done();
+  }
+
+  void abort(const std::string& reason) {
+    fail({rank_, "rank " + std::to_string(rank_) + " failed: " + reason, false}, /*tell_peers=*/true);
+  }
+
+  void throw_if_failed(const char* operation) const {
+    if (!failed_.load(std::memory_order_acquire)) return;
+    std::lock_guard lock(failure_mutex_);
+    if (failure_->timed_out) throw timeout_error("nccl", operation, rank_, failure_->origin, failure_->what);
+    throw peer_error("nccl", operation, rank_, failure_->origin,
+                     "cannot complete " + std::string(operation) + " because " + failure_->what);
+  }
+
+ private:
+  void initialise(const ncclUniqueId& id) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so a set-up that waits for a missing peer can be aborted
+    std::lock_guard lock(nccl_mutex_);
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      // The handle is unusable after a failed initialisation; release it.
+      if (comm_) ncclCommAbort(comm_);
+      comm_ = nullptr;
+      channel_.abort("NCCL initialisation failed on rank " + std::to_string(rank_));
+      check(r, "ncclCommInitRankConfig", rank_);
+    }
+    const auto deadline = clock::now() + options_.timeout;
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state == ncclSuccess) return;
+      std::string why;
+      if (state != ncclInProgress) why = describe(state, comm_);
+      else if (auto peer = channel_.poll()) why = "rank " + std::to_string(peer->first) + " gave up: " + peer->second;
+      else if (clock::now() > deadline)
+        why = "it did not finish within " + std::to_string(options_.timeout.count()) +
+              " ms: a rank never created its communicator (every rank must call ddp::nccl::bootstrap)";
+      if (!why.empty()) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        channel_.abort("NCCL initialisation failed on rank " + std::to_string(rank_) + ": " + why);
+        throw error("nccl", "ncclCommInitRankConfig", rank_, "setting up the NCCL communicator failed: " + why);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  // A non-blocking communicator may still be queueing the call when it returns; the next call
+  // may only follow once it is queued.
+  void settle(ncclResult_t r, const char* name) {
+    while (r == ncclInProgress) {
+      std::this_thread::yield();
+      ncclCommGetAsyncError(comm_, &r);
+    }
+    if (r != ncclSuccess) {
+      const std::string what = std::string(name) + " failed on rank " + std::to_string(rank_) + ": " + describe(r, comm_);
+      fail_locked({rank_, what, false});
+      channel_.abort(what);
+      throw error("nccl", name, rank_, what);
+    }
+  }
+
+  std::string describe_timeout(const pending& p) const {
+    return std::string(p.name) + " #" + std::to_string(p.sequence) + " on rank " + std::to_string(rank_) +
+           " made no progress for " + std::to_string(options_.timeout.count()) +
+           " ms: a peer never joined it, or died";
+  }
+
+  // Records the first failure and aborts NCCL so kernels waiting for a peer exit.
+  void fail(failure f, bool tell_peers) {
+    bool first = false;
+    {
+      std::lock_guard lock(nccl_mutex_);
+      first = fail_locked(std::move(f));
+    }
+    if (first && tell_peers) {
+      std::lock_guard lock(failure_mutex_);
+      channel_.abort(failure_->what);
+    }
+  }
+
+  // Caller holds nccl_mutex_. True when this was the first failure.
+  bool fail_locked(failure f) {
+    {
+      std::lock_guard lock(failure_mutex_);
+      if (failure_) return false;
+      failure_ = std::move(f);
+    }
+    failed_.store(true, std::memory_order_release);
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return true;
+  }
+
+  void watch() {
+    cudaSetDevice(device_->ordinal());
+    const auto poll = std::clamp<std::chrono::milliseconds>(options_.timeout / 10, std::chrono::milliseconds(1),
+                                                           std::chrono::milliseconds(100));
+    std::unique_lock lock(watch_mutex_);
+    while (!stopping_ && !failed_.load()) {
+      watch_cv_.wait_for(lock, poll);
+      try {
+        while (!in_flight_.empty() && in_flight_.front()->done.done()) in_flight_.pop_front();
+      } catch (const std::exception& e) {  // a device error: nothing on this GPU completes any more
+        lock.unlock();
+        fail({rank_, std::string("the GPU reported an error: ") + e.what(), false}, true);
+        return;
+      }
+      std::optional<failure> found;
+      if (!in_flight_.empty() && clock::now() - in_flight_.front()->issued > options_.timeout)
+        found = failure{rank_, describe_timeout(*in_flight_.front()), true};
+      lock.unlock();
+      bool tell = true;
+      if (!found) {
+        std::lock_guard nccl_lock(nccl_mutex_);
+        ncclResult_t state = ncclSuccess;
+        if (comm_) ncclCommGetAsyncError(comm_, &state);
+        if (state != ncclSuccess && state != ncclInProgress)
+          found = failure{rank_, "NCCL reported an asynchronous error on rank " + std::to_string(rank_) + ": " +
+                                     describe(state, comm_), false};
+      }
+      if (!found)
+        if (auto peer = channel_.poll()) {
+          found = failure{peer->first, peer->second, false};
+          tell = false;
+        }
+      if (found) {
+        fail(std::move(*found), tell);
+        return;
+      }
+      lock.lock();
+    }
+  }
+
+  cuda::device* device_;
+  int rank_, size_;
+  options options_;
+  peer_channel channel_;
+  cuda::stream stream_;
+  cuda::event ready_;
+  float* scratch_ = nullptr;
+  std::uint64_t next_sequence_ = 0;
+
+  std::mutex nccl_mutex_;  // NCCL calls on comm_, and aborting it
+  ncclComm_t comm_ = nullptr;
+
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mutex_;
+  std::optional<failure> failure_;
+
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  std::deque<std::shared_ptr<pending>> in_flight_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace detail
+
+// Handle to a queued NCCL collective.
+class work {
+ public:
+  work() = default;
+  work(std::shared_ptr<detail::core> c, std::shared_ptr<detail::pending> p) : core_(std::move(c)), pending_(std::move(p)) {}
+  void wait() const {
+    if (pending_) core_->wait(*pending_);
+  }
+  bool test() const { return !pending_ || core_->test(*pending_); }
+
+ private:
+  std::shared_ptr<detail::core> core_;
+  std::shared_ptr<detail::pending> pending_;
+};
+
+class communicator {
+ public:
+  static constexpr device_kind memory_kind = device_kind::cuda;
+  static constexpr std::string_view backend_name = "nccl";
+
+  // Every rank calls this with the same `id` (rank 0's ncclGetUniqueId); ddp::nccl::bootstrap
+  // does the exchange through a host communicator. `dev` must outlive the communicator.
+  communicator(cuda::device& dev, int rank, int size, const ncclUniqueId& id, peer_channel channel = {},
+               options opts = {})
+      : core_(std::make_shared<detail::core>(dev, rank, size, id, std::move(channel), opts)) {}
+
+  int rank() const noexcept { return core_->rank(); }
+  int size() const noexcept { return core_->size(); }
+  cuda::device& device() const noexcept { return core_->device(); }
+
+  work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
+    constexpr const char* name = "all_reduce";
+    require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
+    check_memory(send.data, send.bytes(), "send buffer", name);
+    check_memory(recv.data, recv.bytes(), "recv buffer", name);
+    return submit(name, [=](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(send.data, recv.data, send.count, datatype_of(send.type), op_of(op), c, s);
+    });
+  }
+
+  work broadcast(mutable_buffer buf, int root) {
+    constexpr const char* name = "broadcast";
+    require(root >= 0 && root < size(), name, "root " + std::to_string(root) + " is not a rank");
+    check_memory(buf.data, buf.bytes(), "buffer", name);
+    return submit(name, [=](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(buf.data, buf.data, buf.count, datatype_of(buf.type), root, c, s);
+    });
+  }
+
+  // NCCL's in-place forms are ddp's: the rank's own block of the larger buffer.
+  work all_gather(const_buffer send, mutable_buffer recv) {
+    constexpr const char* name = "all_gather";
+    require(recv.count == send.count * static_cast<std::size_t>(size()) && recv.type == send.type, name,
+            "recv must hold size() * send.count elements of send's dtype");
+    check_memory(send.data, send.bytes(), "send buffer", name);
+    check_memory(recv.data, recv.bytes(), "recv buffer", name);
+    return submit(name, [=](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(send.data, recv.data, send.count, datatype_of(send.type), c, s);
+    });
+  }
+
+  work reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op) {
+    constexpr const char* name = "reduce_scatter";
+    require(send.count == recv.count * static_cast<std::size_t>(size()) && recv.type == send.type, name,
+            "send must hold size() * recv.count elements of recv's dtype");
+    check_memory(send.data, send.bytes(), "send buffer", name);
+    check_memory(recv.data, recv.bytes(), "recv buffer", name);
+    return submit(name, [=](ncclComm_t c, cudaStream_t s) {
+      return ncclReduceScatter(send.data, recv.data, recv.count, datatype_of(send.type), op_of(op), c, s);
+    });
+  }
+
+  // NCCL has no barrier: a one-float all-reduce that every rank must join serves as one.
+  work barrier() {
+    float* x = core_->scratch();
+    return submit("barrier", [=](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, c, s); });
+  }
+
+  void abort(const std::string& reason) { core_->abort(reason); }
+
+ private:
+  template <class Call>
+  work submit(const char* name, Call call) {
+    return work(core_, core_->enqueue(name, call));
+  }
+
+  void require(bool ok, const char* op, const std::string& what) const {
+    if (!ok) throw error("nccl", op, rank(), what);
+  }
+
+  // P3: NCCL moves memory of its own GPU only; anything else fails inside NCCL with a message
+  // that names neither the buffer nor the devices.
+  void check_memory(const void* p, std::size_t bytes, const char* what, const char* op) const {
+    if (bytes == 0) return;
+    const device_id mine = core_->device().id();
+    const device_id where = core_->device().locate(p).value_or(device_id::cpu());
+    if (where != mine)
+      throw error("nccl", op, rank(),
+                  std::string("the ") + what + " lives on " + where.to_string() +
+                      " but this rank's NCCL communicator is bound to " + mine.to_string() +
+                      " (pitfall P3); allocate it on the rank's ddp::cuda::device");
+  }
+
+  std::shared_ptr<detail::core> core_;
+};
+
+static_assert(diagnose_communicator<communicator>());
+
+// Creates a NCCL communicator over the ranks of a host communicator (in-process or MPI): rank 0
+// makes the unique id and the host communicator broadcasts it. Failures after this reach every
+// rank through the host communicator too, which must outlive the returned one. Collective.
+template <ddp::communicator Host>
+communicator bootstrap(Host& host, cuda::device& dev, options opts = {}) {
+  static_assert(Host::memory_kind == device_kind::cpu,
+                "ddp::nccl::bootstrap needs a host communicator (ddp::inproc or ddp::mpi) to exchange the id");
+  ncclUniqueId id{};
+  if (host.rank() == 0) {
+    try {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId", host.rank());
+    } catch (const std::exception& e) {
+      host.abort(e.what());  // peers wait in the broadcast below
+      throw;
+    }
+  }
+  host.broadcast(mutable_buffer{&id, sizeof(id), dtype::u8}, 0).wait();
+  peer_channel channel;
+  channel.abort = [&host](const std::string& reason) { host.abort(reason); };
+  if constexpr (requires { host.world().failure_report(); })
+    channel.poll = [&host] { return host.world().failure_report(); };
+  return communicator(dev, host.rank(), host.size(), id, std::move(channel), opts);
+}
+
+}  // namespace ddp::nccl

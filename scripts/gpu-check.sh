@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every GPU check in one go, on a machine with a GPU: builds the ddp_gpu target (GPU tests,
+# GPU benchmarks, the example's GPU build), runs the GPU tests (ctest label gpu), the kernel
+# benchmark and the example on the GPU (in-process, and under mpirun when OpenMPI is there).
+# Fails, never skips, when no GPU is visible. Everything it prints is also kept in
+# $build/gpu-check.log, for docs/results.md.
+#   scripts/gpu-check.sh [build-dir]        (default build-gpu; about 5 minutes on one H200)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+mkdir -p "$build"
+exec > >(tee "$build/gpu-check.log") 2>&1
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: FAILED: no GPU visible (nvidia-smi lists none). This script runs the GPU tests and"
+  echo "benchmarks and must fail without a GPU; the host suite is ./scripts/test.sh."
+  exit 1
+fi
+date -u +"gpu-check: %Y-%m-%d %H:%M UTC"
+nvidia-smi -L
+# Debian packages; a GPU machine without network may already have them.
+scripts/install-deps.sh || echo "gpu-check: could not install packages; going on with what is installed"
+export PATH=/usr/local/cuda/bin:$PATH
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_GPU_TESTS=ON
+cmake --build "$build" -j"$(nproc)" --target ddp_gpu
+
+echo "== GPU tests"
+ctest --test-dir "$build" -L gpu --output-on-failure
+
+echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"
+"$build"/bench/gpu_kernels --sizes-mib 64,256,1024 --repeats 20
+
+# NCCL refuses two ranks on one GPU: one rank per GPU, so as many ranks as GPUs.
+gpus=$(nvidia-smi -L | wc -l)
+example="$build/examples/fashion_mnist/fashion_mnist_gpu"
+echo "== example: $gpus in-process rank(s), one GPU each"
+"$example" --ranks "$gpus" --epochs 3 --no-progress
+if command -v mpirun >/dev/null 2>&1; then
+  echo "== example: mpirun -np $gpus, one process per GPU"
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$gpus" "$example" --epochs 1 --no-progress
+fi
+echo "gpu-check: all GPU checks passed"

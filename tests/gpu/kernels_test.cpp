@@ -1,0 +1,133 @@
+// The CUDA device's kernels against the host device's, element by element: scale, pack/unpack,
+// casts (bit for bit), and the fused optimizer updates (to float rounding: the GPU contracts
+// multiply-adds).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ddp/core/random.hpp"
+#include "ddp/cuda/device_vector.hpp"
+#include "ddp/host/device.hpp"
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  ddp::splitmix64 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+void check_close(const std::vector<float>& got, const std::vector<float>& want, float rel = 1e-6f) {
+  REQUIRE(got.size() == want.size());
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]) + 1e-7f) && bad++ == 0) first = i;
+  INFO("first mismatch at ", first, ": ", got[first], " vs ", want[first]);
+  CHECK(bad == 0);
+}
+
+using dvec = ddp::cuda::device_vector<float>;
+
+}  // namespace
+
+TEST_CASE("cuda scale equals the host's, aligned and misaligned, with a tail") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  for (std::size_t offset : {0u, 1u}) {
+    auto x = random_floats(1'000'003, 1);
+    auto d = dvec::from_host(dev, x);
+    dev.scale(d.data() + offset, x.size() - offset, 0.37f);
+    host.scale(x.data() + offset, x.size() - offset, 0.37f);
+    check_close(d.to_host(), x, 0.0f);
+  }
+}
+
+TEST_CASE("cuda pack and unpack move every segment, and skip one already in place") {
+  ddp::cuda::device dev(0);
+  const std::vector<std::size_t> counts{1, 5, 4096, 3, 100'001};
+  std::vector<dvec> tensors;
+  std::vector<std::vector<float>> values;
+  std::vector<ddp::segment> segs;
+  std::size_t offset = 0;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    values.push_back(random_floats(counts[k], 10 + k));
+    tensors.push_back(dvec::from_host(dev, values.back()));
+    segs.push_back({tensors.back().data(), offset, counts[k]});
+    offset = (offset + counts[k] + 3) / 4 * 4;
+  }
+  auto bucket = dvec::zeros(dev, offset);
+  dev.pack(segs, bucket.data());
+  const auto packed = bucket.to_host();
+  for (std::size_t k = 0; k < counts.size(); ++k)
+    CHECK(std::equal(values[k].begin(), values[k].end(), packed.begin() + static_cast<std::ptrdiff_t>(segs[k].offset)));
+  dev.scale(bucket.data(), bucket.size(), 2.0f);
+  dev.unpack(segs, bucket.data());
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    auto got = tensors[k].to_host();
+    for (auto& v : values[k]) v *= 2.0f;
+    check_close(got, values[k], 0.0f);
+  }
+}
+
+TEST_CASE("cuda casts f32 <-> f16 / bf16 round to nearest even, bit for bit with the host") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  auto x = random_floats(100'003, 7, -60000.0f, 60000.0f);
+  for (std::size_t i = 0; i < 1000; ++i) x[i] *= 1e-9f;  // half subnormals and zeros
+  const auto d = dvec::from_host(dev, x);
+  for (auto type : {ddp::dtype::f16, ddp::dtype::bf16}) {
+    std::vector<std::uint16_t> want(x.size());
+    host.cast({x.data(), x.size(), ddp::dtype::f32}, {want.data(), want.size(), type});
+    ddp::cuda::device_vector<std::uint16_t> half(dev, x.size());
+    dev.cast({d.data(), x.size(), ddp::dtype::f32}, {half.data(), x.size(), type});
+    INFO("dtype ", ddp::name_of(type));
+    CHECK(half.to_host() == want);
+    dvec back(dev, x.size());
+    dev.cast({half.data(), x.size(), type}, {back.data(), x.size(), ddp::dtype::f32});
+    std::vector<float> want_back(x.size());
+    host.cast({want.data(), want.size(), type}, {want_back.data(), want_back.size(), ddp::dtype::f32});
+    check_close(back.to_host(), want_back, 0.0f);
+  }
+  CHECK_THROWS_AS(dev.cast({d.data(), 4, ddp::dtype::f32}, {nullptr, 4, ddp::dtype::i32}), ddp::error);
+}
+
+TEST_CASE("cuda fused SGD and AdamW updates equal the host's") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  const std::vector<std::size_t> counts{7, 65536, 1};
+  const std::size_t total = 65536 + 16;
+  const auto grad = random_floats(total, 3);
+  for (int variant = 0; variant < 4; ++variant) {
+    std::vector<std::vector<float>> p_host;
+    std::vector<dvec> p_dev;
+    std::vector<ddp::segment> seg_host, seg_dev;
+    std::size_t offset = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      p_host.push_back(random_floats(counts[k], 20 + k));
+      p_dev.push_back(dvec::from_host(dev, p_host.back()));
+      seg_host.push_back({p_host.back().data(), offset, counts[k]});
+      seg_dev.push_back({p_dev.back().data(), offset, counts[k]});
+      offset = (offset + counts[k] + 3) / 4 * 4;
+    }
+    auto g = dvec::from_host(dev, grad);
+    auto m_host = random_floats(total, 5, 0.0f, 0.1f), v_host = random_floats(total, 6, 0.0f, 0.1f);
+    auto m = dvec::from_host(dev, m_host), v = dvec::from_host(dev, v_host);
+    INFO("variant ", variant);
+    for (int step = 1; step <= 3; ++step) {
+      if (variant < 3) {
+        ddp::optim::sgd o{.lr = 0.1f, .momentum = variant == 0 ? 0.0f : 0.9f, .weight_decay = 1e-3f, .nesterov = variant == 2};
+        host.sgd_update(seg_host, grad.data(), m_host.data(), o);
+        dev.sgd_update(seg_dev, g.data(), m.data(), o);
+      } else {
+        ddp::optim::adamw o{.lr = 1e-2f};
+        host.adamw_update(seg_host, grad.data(), m_host.data(), v_host.data(), o, step);
+        dev.adamw_update(seg_dev, g.data(), m.data(), v.data(), o, step);
+      }
+    }
+    for (std::size_t k = 0; k < counts.size(); ++k) check_close(p_dev[k].to_host(), p_host[k], 1e-5f);
+    check_close(m.to_host(), m_host, 1e-5f);
+  }
+}

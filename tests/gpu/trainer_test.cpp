@@ -1,0 +1,159 @@
+// The trainer on the GPU engines (CUDA device, NCCL communicator) takes the same steps as on the
+// host path (host device, in-process ranks) for the same reference model, data and seed, and
+// checks P3 on the GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ddp/core/random.hpp"
+#include "ddp/cuda/nn/batch_norm.hpp"
+#include "ddp/cuda/nn/cross_entropy.hpp"
+#include "ddp/cuda/nn/linear.hpp"
+#include "ddp/cuda/nn/relu.hpp"
+#include "ddp/cuda/nn/sync.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/nccl/communicator.hpp"
+#include "ddp/nn/batch_norm.hpp"
+#include "ddp/nn/cross_entropy.hpp"
+#include "ddp/nn/linear.hpp"
+#include "ddp/nn/relu.hpp"
+#include "ddp/nn/sequential.hpp"
+#include "ddp/nn/sync.hpp"
+#include "ddp/trainer/trainer.hpp"
+
+namespace {
+
+namespace g = ddp::cuda::nn;
+using host_model = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
+using gpu_model = ddp::nn::sequential<g::linear, g::batch_norm, g::relu, g::linear>;
+
+struct batch {
+  ddp::nn::matrix x;
+  std::vector<std::int32_t> y;
+};
+
+std::vector<batch> make_batches(int n) {
+  ddp::splitmix64 rng(99);
+  std::vector<batch> out;
+  for (int b = 0; b < n; ++b) {
+    batch bt{ddp::nn::matrix(16, 6), std::vector<std::int32_t>(16)};
+    for (auto& v : bt.x.data) v = rng.uniform(-2.0f, 2.0f);
+    for (auto& l : bt.y) l = static_cast<std::int32_t>(rng.next() % 3);
+    out.push_back(std::move(bt));
+  }
+  return out;
+}
+
+// Parameters then buffers, as floats, after `steps` steps (each step: `micro` micro-batches).
+template <class Optimizer>
+std::vector<std::vector<float>> train_on_host(const std::vector<batch>& data, int micro, Optimizer opt,
+                                              bool sync_statistics = false) {
+  return ddp::inproc::launch(1, [&](ddp::inproc::communicator& comm) {
+    host_model m(ddp::nn::linear(6, 8, 1), ddp::nn::batch_norm(8), ddp::nn::relu(), ddp::nn::linear(8, 3, 2));
+    if (sync_statistics) m.layer<1>().synchronize_statistics(ddp::nn::sum_over_ranks(comm));
+    ddp::host::device dev;
+    ddp::trainer<host_model, Optimizer> t(m, comm, dev, opt);
+    for (std::size_t i = 0; i < data.size(); i += static_cast<std::size_t>(micro)) {
+      for (int k = 0; k + 1 < micro; ++k)
+        t.accumulate([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(data[i + k].x), data[i + k].y).grad); });
+      const auto& last = data[i + static_cast<std::size_t>(micro) - 1];
+      t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(last.x), last.y).grad); });
+    }
+    std::vector<std::vector<float>> state;
+    for (auto& p : m.parameters()) state.emplace_back(p.value.as<float>().begin(), p.value.as<float>().end());
+    return state;
+  })[0];
+}
+
+template <class Optimizer>
+std::vector<std::vector<float>> train_on_gpu(const std::vector<batch>& data, int micro, Optimizer opt,
+                                             bool sync_statistics = false) {
+  return ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(0, host.rank());
+    auto comm = ddp::nccl::bootstrap(host, dev);
+    gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
+    if (sync_statistics) m.layer<1>().synchronize_statistics(g::sum_over_ranks(comm, dev));
+    ddp::trainer<gpu_model, Optimizer, ddp::use_communicator<ddp::nccl::communicator>, ddp::use_device<ddp::cuda::device>>
+        t(m, comm, dev, opt);
+    auto run = [&](const batch& b, auto& r) {
+      auto x = g::matrix::from_host(dev, b.x);
+      auto y = ddp::cuda::device_vector<std::int32_t>::from_host(dev, b.y);
+      r.backward(g::softmax_cross_entropy(r.forward(x), y).grad);
+    };
+    for (std::size_t i = 0; i < data.size(); i += static_cast<std::size_t>(micro)) {
+      for (int k = 0; k + 1 < micro; ++k) t.accumulate([&](auto& r) { run(data[i + k], r); });
+      t.step([&](auto& r) { run(data[i + static_cast<std::size_t>(micro) - 1], r); });
+    }
+    std::vector<std::vector<float>> state;
+    for (auto& p : m.parameters()) {
+      std::vector<float> v(p.value.numel());
+      dev.copy_to_host(v.data(), p.value.data, v.size() * sizeof(float));
+      state.push_back(std::move(v));
+    }
+    return state;
+  })[0];
+}
+
+void check_same(const std::vector<std::vector<float>>& gpu, const std::vector<std::vector<float>>& host) {
+  REQUIRE(gpu.size() == host.size());
+  for (std::size_t k = 0; k < gpu.size(); ++k) {
+    INFO("parameter ", k);
+    REQUIRE(gpu[k].size() == host[k].size());
+    double worst = 0;
+    for (std::size_t i = 0; i < gpu[k].size(); ++i) worst = std::max(worst, double(std::fabs(gpu[k][i] - host[k][i])));
+    CHECK(worst < 1e-4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPU trainer (cuda device, nccl) equals the host trainer: SGD with momentum") {
+  const auto data = make_batches(4);
+  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f};
+  check_same(train_on_gpu(data, 1, opt), train_on_host(data, 1, opt));
+}
+
+TEST_CASE("GPU trainer equals the host trainer: AdamW with two micro-batches per step") {
+  const auto data = make_batches(4);
+  const ddp::optim::adamw opt{.lr = 1e-2f};
+  check_same(train_on_gpu(data, 2, opt), train_on_host(data, 2, opt));
+}
+
+TEST_CASE("GPU trainer equals the host trainer with synchronised batch statistics (through NCCL)") {
+  const auto data = make_batches(3);
+  const ddp::optim::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+  check_same(train_on_gpu(data, 1, opt, true), train_on_host(data, 1, opt, true));
+}
+
+namespace {
+// Claims its parameter is on cuda:0 while the memory is host memory: the trainer must find out.
+struct misplaced_module {
+  using input_type = int;
+  using output_type = int;
+  std::vector<float> w = std::vector<float>(4, 1.0f), gw = std::vector<float>(4, 0.0f);
+  std::vector<ddp::parameter_ref> parameters() {
+    return {{"layer.weight", ddp::make_tensor_ref(std::span<float>(w), {4}, ddp::device_id::cuda(0)),
+             ddp::make_tensor_ref(std::span<float>(gw), {4}, ddp::device_id::cuda(0))}};
+  }
+  std::vector<ddp::buffer_ref> buffers() { return {}; }
+  int forward(int x) { return x; }
+  void backward(int, const ddp::ready_sink&) {}
+};
+}  // namespace
+
+TEST_CASE("a parameter in host memory is caught before the first collective, named with both devices (P3)") {
+  std::string message;
+  try {
+    ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
+      ddp::cuda::device dev(0, host.rank());
+      auto comm = ddp::nccl::bootstrap(host, dev);
+      misplaced_module m;
+      ddp::trainer<misplaced_module, ddp::use_communicator<ddp::nccl::communicator>, ddp::use_device<ddp::cuda::device>>
+          t(m, comm, dev);
+    });
+  } catch (const ddp::error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("parameter 'layer.weight' lives on cpu but this rank's device is cuda:0") != std::string::npos);
+}
