@@ -26,18 +26,80 @@ struct work_state {
   std::exception_ptr failure;
   std::chrono::steady_clock::time_point started, finished;
 };
+
+struct queued_op {
+  std::function<void()> op;
+  std::shared_ptr<work_state> state;
+};
+
+// The FIFO shared by the progress thread and threads that wait for a work handle. Whoever takes
+// the head runs it; one at a time (`running`), so operations still run in issue order.
+struct op_queue {
+  std::mutex mutex;
+  std::condition_variable cv;  // an operation was queued or finished, or stopping
+  std::deque<queued_op> ops;
+  bool running = false;
+  bool stopping = false;
+  std::atomic<int> pending{0};  // ops.size(), readable without the lock
+
+  bool runnable() const { return !running && !ops.empty(); }
+
+  // Caller holds `lock` and saw runnable(): runs the head outside the lock.
+  void run_head(std::unique_lock<std::mutex>& lock) {
+    queued_op item = std::move(ops.front());
+    ops.pop_front();
+    pending.fetch_sub(1, std::memory_order_relaxed);
+    running = true;
+    lock.unlock();
+    std::exception_ptr failure;
+    const auto started = std::chrono::steady_clock::now();
+    try {
+      item.op();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    {
+      std::lock_guard state_lock(item.state->mutex);
+      item.state->started = started;
+      item.state->finished = std::chrono::steady_clock::now();
+      item.state->failure = failure;
+      item.state->done = true;
+      item.state->done_flag.store(true, std::memory_order_release);
+    }
+    item.state->done_cv.notify_all();
+    lock.lock();
+    running = false;
+    cv.notify_all();
+  }
+};
 }  // namespace detail
 
 // Handle to an operation queued on a progress_thread. Copies share one state.
 class work {
  public:
   work() = default;
-  explicit work(std::shared_ptr<detail::work_state> s) : state_(std::move(s)) {}
+  work(std::shared_ptr<detail::work_state> s, std::shared_ptr<detail::op_queue> q)
+      : state_(std::move(s)), queue_(std::move(q)) {}
 
-  // Blocks until the operation finished; rethrows its failure (on every call).
+  // Blocks until the operation finished; rethrows its failure (on every call). A waiter whose
+  // operation is still queued runs the queue's head itself instead of sleeping until the
+  // progress thread gets a core: on machines with as many busy ranks as cores that wake-up is
+  // most of a small collective's cost.
   void wait() const {
     if (!state_) return;
-    detail::spin_until([&] { return state_->done_flag.load(std::memory_order_acquire); });
+    if (!state_->done_flag.load(std::memory_order_acquire) && queue_) {
+      std::unique_lock lock(queue_->mutex);
+      while (!state_->done_flag.load(std::memory_order_acquire)) {
+        if (queue_->runnable()) {
+          queue_->run_head(lock);
+          continue;
+        }
+        lock.unlock();  // another thread runs an operation, perhaps this one: spin briefly
+        const bool done = detail::spin_until([&] { return state_->done_flag.load(std::memory_order_acquire); });
+        lock.lock();
+        if (!done && !queue_->runnable() && !state_->done_flag.load(std::memory_order_acquire)) queue_->cv.wait(lock);
+      }
+    }
     std::unique_lock lock(state_->mutex);
     state_->done_cv.wait(lock, [&] { return state_->done; });
     if (state_->failure) std::rethrow_exception(state_->failure);
@@ -47,12 +109,13 @@ class work {
     std::lock_guard lock(state_->mutex);
     return state_->done;
   }
-  // When the operation started and finished on the progress thread (valid once test()).
+  // When the operation started and finished (valid once test()).
   std::chrono::steady_clock::time_point started() const { return state_->started; }
   std::chrono::steady_clock::time_point finished() const { return state_->finished; }
 
  private:
   std::shared_ptr<detail::work_state> state_;
+  std::shared_ptr<detail::op_queue> queue_;
 };
 
 static_assert(work_handle<work>);
@@ -66,62 +129,37 @@ class progress_thread {
   // Finishes every queued operation, then stops.
   ~progress_thread() {
     {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
+      std::lock_guard lock(queue_->mutex);
+      queue_->stopping = true;
     }
-    queue_cv_.notify_one();
+    queue_->cv.notify_all();
     thread_.join();
   }
 
   work submit(std::function<void()> op) {
     auto state = std::make_shared<detail::work_state>();
     {
-      std::lock_guard lock(mutex_);
-      queue_.emplace_back(std::move(op), state);
-      pending_.fetch_add(1, std::memory_order_release);
+      std::lock_guard lock(queue_->mutex);
+      queue_->ops.push_back({std::move(op), state});
+      queue_->pending.fetch_add(1, std::memory_order_release);
     }
-    queue_cv_.notify_one();
-    return work(std::move(state));
+    queue_->cv.notify_all();
+    return work(std::move(state), queue_);
   }
 
  private:
   void run() {
+    auto& q = *queue_;
     for (;;) {
-      std::pair<std::function<void()>, std::shared_ptr<detail::work_state>> item;
-      detail::spin_until([&] { return pending_.load(std::memory_order_acquire) != 0; });
-      {
-        std::unique_lock lock(mutex_);
-        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        pending_.fetch_sub(1, std::memory_order_relaxed);
-      }
-      auto& [op, state] = item;
-      std::exception_ptr failure;
-      const auto started = std::chrono::steady_clock::now();
-      try {
-        op();
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      {
-        std::lock_guard lock(state->mutex);
-        state->started = started;
-        state->finished = std::chrono::steady_clock::now();
-        state->failure = failure;
-        state->done = true;
-        state->done_flag.store(true, std::memory_order_release);
-      }
-      state->done_cv.notify_all();
+      detail::spin_until([&] { return q.pending.load(std::memory_order_acquire) != 0; });
+      std::unique_lock lock(q.mutex);
+      q.cv.wait(lock, [&] { return q.runnable() || (q.stopping && q.ops.empty() && !q.running); });
+      if (!q.runnable()) return;
+      q.run_head(lock);
     }
   }
 
-  std::mutex mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<detail::work_state>>> queue_;
-  bool stopping_ = false;
-  std::atomic<int> pending_{0};  // queue_.size(), readable without the lock
+  std::shared_ptr<detail::op_queue> queue_ = std::make_shared<detail::op_queue>();
   std::thread thread_;  // last: starts after the members it uses exist
 };
 
