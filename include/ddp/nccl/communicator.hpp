@@ -83,7 +83,12 @@ class core {
                                                     std::to_string(size));
     dev.activate();
     scratch_ = static_cast<float*>(dev.allocate(sizeof(float)));
-    initialise(id);
+    try {
+      initialise(id);
+    } catch (...) {
+      dev.deallocate(scratch_, sizeof(float));
+      throw;
+    }
     watchdog_ = std::thread([this] { watch(); });
   }
   core(const core&) = delete;
@@ -162,9 +167,14 @@ class core {
     cuda::check(cudaStreamWaitEvent(device_->stream(), p.done.get(), 0), "cudaStreamWaitEvent", device_->site());
   }
 
-  bool test(const pending& p) {
-    throw_if_failed(p.name);
-    return p.done.done();
+  // True once wait() would return at once: done, or failed (then wait() throws).
+  bool test(const pending& p) const noexcept {
+    if (failed_.load(std::memory_order_acquire)) return true;
+    try {
+      return p.done.done();
+    } catch (...) {
+      return true;  // a device error: wait() reports it
+    }
   }
 
   void abort(const std::string& reason) {
@@ -333,7 +343,7 @@ class work {
   void wait() const {
     if (pending_) core_->wait(*pending_);
   }
-  bool test() const { return !pending_ || core_->test(*pending_); }
+  bool test() const noexcept { return !pending_ || core_->test(*pending_); }
 
  private:
   std::shared_ptr<detail::core> core_;
@@ -358,8 +368,7 @@ class communicator {
   work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
     constexpr const char* name = "all_reduce";
     require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
-    check_memory(send.data, send.bytes(), "send buffer", name);
-    check_memory(recv.data, recv.bytes(), "recv buffer", name);
+    check_memory(send, recv, name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(send.data, recv.data, send.count, datatype_of(send.type), op_of(op), c, s);
     });
@@ -379,8 +388,7 @@ class communicator {
     constexpr const char* name = "all_gather";
     require(recv.count == send.count * static_cast<std::size_t>(size()) && recv.type == send.type, name,
             "recv must hold size() * send.count elements of send's dtype");
-    check_memory(send.data, send.bytes(), "send buffer", name);
-    check_memory(recv.data, recv.bytes(), "recv buffer", name);
+    check_memory(send, recv, name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(send.data, recv.data, send.count, datatype_of(send.type), c, s);
     });
@@ -390,8 +398,7 @@ class communicator {
     constexpr const char* name = "reduce_scatter";
     require(send.count == recv.count * static_cast<std::size_t>(size()) && recv.type == send.type, name,
             "send must hold size() * recv.count elements of recv's dtype");
-    check_memory(send.data, send.bytes(), "send buffer", name);
-    check_memory(recv.data, recv.bytes(), "recv buffer", name);
+    check_memory(send, recv, name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(send.data, recv.data, recv.count, datatype_of(send.type), op_of(op), c, s);
     });
@@ -426,6 +433,11 @@ class communicator {
                   std::string("the ") + what + " lives on " + where.to_string() +
                       " but this rank's NCCL communicator is bound to " + mine.to_string() +
                       " (pitfall P3); allocate it on the rank's ddp::cuda::device");
+  }
+
+  void check_memory(const_buffer send, mutable_buffer recv, const char* op) const {
+    check_memory(send.data, send.bytes(), "send buffer", op);
+    check_memory(recv.data, recv.bytes(), "recv buffer", op);
   }
 
   std::shared_ptr<detail::core> core_;
