@@ -47,6 +47,10 @@ endfunction()
 # A case that must not compile; its first line reads `// expect: <regular expression>`.
 function(ddp_add_compile_fail_test source)
   get_filename_component(case ${source} NAME_WE)
+  # Cases named cuda_* need the CUDA headers: checked only when ddp::cuda is built.
+  if(case MATCHES "^cuda_" AND NOT TARGET ddp::cuda)
+    return()
+  endif()
   file(STRINGS ${source} first_line LIMIT_COUNT 1)
   string(REGEX REPLACE "^// expect: " "" expected "${first_line}")
   set(target compile_fail_${case})
@@ -58,6 +62,9 @@ function(ddp_add_compile_fail_test source)
       target_link_libraries(${target} PRIVATE ${t})
     endif()
   endforeach()
+  if(case MATCHES "^cuda_")
+    target_link_libraries(${target} PRIVATE ddp::cuda)
+  endif()
   add_test(NAME ${target}
     COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${target})
   set_tests_properties(${target} PROPERTIES PASS_REGULAR_EXPRESSION "${expected}" LABELS "build"
