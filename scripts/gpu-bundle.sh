@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Packs the GPU checks for a GPU machine that has the NVIDIA driver, CUDA 13 and NCCL libraries
+# but no compiler toolchain for ddp's dependencies and no network (this project's lent H200):
+# builds the ddp_gpu targets here (MPI off: that machine has no OpenMPI), then writes
+# .gpu-bundle/ddp-gpu.tar.xz with the three binaries, the non-CUDA shared libraries they need
+# (OpenBLAS and its Fortran runtime), the Fashion-MNIST files and scripts/gpu-run-bundle.sh.
+# On the GPU machine: tar xf ddp-gpu.tar.xz && ./gpu-run-bundle.sh  (see that script).
+#   scripts/gpu-bundle.sh [build-dir]     (default build-gpu-bundle; about 4 minutes on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu-bundle}
+out=.gpu-bundle
+scripts/install-deps.sh
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_MPI=OFF -DDDP_BUILD_TESTS=ON \
+  -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON >/dev/null
+cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
+cp "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/examples/fashion_mnist/fashion_mnist_gpu" "$stage/bin/"
+# Shared libraries outside glibc/libstdc++ and outside CUDA (the GPU machine brings its own CUDA,
+# cuBLAS and NCCL, matched to its driver).
+for exe in "$stage"/bin/*; do
+  ldd "$exe" | awk '/=> \// { print $3 }'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libgcc_s.so*|libstdc++.so*) ;;
+    libcudart*|libcublas*|libnccl*|libcuda.so*) ;;
+    *) cp -L "$lib" "$stage/lib/" ;;
+  esac
+done
+cp /usr/share/datasets/fashion-mnist/*.gz "$stage/data/"
+cp scripts/gpu-run-bundle.sh "$stage/"
+git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+mkdir -p "$out"
+tar -C "$stage" -cJf "$out/ddp-gpu.tar.xz" .
+ls -la "$out/ddp-gpu.tar.xz"
+echo "carry $out to the GPU machine; there: tar xf $out/ddp-gpu.tar.xz -C /tmp/ddp-gpu && /tmp/ddp-gpu/gpu-run-bundle.sh"

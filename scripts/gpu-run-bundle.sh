@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh, on a GPU machine without
+# ddp's build dependencies: the GPU test suite, the CUDA kernel benchmark and the example with
+# --device cuda --backend nccl (one in-process rank per GPU). Fails, never skips, without a GPU.
+# Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+log=${OUT:-$here}/gpu-check.log
+exec > >(tee "$log") 2>&1
+fail=0
+echo "gpu-run-bundle: ddp commit $(cat "$here/commit"), $(date -u +'%Y-%m-%d %H:%M UTC')"
+if ! nvidia-smi -L; then
+  echo "gpu-run-bundle: FAILED: no GPU visible"
+  exit 1
+fi
+# CUDA runtime, cuBLAS and NCCL from this machine: the toolkit, system folders, or the NVIDIA
+# Python wheels (PyTorch's environment carries them).
+dirs=()
+for pattern in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  found=$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib -name "$pattern" 2>/dev/null | head -1)
+  if [ -z "$found" ]; then
+    echo "gpu-run-bundle: FAILED: $pattern not found on this machine"
+    exit 1
+  fi
+  dirs+=("$(dirname "$found")")
+done
+export LD_LIBRARY_PATH="$here/lib:$(printf '%s\n' "${dirs[@]}" | sort -u | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+ldd "$here/bin/ddp_gpu_test" | grep -E "not found|cuda|cublas|nccl|openblas"
+
+echo "== GPU tests"
+timeout 300 "$here/bin/ddp_gpu_test" || fail=1
+echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"
+timeout 120 "$here/bin/gpu_kernels" --sizes-mib 64,256,1024 --repeats 20 || fail=1
+gpus=$(nvidia-smi -L | wc -l)
+echo "== example: $gpus in-process rank(s), one GPU each"
+timeout 240 "$here/bin/fashion_mnist_gpu" --ranks "$gpus" --epochs 3 --no-progress --data-dir "$here/data" || fail=1
+if [ "$fail" -ne 0 ]; then
+  echo "gpu-run-bundle: FAILED (see above)"
+  exit 1
+fi
+echo "gpu-run-bundle: all GPU checks passed"
