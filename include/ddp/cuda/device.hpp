@@ -68,11 +68,11 @@ class device {
     if (p) cudaFree(p);
   }
 
-  void copy(void* dst, const void* src, std::size_t bytes) { memcpy(dst, src, bytes, cudaMemcpyDeviceToDevice); }
+  void copy(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToDevice); }
   // The host source may be freed as soon as this returns (pageable memory is staged first).
-  void copy_from_host(void* dst, const void* src, std::size_t bytes) { memcpy(dst, src, bytes, cudaMemcpyHostToDevice); }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) {
-    memcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToHost);
     stream_.synchronize();
   }
   void fill_zero(void* dst, std::size_t bytes) {
@@ -138,7 +138,7 @@ class device {
     return site;
   }
 
-  void memcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  void enqueue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
     if (!bytes || dst == src) return;
     activate();
     check(cudaMemcpyAsync(dst, src, bytes, kind, stream()), "cudaMemcpyAsync", site_);
