@@ -2,9 +2,9 @@
 # Packs the GPU checks for a GPU machine that has the NVIDIA driver, CUDA 13 and NCCL libraries
 # but no compiler toolchain for ddp's dependencies and no network (this project's lent H200):
 # builds the ddp_gpu targets here (MPI off: that machine has no OpenMPI), then writes
-# .gpu-bundle/ddp-gpu.tar.xz with the three binaries, the non-CUDA shared libraries they need
+# .gpu-bundle/ddp-gpu.tar.xz with the GPU binaries, the non-CUDA shared libraries they need
 # (OpenBLAS and its Fortran runtime), the Fashion-MNIST files and scripts/gpu-run-bundle.sh.
-# On the GPU machine: tar xf ddp-gpu.tar.xz && ./gpu-run-bundle.sh  (see that script).
+# On the GPU machine: mkdir -p /tmp/g && tar xf ddp-gpu.tar.xz -C /tmp/g && /tmp/g/gpu-run-bundle.sh
 #   scripts/gpu-bundle.sh [build-dir]     (default build-gpu-bundle; about 4 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,8 @@ cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
-cp "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/examples/fashion_mnist/fashion_mnist_gpu" "$stage/bin/"
+cp "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/bench/nccl_all_reduce" \
+  "$build/examples/fashion_mnist/fashion_mnist_gpu" "$stage/bin/"
 # Shared libraries outside glibc/libstdc++ and outside CUDA (the GPU machine brings its own CUDA,
 # cuBLAS and NCCL, matched to its driver).
 for exe in "$stage"/bin/*; do
@@ -36,4 +37,4 @@ git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$sta
 mkdir -p "$out"
 tar -C "$stage" -cJf "$out/ddp-gpu.tar.xz" .
 ls -la "$out/ddp-gpu.tar.xz"
-echo "carry $out to the GPU machine; there: tar xf $out/ddp-gpu.tar.xz -C /tmp/ddp-gpu && /tmp/ddp-gpu/gpu-run-bundle.sh"
+echo "carry $out to the GPU machine; there: mkdir -p /tmp/g && tar xf $out/ddp-gpu.tar.xz -C /tmp/g && /tmp/g/gpu-run-bundle.sh"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, on a machine with a GPU: builds the ddp_gpu target (GPU tests,
 # GPU benchmarks, the example's GPU build), runs the GPU tests (ctest label gpu), the kernel
-# benchmark and the example on the GPU (in-process, and under mpirun when OpenMPI is there).
+# benchmarks and the example on the GPU (in-process, and under mpirun when OpenMPI is there).
 # Fails, never skips, when no GPU is visible. Everything it prints is also kept in
 # $build/gpu-check.log, for docs/results.md.
 #   scripts/gpu-check.sh [build-dir]        (default build-gpu; about 5 minutes on one H200)
@@ -30,6 +30,9 @@ ctest --test-dir "$build" -L gpu --output-on-failure
 
 echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"
 "$build"/bench/gpu_kernels --sizes-mib 64,256,1024 --repeats 20
+
+echo "== ddp's NCCL all_reduce vs raw ncclAllReduce, one rank per GPU"
+"$build"/bench/nccl_all_reduce
 
 # NCCL refuses two ranks on one GPU: one rank per GPU, so as many ranks as GPUs.
 gpus=$(nvidia-smi -L | wc -l)

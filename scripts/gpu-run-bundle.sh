@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU checks from a bundle made by scripts/gpu-bundle.sh, on a GPU machine without
-# ddp's build dependencies: the GPU test suite, the CUDA kernel benchmark and the example with
+# ddp's build dependencies: the GPU test suite, the CUDA kernel and NCCL benchmarks and the example with
 # --device cuda --backend nccl (one in-process rank per GPU). Fails, never skips, without a GPU.
 # Output goes to stdout and, when $OUT is set, to $OUT/gpu-check.log.
 set -uo pipefail
@@ -32,6 +32,8 @@ echo "== GPU tests"
 timeout 300 "$here/bin/ddp_gpu_test" || fail=1
 echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"
 timeout 120 "$here/bin/gpu_kernels" --sizes-mib 64,256,1024 --repeats 20 || fail=1
+echo "== ddp's NCCL all_reduce vs raw ncclAllReduce, one rank per GPU"
+timeout 120 "$here/bin/nccl_all_reduce" || fail=1
 gpus=$(nvidia-smi -L | wc -l)
 echo "== example: $gpus in-process rank(s), one GPU each"
 timeout 240 "$here/bin/fashion_mnist_gpu" --ranks "$gpus" --epochs 3 --no-progress --data-dir "$here/data" || fail=1
