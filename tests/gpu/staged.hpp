@@ -60,9 +60,7 @@ class staged {
 
  private:
   ddp::cuda::device_vector<std::byte> to_device(const void* host, std::size_t bytes) {
-    auto d = ddp::cuda::device_vector<std::byte>(dev_, bytes);
-    dev_.copy_from_host(d.data(), host, bytes);
-    return d;
+    return ddp::cuda::device_vector<std::byte>::from_host(dev_, {static_cast<const std::byte*>(host), bytes});
   }
   void back(ddp::mutable_buffer host, ddp::mutable_buffer device) {
     dev_.copy_to_host(host.data, device.data, host.bytes());

@@ -50,12 +50,6 @@ inline void check(cudaError_t status, const char* operation, call_site site = {}
                   cudaGetErrorString(status) + ")" + detail::where(site, loc) + detail::hint(status));
 }
 
-// After a kernel launch: a bad configuration shows up here, not at the next call.
-inline void check_launch(const char* kernel, call_site site = {},
-                         std::source_location loc = std::source_location::current()) {
-  check(cudaGetLastError(), kernel, site, loc);
-}
-
 inline void check(cublasStatus_t status, const char* operation, call_site site = {},
                   std::source_location loc = std::source_location::current()) {
   if (status == CUBLAS_STATUS_SUCCESS) return;

@@ -43,7 +43,6 @@ class device {
   // The compute stream: the trainer's kernels, and a communicator bound to this device orders
   // its collectives after the work queued here.
   cudaStream_t stream() const noexcept { return stream_.get(); }
-  kernels::launch_limits limits() const noexcept { return limits_; }
   // This stream's cuBLAS handle (created on first use).
   cublasHandle_t blas() {
     activate();
