@@ -3,7 +3,8 @@
 // ratio to the copy's:
 //   gpu_kernels --sizes-mib 64,256 --repeats 20
 // Bytes counted per element: copy, pack, unpack, scale 8; cast f32->bf16 6; sgd 20 (param and
-// momentum read and written, gradient read); adamw 28.
+// momentum read and written, gradient read); adamw 28. "uneven" rows use a bucket of one large,
+// one medium and 62 small tensors instead of eight equal ones.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -58,6 +59,14 @@ int main(int argc, char** argv) {
       std::vector<ddp::segment> segs;
       const std::size_t piece = n / 8 / 4 * 4;
       for (std::size_t k = 0; k < 8; ++k) segs.push_back({b.data() + k * piece, k * piece, k == 7 ? n - 7 * piece : piece});
+      // A layer stack's bucket: half of it one weight, a quarter another, the rest in 62 small
+      // tensors (biases, norms). Threads share the work by floats, not by tensors.
+      std::vector<ddp::segment> uneven;
+      const std::size_t half_n = n / 2 / 4 * 4, quarter = n / 4 / 4 * 4, small = (n - half_n - quarter) / 62 / 4 * 4;
+      uneven.push_back({b.data(), 0, half_n});
+      uneven.push_back({b.data() + half_n, half_n, quarter});
+      for (std::size_t k = 0, at = half_n + quarter; k < 62; ++k, at += small)
+        uneven.push_back({b.data() + at, at, k == 61 ? n - at : small});
       ddp::cuda::device_vector<std::uint16_t> half(dev, n);
       struct kernel {
         std::string name;
@@ -67,10 +76,12 @@ int main(int argc, char** argv) {
       const std::vector<kernel> kernels{
           {"pack", 8, [&] { dev.pack(segs, a.data()); }},
           {"unpack", 8, [&] { dev.unpack(segs, a.data()); }},
+          {"pack uneven", 8, [&] { dev.pack(uneven, a.data()); }},
           {"scale", 8, [&] { dev.scale(a.data(), n, 0.999f); }},
           {"cast f32>bf16", 6,
            [&] { dev.cast({a.data(), n, ddp::dtype::f32}, {half.data(), n, ddp::dtype::bf16}); }},
           {"sgd", 20, [&] { dev.sgd_update(segs, a.data(), m.data(), {.lr = 1e-3f, .momentum = 0.9f}); }},
+          {"sgd uneven", 20, [&] { dev.sgd_update(uneven, a.data(), m.data(), {.lr = 1e-3f, .momentum = 0.9f}); }},
           {"adamw", 28, [&] { dev.adamw_update(segs, a.data(), m.data(), v.data(), {}, 1); }},
       };
       auto copy = [&] { dev.copy(a.data(), b.data(), n * sizeof(float)); };

@@ -3,6 +3,7 @@
 // multiply-adds).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -130,4 +131,70 @@ TEST_CASE("cuda fused SGD and AdamW updates equal the host's") {
     for (std::size_t k = 0; k < counts.size(); ++k) check_close(p_dev[k].to_host(), p_host[k], 1e-5f);
     check_close(m.to_host(), m_host, 1e-5f);
   }
+}
+
+TEST_CASE("cuda pack, unpack and SGD over more segments than one launch holds, of very unequal sizes") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  // 230 segments (three launches): empty, odd and 4-aligned sizes, one of 300,001 floats; every
+  // tenth already lives in the bucket (a bound gradient), which pack and unpack leave alone.
+  std::vector<std::size_t> counts, offsets;
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < 230; ++k) {
+    counts.push_back(k == 17 ? 300'001 : (k * 37) % 1031);
+    offsets.push_back(total);
+    total += (counts.back() + 3) / 4 * 4 + (k % 3 == 0 ? 4 : 0);  // some padding between slots
+  }
+  const auto initial = random_floats(total, 99);
+  auto bucket = dvec::from_host(dev, initial);
+  std::vector<float> host_bucket = initial, expected = initial;
+  std::vector<dvec> tensors;
+  std::vector<std::vector<float>> host_tensors;
+  std::vector<ddp::segment> segs, host_segs;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    if (k % 10 == 3) {
+      segs.push_back({bucket.data() + offsets[k], offsets[k], counts[k]});
+      host_segs.push_back({host_bucket.data() + offsets[k], offsets[k], counts[k]});
+      continue;
+    }
+    host_tensors.push_back(random_floats(counts[k], 1000 + k));
+    std::copy(host_tensors.back().begin(), host_tensors.back().end(),
+              expected.begin() + static_cast<std::ptrdiff_t>(offsets[k]));
+    tensors.push_back(dvec::from_host(dev, host_tensors.back()));
+    segs.push_back({tensors.back().data(), offsets[k], counts[k]});
+    host_segs.push_back({host_tensors.back().data(), offsets[k], counts[k]});
+  }
+  dev.pack(segs, bucket.data());
+  CHECK(bucket.to_host() == expected);
+
+  dev.scale(bucket.data(), total, 2.0f);
+  for (auto& v : expected) v *= 2.0f;
+  dev.unpack(segs, bucket.data());
+  CHECK(bucket.to_host() == expected);
+  for (std::size_t k = 0, own = 0; k < counts.size(); ++k) {
+    if (k % 10 == 3) continue;
+    const auto got = tensors[own++].to_host();
+    CHECK(std::equal(got.begin(), got.end(), expected.begin() + static_cast<std::ptrdiff_t>(offsets[k])));
+  }
+
+  // The same layout through the fused SGD, against the host kernel on a mirror of it.
+  std::copy(expected.begin(), expected.end(), host_bucket.begin());
+  for (auto& t : host_tensors)
+    for (auto& v : t) v *= 2.0f;
+  const auto grad = random_floats(total, 123);
+  auto g = dvec::from_host(dev, grad);
+  auto m = dvec::zeros(dev, total);
+  std::vector<float> host_m(total, 0.0f);
+  const ddp::optim::sgd o{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  for (int step = 0; step < 2; ++step) {
+    dev.sgd_update(segs, g.data(), m.data(), o);
+    host.sgd_update(host_segs, grad.data(), host_m.data(), o);
+  }
+  check_close(bucket.to_host(), host_bucket, 1e-5f);
+  check_close(m.to_host(), host_m, 1e-5f);
+  for (std::size_t k = 0, own = 0; k < counts.size(); ++k)
+    if (k % 10 != 3) {
+      check_close(tensors[own].to_host(), host_tensors[own], 1e-5f);
+      ++own;
+    }
 }
