@@ -32,6 +32,6 @@ int main(int argc, char** argv) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       best[threads] = std::max(best[threads], threads * calls * 2.0 * m * n * k / s / 1e9);
     }
-  std::printf("gemm %dx%dx%d: 1 thread %.1f GFLOP/s, 2 threads %.1f GFLOP/s, speed-up %.2fx (hardware ceiling)\n", m, n,
-              k, best[1], best[2], best[2] / best[1]);
+  std::printf("gemm %dx%dx%d (OpenBLAS %s kernels): 1 thread %.1f GFLOP/s, 2 threads %.1f GFLOP/s, speed-up %.2fx (hardware ceiling)\n", m, n,
+              k, openblas_get_corename(), best[1], best[2], best[2] / best[1]);
 }

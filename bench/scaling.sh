@@ -10,7 +10,8 @@ build=${1:-build}
 repeats=${2:-2}
 exe="$build/examples/fashion_mnist/fashion_mnist"
 [ -x "$exe" ] || { echo "build the example first: cmake --build $build --target fashion_mnist" >&2; exit 1; }
-echo "# command: $0 $*   ($(date -u +%F), $(nproc) cores)"
+source "$(dirname "$0")/../scripts/openblas-env.sh"
+echo "# command: $0 $*   ($(date -u +%F), $(nproc) cores, OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
 declare -A best=([1]=0 [2]=0)
 for ((i = 0; i < repeats; i++)); do
   for ranks in 1 2; do

@@ -7,4 +7,5 @@ scripts/install-deps.sh
 build=${DDP_BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$build" -j"${DDP_JOBS:-2}" --target fashion_mnist
+source scripts/openblas-env.sh
 exec "$build/examples/fashion_mnist/fashion_mnist" "$@"

@@ -11,4 +11,5 @@ cmake --build "$build" -j"${DDP_JOBS:-2}"
 # without a GPU; they run in scripts/gpu-check.sh on a machine that has one. Without the CUDA
 # toolkit ddp_gpu is empty.
 cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
+source scripts/openblas-env.sh
 ctest --test-dir "$build" -j"${DDP_JOBS:-2}" --output-on-failure "$@"

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "ddp/nn/blas.hpp"
 #include "train.hpp"
 
 namespace {
@@ -31,6 +32,12 @@ void print_banner(const fmnist::config& c) {
   std::printf("ddp Fashion-MNIST: %d rank(s) x batch %zu on %s (%s), %d epoch(s), %s lr %.3g (%s), seed %llu\n",
               c.ranks, c.batch, c.backend.c_str(), c.device.c_str(), c.epochs, c.optimizer.c_str(), c.lr,
               c.schedule.c_str(), static_cast<unsigned long long>(c.seed));
+#if !DDP_EXAMPLE_WITH_CUDA
+  if (const auto w = ddp::nn::blas::kernel_warning()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "warning: %s\n", w->c_str());
+  }
+#endif
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "ddp/host/device.hpp"
+#include "ddp/host/kernels.hpp"
 
 TEST_CASE("f16 and bf16 casts round to nearest even and round-trip exactly representable values") {
   ddp::host::device dev;
@@ -80,4 +83,49 @@ TEST_CASE("pack and unpack move tensors in and out of bucket slots") {
   dev.unpack(segs, bucket.data());
   CHECK(a == std::vector<float>{2, 4, 6});
   CHECK(b == std::vector<float>{8, 10});
+}
+
+TEST_CASE("divide gives the quotient's bits, by powers of two (a multiply) and by other divisors") {
+  std::vector<float> x;
+  for (float v : {1.0f, -3.0f, 0.1f, 1e-40f, -1e-45f, 3.4e38f, 0.0f, -0.0f, 7.0f / 3.0f}) x.push_back(v);
+  for (int i = 1; i < 200; ++i) x.push_back(std::ldexp(static_cast<float>(i) * 1.3717f, i % 40 - 20));
+  for (float divisor : {1.0f, 2.0f, 4.0f, 1024.0f, 0.5f, 3.0f, 6.0f}) {
+    INFO("divisor ", divisor);
+    auto got = x;
+    ddp::host::divide(got.data(), got.size(), divisor);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float want = x[i] / divisor;
+      CHECK(std::memcmp(&got[i], &want, sizeof(float)) == 0);
+    }
+  }
+  std::vector<std::int32_t> ints{7, -7, 9};
+  ddp::host::divide(ints.data(), ints.size(), 2);
+  CHECK(ints == std::vector<std::int32_t>{3, -3, 4});
+}
+
+TEST_CASE("reduce_to_all: every op over one, two and three sources, written to every target") {
+  const std::size_t n = 10'000;  // several chunks, with a tail
+  std::vector<std::vector<float>> data(3, std::vector<float>(n));
+  for (std::size_t k = 0; k < 3; ++k)
+    for (std::size_t i = 0; i < n; ++i) data[k][i] = std::sin(static_cast<float>(i * (k + 1))) * 10.0f;
+  for (std::size_t sources = 1; sources <= 3; ++sources)
+    for (auto op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min, ddp::reduce_op::max}) {
+      INFO(sources, " sources, op ", static_cast<int>(op));
+      std::vector<const float*> src;
+      for (std::size_t k = 0; k < sources; ++k) src.push_back(data[k].data());
+      std::vector<float> out1(n), out2(n);
+      std::vector<float*> targets{out1.data(), out2.data()};
+      ddp::host::reduce_to_all<float>(src, targets, n, op, sources);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        float want = data[0][i];
+        for (std::size_t k = 1; k < sources; ++k) {
+          const float v = data[k][i];
+          want = op == ddp::reduce_op::min ? std::min(want, v) : op == ddp::reduce_op::max ? std::max(want, v) : want + v;
+        }
+        if (op == ddp::reduce_op::avg) want /= static_cast<float>(sources);
+        bad += out1[i] != want || out2[i] != want;
+      }
+      CHECK(bad == 0);
+    }
 }

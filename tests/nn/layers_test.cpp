@@ -1,10 +1,14 @@
 // Every reference layer's backward against central finite differences of its forward.
 #include <doctest/doctest.h>
 
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "ddp/core/random.hpp"
 #include "ddp/nn/batch_norm.hpp"
+#include "ddp/nn/blas.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/dropout.hpp"
 #include "ddp/nn/linear.hpp"
@@ -173,4 +177,25 @@ TEST_CASE("sequential: PyTorch names, ready reports in reverse layer order, boun
   CHECK(m.parameters()[1].grad.data == bias_storage.data());
   CHECK(bias_storage != std::vector<float>(4, 0.0f));
   CHECK_THROWS_AS(m.backward(ddp::nn::matrix(2, 2), {}), std::logic_error);  // no pending forward
+}
+
+// scripts/test.sh and scripts/run-example.sh set OPENBLAS_CORETYPE (scripts/openblas-env.sh):
+// then OpenBLAS must run those kernels. Without it, a fall-back to Prescott on a CPU that suits
+// better kernels must be reported with the fix.
+TEST_CASE("OpenBLAS runs the kernels the environment names, or the layers say how to fix a Prescott fall-back") {
+  auto lower = [](std::string s) {
+    for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  const std::string core = lower(openblas_get_corename());
+  const auto warning = ddp::nn::blas::kernel_warning();
+  if (const char* chosen = std::getenv("OPENBLAS_CORETYPE")) {
+    CHECK(core == lower(chosen));
+    CHECK_FALSE(warning);
+  } else if (core == "prescott" && ddp::nn::blas::suited_core()) {
+    REQUIRE(warning);
+    CHECK(warning->find("OPENBLAS_CORETYPE=" + *ddp::nn::blas::suited_core()) != std::string::npos);
+  } else {
+    CHECK_FALSE(warning);
+  }
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
 
 #include "ddp/core/reduce_op.hpp"
 #include "ddp/core/segment.hpp"
@@ -33,13 +34,41 @@ DDP_VECTORIZE inline void accumulate(T* DDP_RESTRICT acc, const T* DDP_RESTRICT 
   }
 }
 
+// acc = a OP b (the first step of a reduction, without copying `a` first)
 template <class T>
-DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
-  for (std::size_t i = 0; i < n; ++i) x[i] /= divisor;
+DDP_VECTORIZE inline void combine(T* DDP_RESTRICT acc, const T* DDP_RESTRICT a, const T* DDP_RESTRICT b,
+                                  std::size_t n, reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = a[i] + b[i];
+      break;
+    case reduce_op::min:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = b[i] < a[i] ? b[i] : a[i];
+      break;
+    case reduce_op::max:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = b[i] > a[i] ? b[i] : a[i];
+      break;
+  }
 }
 
 DDP_VECTORIZE inline void scale(float* DDP_RESTRICT x, std::size_t n, float factor) {
   for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+// x /= divisor. A floating-point divisor that is a power of two has an exact reciprocal, and
+// multiplying by it gives the quotient's bits: a multiply costs a fraction of a divide.
+template <class T>
+DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    int exponent = 0;
+    if (std::frexp(divisor, &exponent) == T(0.5)) {
+      const T reciprocal = T(1) / divisor;
+      for (std::size_t i = 0; i < n; ++i) x[i] *= reciprocal;
+      return;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) x[i] /= divisor;
 }
 
 // Reduces `sources` (fixed order: index 0 first, so every rank computes the same bits)
@@ -52,8 +81,12 @@ void reduce_to_all(std::span<const T* const> sources, std::span<T* const> target
   alignas(64) T acc[chunk];
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t len = std::min(chunk, n - begin);
-    std::memcpy(acc, sources[0] + begin, len * sizeof(T));
-    for (std::size_t k = 1; k < sources.size(); ++k) accumulate(acc, sources[k] + begin, len, op);
+    if (sources.size() == 1) {
+      std::memcpy(acc, sources[0] + begin, len * sizeof(T));
+    } else {
+      combine(acc, sources[0] + begin, sources[1] + begin, len, op);
+      for (std::size_t k = 2; k < sources.size(); ++k) accumulate(acc, sources[k] + begin, len, op);
+    }
     if (op == reduce_op::avg) divide(acc, len, static_cast<T>(world));
     for (T* t : targets) std::memcpy(t + begin, acc, len * sizeof(T));
   }
