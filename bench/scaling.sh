@@ -21,6 +21,6 @@ for ((i = 0; i < repeats; i++)); do
     for r in $rates; do ((r > best[$ranks])) && best[$ranks]=$r; done
   done
 done
-[ -x "$build/bench/gemm_scaling" ] && "$build/bench/gemm_scaling"
+[ -x "$build/bench/hardware_scaling" ] && "$build/bench/hardware_scaling"
 awk -v a="${best[1]}" -v b="${best[2]}" \
   'BEGIN { printf "best epoch: 1 rank %d samples/s, 2 ranks %d samples/s, speed-up %.2fx\n", a, b, b / a }'
