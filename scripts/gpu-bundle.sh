@@ -32,7 +32,7 @@ done | sort -u | while read -r lib; do
   esac
 done
 cp /usr/share/datasets/fashion-mnist/*.gz "$stage/data/"
-cp scripts/gpu-run-bundle.sh "$stage/"
+cp scripts/gpu-run-bundle.sh scripts/openblas-env.sh "$stage/"
 git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
 mkdir -p "$out"
 tar -C "$stage" -cJf "$out/ddp-gpu.tar.xz" .

@@ -26,6 +26,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_GPU_TESTS=ON
 cmake --build "$build" -j"$(nproc)" --target ddp_gpu
 
 echo "== GPU tests"
+source scripts/openblas-env.sh
 ctest --test-dir "$build" -L gpu --output-on-failure
 
 echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"

@@ -26,6 +26,8 @@ for pattern in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; d
 done
 export LD_LIBRARY_PATH="$here/lib:$(printf '%s\n' "${dirs[@]}" | sort -u | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+source "$here/openblas-env.sh"  # the host reference paths of the tests use OpenBLAS
+echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 ldd "$here/bin/ddp_gpu_test" | grep -E "not found|cuda|cublas|nccl|openblas"
 
 echo "== GPU tests"
