@@ -66,14 +66,19 @@ std::vector<std::vector<float>> train_on_host(const std::vector<batch>& data, in
   })[0];
 }
 
+// Which communicator sums the GPU batch_norm's statistics: none, the NCCL one (in place on the
+// GPU), or the host one that bootstrapped it (through host memory).
+enum class statistics_sync { none, nccl, host };
+
 template <class Optimizer>
 std::vector<std::vector<float>> train_on_gpu(const std::vector<batch>& data, int micro, Optimizer opt,
-                                             bool sync_statistics = false) {
+                                             statistics_sync sync_statistics = statistics_sync::none) {
   return ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
     ddp::cuda::device dev(0, host.rank());
     auto comm = ddp::nccl::bootstrap(host, dev);
     gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
-    if (sync_statistics) m.layer<1>().synchronize_statistics(g::sum_over_ranks(comm, dev));
+    if (sync_statistics == statistics_sync::nccl) m.layer<1>().synchronize_statistics(g::sum_over_ranks(comm, dev));
+    if (sync_statistics == statistics_sync::host) m.layer<1>().synchronize_statistics(g::sum_over_ranks(host, dev));
     ddp::trainer<gpu_model, Optimizer, ddp::use_communicator<ddp::nccl::communicator>, ddp::use_device<ddp::cuda::device>>
         t(m, comm, dev, opt);
     auto run = [&](const batch& b, auto& r) {
@@ -120,10 +125,14 @@ TEST_CASE("GPU trainer equals the host trainer: AdamW with two micro-batches per
   check_same(train_on_gpu(data, 2, opt), train_on_host(data, 2, opt));
 }
 
-TEST_CASE("GPU trainer equals the host trainer with synchronised batch statistics (through NCCL)") {
+TEST_CASE("GPU trainer equals the host trainer with synchronised batch statistics, through NCCL or the host") {
   const auto data = make_batches(3);
   const ddp::optim::sgd opt{.lr = 0.05f, .momentum = 0.9f};
-  check_same(train_on_gpu(data, 1, opt, true), train_on_host(data, 1, opt, true));
+  const auto host = train_on_host(data, 1, opt, true);
+  SUBCASE("NCCL, in place on the GPU") { check_same(train_on_gpu(data, 1, opt, statistics_sync::nccl), host); }
+  SUBCASE("the host communicator, through host memory") {
+    check_same(train_on_gpu(data, 1, opt, statistics_sync::host), host);
+  }
 }
 
 namespace {

@@ -1,8 +1,8 @@
 #pragma once
 // Batch normalisation on a GPU: the behaviour and the arithmetic of ddp::nn::batch_norm
 // (PyTorch's BatchNorm1d; frozen mode; synchronised statistics through `reduce`), with the
-// per-feature sums in double on the device. With synchronised statistics the sums make one
-// round trip through host memory per forward and per backward, for the host-side reduction.
+// per-feature sums in double on the device. With synchronised statistics `reduce` sums them over
+// the ranks where they are: in place on the GPU with NCCL (ddp/cuda/nn/sync.hpp).
 #include <functional>
 #include <span>
 #include <stdexcept>
@@ -29,7 +29,8 @@ class batch_norm {
   }
 
   void set_mode(mode m) noexcept { mode_ = m; }
-  // `reduce` sums a host vector elementwise over every rank, in place (a blocking collective).
+  // `reduce` sums a vector in this GPU's memory elementwise over every rank, in place (a
+  // collective that returns once the compute stream is ordered after it).
   void synchronize_statistics(std::function<void(std::span<double>)> reduce) { reduce_ = std::move(reduce); }
 
   matrix forward(const matrix& x, bool training) {
@@ -40,15 +41,15 @@ class batch_norm {
       throw std::invalid_argument("ddp::cuda::nn::batch_norm: training needs at least 2 samples per batch, got " +
                                   std::to_string(n));
     device_vector<float> mean(*dev_, f), inv_std(*dev_, f);
+    device_vector<double> moments;  // per-feature sums and the sample count, global when synchronised
     if (batch_stats) {
-      device_vector<double> moments(*dev_, 2 * f);
+      moments = device_vector<double>(*dev_, 2 * f + 1);
       run(kernels::column_moments(x.data(), n, f, moments.data(), stream()), "column_moments kernel");
-      const double count = reduce_over_ranks(moments, static_cast<double>(n));
-      run(kernels::batch_statistics(moments.data(), count, f, momentum_, eps_, mean.data(), inv_std.data(),
+      if (reduce_) reduce_(std::span<double>(moments.data(), moments.size()));
+      run(kernels::batch_statistics(moments.data(), f, momentum_, eps_, mean.data(), inv_std.data(),
                                     running_mean_.data(), running_var_.data(), stream()),
           "batch_statistics kernel");
       run(kernels::add_i64(batches_tracked_.data(), 1, stream()), "add_i64 kernel");
-      batch_count_.push_back(count);
       running_mean_.version().bump();
       running_var_.version().bump();
       batches_tracked_.version().bump();
@@ -63,7 +64,7 @@ class batch_norm {
         "normalize kernel");
     if (training) {
       if (!batch_stats) running_var_.version().save_for_backward();
-      saved_.push_back({std::move(xhat), batch_stats ? std::move(inv_std) : device_vector<float>{}});
+      saved_.push_back({std::move(xhat), batch_stats ? std::move(inv_std) : device_vector<float>{}, std::move(moments)});
     }
     return y;
   }
@@ -85,13 +86,10 @@ class batch_norm {
     run(kernels::normalize_backward_sums(dy.data(), s.xhat.data(), n, f, sums.data(), params_[0].grad(),
                                          params_[1].grad(), stream()),
         "normalize_backward_sums kernel");
-    double count = static_cast<double>(n);
-    if (batch_stats) {
-      count = ddp::nn::pop_saved(batch_count_, "batch_norm");
-      reduce_over_ranks(sums, 0.0);  // the global batch's sums, for dx
-    }
+    if (batch_stats && reduce_) reduce_(std::span<double>(sums.data(), sums.size()));  // the global batch's, for dx
     if (!need_dx) return {};
     matrix dx(*dev_, n, f);
+    const double* count = batch_stats ? s.moments.data() + 2 * f : nullptr;  // the forward's (global) count
     run(kernels::normalize_backward_input(dy.data(), s.xhat.data(), params_[0].value(), inv_std.data(), sums.data(),
                                           count, batch_stats, dx.data(), n, f, stream()),
         "normalize_backward_input kernel");
@@ -111,23 +109,11 @@ class batch_norm {
   struct saved {
     matrix xhat;
     device_vector<float> inv_std;  // empty when the forward used running statistics
+    device_vector<double> moments;  // likewise; its last element is the forward's sample count
   };
 
   cudaStream_t stream() const noexcept { return dev_->stream(); }
   void run(cudaError_t status, const char* kernel) const { check(status, kernel, dev_->site()); }
-
-  // With synchronised statistics: sums `v` (and `count`, appended) over every rank through host
-  // memory; returns the (global) count.
-  double reduce_over_ranks(device_vector<double>& v, double count) {
-    if (!reduce_) return count;
-    std::vector<double> host = v.to_host();
-    host.push_back(count);
-    reduce_(std::span<double>(host));
-    count = host.back();
-    host.pop_back();
-    v = device_vector<double>::from_host(*dev_, host);
-    return count;
-  }
 
   cuda::device* dev_;
   std::size_t features_;
@@ -137,7 +123,6 @@ class batch_norm {
   buffer<float> running_mean_, running_var_;
   buffer<std::int64_t> batches_tracked_;
   std::vector<saved> saved_;
-  std::vector<double> batch_count_;
   std::function<void(std::span<double>)> reduce_;
 };
 

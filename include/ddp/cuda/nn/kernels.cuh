@@ -45,6 +45,7 @@ __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
 __global__ void add_i64_kernel(std::int64_t* x, std::int64_t v) { *x += v; }
 
 __global__ void column_moments_kernel(const float* x, std::size_t rows, std::size_t cols, double* m) {
+  if (first_index() == 0) m[2 * cols] = static_cast<double>(rows);
   for (std::size_t c = first_index(); c < cols; c += stride()) {
     double s = 0.0, sq = 0.0;
     for (std::size_t r = 0; r < rows; ++r) {
@@ -57,8 +58,9 @@ __global__ void column_moments_kernel(const float* x, std::size_t rows, std::siz
   }
 }
 
-__global__ void batch_statistics_kernel(const double* m, double count, std::size_t f, float momentum, float eps,
-                                        float* mean, float* inv_std, float* rm, float* rv) {
+__global__ void batch_statistics_kernel(const double* m, std::size_t f, float momentum, float eps, float* mean,
+                                        float* inv_std, float* rm, float* rv) {
+  const double count = m[2 * f];
   for (std::size_t c = first_index(); c < f; c += stride()) {
     const double mu = m[c] / count;
     const double var = fmax(0.0, m[f + c] / count - mu * mu);
@@ -104,8 +106,9 @@ __global__ void normalize_backward_sums_kernel(const float* dy, const float* xha
 }
 
 __global__ void normalize_backward_input_kernel(const float* dy, const float* xhat, const float* g,
-                                                const float* inv_std, const double* sums, double count,
+                                                const float* inv_std, const double* sums, const double* count_on_device,
                                                 bool batch_stats, float* dx, std::size_t rows, std::size_t cols) {
+  const double count = batch_stats ? *count_on_device : 0.0;
   for (std::size_t i = first_index(); i < rows * cols; i += stride()) {
     const std::size_t c = i % cols;
     if (batch_stats) {
@@ -171,10 +174,10 @@ cudaError_t add_i64(std::int64_t* x, std::int64_t v, cudaStream_t stream) { DDP_
 cudaError_t column_moments(const float* x, std::size_t rows, std::size_t cols, double* moments, cudaStream_t stream) {
   DDP_NN_LAUNCH(cols, column_moments_kernel, x, rows, cols, moments);
 }
-cudaError_t batch_statistics(const double* moments, double count, std::size_t features, float momentum, float eps,
-                             float* mean, float* inv_std, float* running_mean, float* running_var, cudaStream_t stream) {
-  DDP_NN_LAUNCH(features, batch_statistics_kernel, moments, count, features, momentum, eps, mean, inv_std,
-                running_mean, running_var);
+cudaError_t batch_statistics(const double* moments, std::size_t features, float momentum, float eps, float* mean,
+                             float* inv_std, float* running_mean, float* running_var, cudaStream_t stream) {
+  DDP_NN_LAUNCH(features, batch_statistics_kernel, moments, features, momentum, eps, mean, inv_std, running_mean,
+                running_var);
 }
 cudaError_t running_statistics(const float* running_mean, const float* running_var, std::size_t features, float eps,
                                float* mean, float* inv_std, cudaStream_t stream) {
@@ -189,8 +192,8 @@ cudaError_t normalize_backward_sums(const float* dy, const float* xhat, std::siz
   DDP_NN_LAUNCH(cols, normalize_backward_sums_kernel, dy, xhat, rows, cols, sums, dgamma, dbeta);
 }
 cudaError_t normalize_backward_input(const float* dy, const float* xhat, const float* gamma, const float* inv_std,
-                                     const double* sums, double count, bool batch_stats, float* dx, std::size_t rows,
-                                     std::size_t cols, cudaStream_t stream) {
+                                     const double* sums, const double* count, bool batch_stats, float* dx,
+                                     std::size_t rows, std::size_t cols, cudaStream_t stream) {
   DDP_NN_LAUNCH(rows * cols, normalize_backward_input_kernel, dy, xhat, gamma, inv_std, sums, count, batch_stats, dx,
                 rows, cols);
 }

@@ -20,12 +20,14 @@ cudaError_t relu_backward(const float* y, const float* dy, float* dx, std::size_
 // *x += v (a device-side counter)
 cudaError_t add_i64(std::int64_t* x, std::int64_t v, cudaStream_t);
 
-// batch_norm, with the host layer's arithmetic (ddp/nn/batch_norm.hpp): sums in double.
-// moments[c] = sum of x[:, c], moments[cols + c] = sum of x[:, c]^2
+// batch_norm, with the host layer's arithmetic (ddp/nn/batch_norm.hpp): sums in double, kept
+// on the device (2 * cols + 1 of them) so that a communicator can sum them over ranks in place.
+// moments[c] = sum of x[:, c], moments[cols + c] = sum of x[:, c]^2, moments[2 * cols] = rows
 cudaError_t column_moments(const float* x, std::size_t rows, std::size_t cols, double* moments, cudaStream_t);
-// From (global) moments over `count` samples: mean, 1/sqrt(var + eps), and the running statistics.
-cudaError_t batch_statistics(const double* moments, double count, std::size_t features, float momentum, float eps,
-                             float* mean, float* inv_std, float* running_mean, float* running_var, cudaStream_t);
+// From (global) moments, their sample count included: mean, 1/sqrt(var + eps), and the running
+// statistics.
+cudaError_t batch_statistics(const double* moments, std::size_t features, float momentum, float eps, float* mean,
+                             float* inv_std, float* running_mean, float* running_var, cudaStream_t);
 cudaError_t running_statistics(const float* running_mean, const float* running_var, std::size_t features, float eps,
                                float* mean, float* inv_std, cudaStream_t);
 // xhat = (x - mean) * inv_std; y = xhat * gamma + beta
@@ -34,10 +36,11 @@ cudaError_t normalize(const float* x, const float* mean, const float* inv_std, c
 // sums[c] = sum dy, sums[cols + c] = sum dy * xhat; dgamma += the latter, dbeta += the former
 cudaError_t normalize_backward_sums(const float* dy, const float* xhat, std::size_t rows, std::size_t cols,
                                    double* sums, float* dgamma, float* dbeta, cudaStream_t);
-// dx of batch statistics over `count` samples (batch_stats), or of fixed statistics
+// dx of batch statistics over *count samples (device memory; batch_stats), or of fixed
+// statistics (count unused)
 cudaError_t normalize_backward_input(const float* dy, const float* xhat, const float* gamma, const float* inv_std,
-                                     const double* sums, double count, bool batch_stats, float* dx, std::size_t rows,
-                                     std::size_t cols, cudaStream_t);
+                                     const double* sums, const double* count, bool batch_stats, float* dx,
+                                     std::size_t rows, std::size_t cols, cudaStream_t);
 
 // Softmax cross-entropy per row: loss[r] (already divided by rows), grad of the mean loss,
 // correct[r] = argmax is the label; *bad_label = a row's label outside [0, cols), else -1 stays.

@@ -1,8 +1,11 @@
 #pragma once
 // Synchronised batch statistics on GPUs: the reduction a ddp::cuda::nn::batch_norm runs across
-// ranks, through any communicator (NCCL stages the values through the device).
+// ranks over its per-feature sums, which live in the GPU's memory.
 //   bn.synchronize_statistics(ddp::cuda::nn::sum_over_ranks(comm, dev));
+// With a communicator of GPU memory (NCCL) the sums are reduced in place, with no copy; with a
+// host communicator they go to host memory and back.
 #include <span>
+#include <vector>
 
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/cuda/device.hpp"
@@ -12,7 +15,17 @@ namespace ddp::cuda::nn {
 
 template <communicator C>
 auto sum_over_ranks(C& comm, cuda::device& dev) {
-  return [&comm, &dev](std::span<double> values) { ddp::detail::host_all_reduce(comm, dev, values, reduce_op::sum); };
+  return [&comm, &dev](std::span<double> on_device) {
+    if constexpr (C::memory_kind == device_kind::cuda) {
+      const mutable_buffer b{on_device.data(), on_device.size(), dtype::f64};
+      comm.all_reduce(b, b, reduce_op::sum).wait();
+    } else {
+      std::vector<double> host(on_device.size());
+      dev.copy_to_host(host.data(), on_device.data(), on_device.size_bytes());
+      ddp::detail::host_all_reduce(comm, dev, std::span<double>(host), reduce_op::sum);
+      dev.copy_from_host(on_device.data(), host.data(), on_device.size_bytes());
+    }
+  };
 }
 
 }  // namespace ddp::cuda::nn
