@@ -62,8 +62,8 @@ template <class T>
 DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
   if constexpr (std::is_floating_point_v<T>) {
     int exponent = 0;
-    if (std::frexp(divisor, &exponent) == T(0.5)) {
-      const T reciprocal = T(1) / divisor;
+    const T reciprocal = T(1) / divisor;
+    if (std::frexp(divisor, &exponent) == T(0.5) && std::isfinite(reciprocal)) {
       for (std::size_t i = 0; i < n; ++i) x[i] *= reciprocal;
       return;
     }
