@@ -19,15 +19,14 @@
 
 namespace {
 
-// Best rate (units of work per second) of `threads` threads each running `work` once.
-double best_rate(int threads, const std::function<void()>& work, double units_per_run, double& best) {
+// Runs `work` once on each of `threads` threads; keeps the best rate (units of work per second).
+void measure(int threads, const std::function<void()>& work, double units_per_run, double& best) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(work);
   for (auto& t : pool) t.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   best = std::max(best, threads * units_per_run / s);
-  return best;
 }
 
 }  // namespace
@@ -57,8 +56,8 @@ int main(int argc, char** argv) {
   double gemm_best[3] = {0, 0, 0}, sgd_best[3] = {0, 0, 0};
   for (int r = 0; r < repeats; ++r)
     for (int threads : {1, 2}) {
-      best_rate(threads, gemm, calls * 2.0 * m * n * k / 1e9, gemm_best[threads]);
-      best_rate(threads, sgd, updates * 20.0 * static_cast<double>(params) / 1e9, sgd_best[threads]);
+      measure(threads, gemm, calls * 2.0 * m * n * k / 1e9, gemm_best[threads]);
+      measure(threads, sgd, updates * 20.0 * static_cast<double>(params) / 1e9, sgd_best[threads]);
     }
   std::printf("gemm %dx%dx%d (OpenBLAS %s kernels): 1 thread %.1f GFLOP/s, 2 threads %.1f GFLOP/s, speed-up %.2fx "
               "(compute ceiling)\n",

@@ -32,7 +32,7 @@ struct segment_table {
 
   DDP_HOST_DEVICE std::size_t groups() const { return first_group[count]; }
 
-  // segments [0, n) of `list`, n <= capacity
+  // the first min(n, capacity) segments of `list`; a longer list takes several tables
   static segment_table of(const segment* list, std::size_t n) {
     segment_table t{};
     t.count = static_cast<unsigned>(std::min(n, capacity));
