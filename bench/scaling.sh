@@ -4,6 +4,10 @@
 # Each run trains 2 epochs; the rate of an epoch counts training steps only (the example times
 # the epoch before it evaluates). The best epoch of each rank count is kept: on a shared machine
 # the least disturbed one.
+# Then build/bench/rank_scaling measures the same model in one process, 1 rank, 2 ranks and two
+# independent single-rank trainings at once interleaved in short rounds: the last is what this
+# machine allows two ranks of this model without any communication (the ceiling), and the ratio
+# of 2 ranks to it is what ddp itself costs.
 #   bench/scaling.sh [build dir] [repeats]
 set -euo pipefail
 build=${1:-build}
@@ -21,6 +25,7 @@ for ((i = 0; i < repeats; i++)); do
     for r in $rates; do ((r > best[$ranks])) && best[$ranks]=$r; done
   done
 done
-[ -x "$build/bench/hardware_scaling" ] && "$build/bench/hardware_scaling"
 awk -v a="${best[1]}" -v b="${best[2]}" \
   'BEGIN { printf "best epoch: 1 rank %d samples/s, 2 ranks %d samples/s, speed-up %.2fx\n", a, b, b / a }'
+[ -x "$build/bench/hardware_scaling" ] && "$build/bench/hardware_scaling"
+if [ -x "$build/bench/rank_scaling" ]; then "$build/bench/rank_scaling" --rounds 16 --steps 80; fi

@@ -1,6 +1,8 @@
 // The conformance suite on in-process ranks, for every world size the contract names.
 #include <doctest/doctest.h>
 
+#include <thread>
+
 #include "../conformance/communicator_suite.hpp"
 #include "ddp/inproc/launch.hpp"
 
@@ -41,4 +43,15 @@ TEST_CASE("inproc all_reduce is bitwise identical on every rank and in every run
     auto second = ddp::inproc::launch(w, [](auto& comm) { return conformance::determinism_case(comm); });
     CHECK(first == second);
   }
+}
+
+TEST_CASE("inproc waiting threads spin long only when every rank has a core of its own") {
+  using ddp::detail::spin_budget_for;
+  const int cores = ddp::detail::usable_cores();
+  CHECK(cores >= 1);
+  CHECK(cores <= static_cast<int>(std::thread::hardware_concurrency()));
+  CHECK(spin_budget_for(1) == ddp::detail::spin_budget);          // no peer to wait for
+  CHECK(spin_budget_for(cores + 1) == ddp::detail::spin_budget);  // ranks share cores
+  if (cores >= 2) CHECK(spin_budget_for(2) == ddp::detail::dedicated_core_spin_budget);
+  CHECK(ddp::detail::dedicated_core_spin_budget > ddp::detail::spin_budget);
 }

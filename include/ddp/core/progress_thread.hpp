@@ -41,6 +41,9 @@ struct op_queue {
   bool running = false;
   bool stopping = false;
   std::atomic<int> pending{0};  // ops.size(), readable without the lock
+  const std::chrono::microseconds spin;  // how long a thread spins before it sleeps
+
+  explicit op_queue(std::chrono::microseconds spin_budget) : spin(spin_budget) {}
 
   bool runnable() const { return !running && !ops.empty(); }
 
@@ -94,8 +97,9 @@ class work {
           queue_->run_head(lock);
           continue;
         }
-        lock.unlock();  // another thread runs an operation, perhaps this one: spin briefly
-        const bool done = detail::spin_until([&] { return state_->done_flag.load(std::memory_order_acquire); });
+        lock.unlock();  // another thread runs an operation, perhaps this one: spin a while
+        const bool done = detail::spin_until([&] { return state_->done_flag.load(std::memory_order_acquire); },
+                                             queue_->spin);
         lock.lock();
         if (!done && !queue_->runnable() && !state_->done_flag.load(std::memory_order_acquire)) queue_->cv.wait(lock);
       }
@@ -122,7 +126,10 @@ static_assert(work_handle<work>);
 
 class progress_thread {
  public:
-  progress_thread() : thread_([this] { run(); }) {}
+  // `spin`: how long the thread, and a waiter on its operations, spin before sleeping
+  // (see spin_wait.hpp).
+  explicit progress_thread(std::chrono::microseconds spin = detail::spin_budget)
+      : queue_(std::make_shared<detail::op_queue>(spin)), thread_([this] { run(); }) {}
   progress_thread(const progress_thread&) = delete;
   progress_thread& operator=(const progress_thread&) = delete;
 
@@ -151,7 +158,7 @@ class progress_thread {
   void run() {
     auto& q = *queue_;
     for (;;) {
-      detail::spin_until([&] { return q.pending.load(std::memory_order_acquire) != 0; });
+      detail::spin_until([&] { return q.pending.load(std::memory_order_acquire) != 0; }, q.spin);
       std::unique_lock lock(q.mutex);
       q.cv.wait(lock, [&] { return q.runnable() || (q.stopping && q.ops.empty() && !q.running); });
       if (!q.runnable()) return;
@@ -159,7 +166,7 @@ class progress_thread {
     }
   }
 
-  std::shared_ptr<detail::op_queue> queue_ = std::make_shared<detail::op_queue>();
+  std::shared_ptr<detail::op_queue> queue_;
   std::thread thread_;  // last: starts after the members it uses exist
 };
 

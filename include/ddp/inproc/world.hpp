@@ -86,7 +86,7 @@ class world {
       return;
     }
     lock.unlock();
-    if (detail::spin_until([&] { return released_.load(std::memory_order_acquire) != generation; })) return;
+    if (detail::spin_until([&] { return released_.load(std::memory_order_acquire) != generation; }, spin_)) return;
     lock.lock();
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     while (generation_ == generation) {
@@ -166,6 +166,7 @@ class world {
 
   const int size_;
   const options options_;
+  const std::chrono::microseconds spin_ = detail::spin_budget_for(size_);  // in the barrier
   std::vector<slot> slots_;
 
   mutable std::mutex mutex_;

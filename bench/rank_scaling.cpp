@@ -1,0 +1,149 @@
+// Data-parallel scaling of the Fashion-MNIST example's model on in-process ranks, measured in
+// one run with three set-ups interleaved in short rounds, so that a neighbour who takes cores or
+// memory bandwidth for a few seconds slows all three alike:
+//   1 rank        one rank trains alone (the baseline);
+//   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch;
+//   N x 1 rank    N independent single-rank trainings at the same time, no communication:
+//                 what this machine allows N ranks of this model, whatever ddp does.
+// Speed-up = samples/s of N ranks over 1 rank; ceiling = N x 1 rank over 1 rank; ddp's
+// efficiency = speed-up / ceiling. Medians over the rounds; only training steps are timed.
+//   rank_scaling [--ranks 2] [--rounds 15] [--steps 120] [--batch 64] [--data-dir DIR]
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective_sweep.hpp"
+#include "ddp/data/fashion_mnist.hpp"
+#include "ddp/data/loader.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/trainer/trainer.hpp"
+#include "model.hpp"
+
+namespace {
+
+using ddp::data::fashion_mnist;
+using trainer_t = ddp::trainer<fmnist::model>;
+using batches_t = std::vector<fashion_mnist::batch>;
+using clock_type = std::chrono::steady_clock;
+
+// One rank's persistent part: its model replica and the batches it trains on, kept across rounds
+// (each round builds a fresh trainer around them; only the steps are timed).
+struct replica_state {
+  fmnist::model model;
+  batches_t batches;
+};
+
+// Runs `steps` steps on an already-built trainer; returns the seconds from a common start.
+double timed_steps(trainer_t& t, const batches_t& batches, int steps) {
+  t.communicator().barrier().wait();
+  const auto t0 = clock_type::now();
+  for (int s = 0; s < steps; ++s) {
+    const auto& b = batches[static_cast<std::size_t>(s) % batches.size()];
+    t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  }
+  t.communicator().barrier().wait();
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// Samples/s of one world of `states.size()` ranks.
+double run_world(std::vector<replica_state>& states, int steps, std::size_t batch) {
+  const int ranks = static_cast<int>(states.size());
+  auto seconds = ddp::inproc::launch(ranks, [&](ddp::inproc::communicator& comm) {
+    ddp::host::device dev;
+    trainer_t t(states[static_cast<std::size_t>(comm.rank())].model, comm, dev,
+                {.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f});
+    return timed_steps(t, states[static_cast<std::size_t>(comm.rank())].batches, steps);
+  });
+  return static_cast<double>(ranks) * static_cast<double>(steps * batch) / *std::ranges::max_element(seconds);
+}
+
+// Samples/s of `states.size()` single-rank worlds trained at the same time, started together.
+double run_independent(std::vector<replica_state>& states, int steps, std::size_t batch) {
+  std::barrier start(static_cast<std::ptrdiff_t>(states.size()));
+  std::vector<double> seconds(states.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < states.size(); ++i)
+    threads.emplace_back([&, i] {
+      ddp::inproc::launch(1, [&](ddp::inproc::communicator& comm) {
+        ddp::host::device dev;
+        trainer_t t(states[i].model, comm, dev, {.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f});
+        start.arrive_and_wait();
+        seconds[i] = timed_steps(t, states[i].batches, steps);
+      });
+    });
+  for (auto& t : threads) t.join();
+  return static_cast<double>(states.size()) * static_cast<double>(steps * batch) / *std::ranges::max_element(seconds);
+}
+
+double median(std::vector<double> v) {
+  std::ranges::sort(v);
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"data-parallel scaling of the Fashion-MNIST model: N ranks against 1 rank and against N "
+               "independent single-rank runs, interleaved in one run"};
+  int ranks = 2, rounds = 15, steps = 120;
+  std::size_t batch = 64;
+  std::string data_dir(fashion_mnist::default_directory);
+  app.add_option("--ranks", ranks, "ranks of the data-parallel set-up")->check(CLI::Range(2, 64));
+  app.add_option("--rounds", rounds, "rounds; each runs every set-up once, in rotating order")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "training steps per rank in each set-up of a round")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "batch per rank")->check(CLI::Range(2, 60000));
+  app.add_option("--data-dir", data_dir, "directory with the Fashion-MNIST .gz files");
+  CLI11_PARSE(app, argc, argv);
+  std::printf("# command: %s   (%u hardware threads)\n", bench::command_line(argc, argv).c_str(),
+              std::thread::hardware_concurrency());
+
+  const auto train = fashion_mnist::load(fashion_mnist::split::train, data_dir);
+  ddp::data::loader loader(train, batch, &fashion_mnist::collate);
+  auto make_states = [&](int n, int world) {
+    std::vector<replica_state> s;
+    for (int r = 0; r < n; ++r) {
+      // Rank r of `world`: the distributed sampler's share of epoch 0, as the trainer would draw it.
+      auto indices = ddp::sampler::distributed<>::indices(train.size(), r % world, world, 1, 0);
+      indices.resize(std::min(indices.size(), static_cast<std::size_t>(steps) * batch));
+      s.push_back({fmnist::make_model(1), loader.batches(indices)});
+    }
+    return s;
+  };
+  auto single = make_states(1, 1), parallel = make_states(ranks, ranks), independent = make_states(ranks, 1);
+
+  struct setup {
+    const char* name;
+    std::vector<double> rates;
+  };
+  std::vector<setup> setups{{"1 rank"}, {"N ranks"}, {"N x 1 rank"}};
+  auto run = [&](std::size_t which) {
+    if (which == 0) return run_world(single, steps, batch);
+    if (which == 1) return run_world(parallel, steps, batch);
+    return run_independent(independent, steps, batch);
+  };
+  for (std::size_t i = 0; i < setups.size(); ++i) run(i);  // warm-up: page in, grow the heaps
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t k = 0; k < setups.size(); ++k) {
+      const std::size_t which = (k + static_cast<std::size_t>(r)) % setups.size();
+      setups[which].rates.push_back(run(which));
+    }
+
+  const double one = median(setups[0].rates), dp = median(setups[1].rates), free_ = median(setups[2].rates);
+  std::printf("per-rank batch %zu, %d steps per rank per set-up, %d rounds (medians; min - max):\n", batch, steps,
+              rounds);
+  for (const auto& s : setups) {
+    const auto [lo, hi] = std::ranges::minmax(s.rates);
+    std::string label = s.name;
+    if (label.starts_with("N")) label.replace(0, 1, std::to_string(ranks));
+    std::printf("  %-12s %8.0f samples/s   (%.0f - %.0f)\n", label.c_str(), median(s.rates), lo, hi);
+  }
+  std::printf("speed-up %d ranks / 1 rank: %.2fx; ceiling (%d independent / 1): %.2fx; ddp efficiency %.0f%%\n",
+              ranks, dp / one, ranks, free_ / one, 100 * dp / free_);
+}
