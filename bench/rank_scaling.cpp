@@ -105,6 +105,12 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency());
 
   const auto train = fashion_mnist::load(fashion_mnist::split::train, data_dir);
+  if (batch > train.size() / static_cast<std::size_t>(ranks)) {
+    std::fprintf(stderr, "rank_scaling: --batch %zu is more than one rank's share of the %zu training images at "
+                 "--ranks %d; use --batch %zu or less\n", batch, train.size(), ranks,
+                 train.size() / static_cast<std::size_t>(ranks));
+    return 1;
+  }
   ddp::data::loader loader(train, batch, &fashion_mnist::collate);
   auto make_states = [&](int n, int world) {
     std::vector<replica_state> s;
@@ -119,10 +125,11 @@ int main(int argc, char** argv) {
   auto single = make_states(1, 1), parallel = make_states(ranks, ranks), independent = make_states(ranks, 1);
 
   struct setup {
-    const char* name;
+    std::string name;
     std::vector<double> rates;
   };
-  std::vector<setup> setups{{"1 rank"}, {"N ranks"}, {"N x 1 rank"}};
+  const std::string n = std::to_string(ranks);
+  std::vector<setup> setups{{"1 rank", {}}, {n + " ranks", {}}, {n + " x 1 rank", {}}};
   auto run = [&](std::size_t which) {
     if (which == 0) return run_world(single, steps, batch);
     if (which == 1) return run_world(parallel, steps, batch);
@@ -135,15 +142,15 @@ int main(int argc, char** argv) {
       setups[which].rates.push_back(run(which));
     }
 
-  const double one = median(setups[0].rates), dp = median(setups[1].rates), free_ = median(setups[2].rates);
+  const double single_rate = median(setups[0].rates), parallel_rate = median(setups[1].rates),
+               independent_rate = median(setups[2].rates);
   std::printf("per-rank batch %zu, %d steps per rank per set-up, %d rounds (medians; min - max):\n", batch, steps,
               rounds);
   for (const auto& s : setups) {
     const auto [lo, hi] = std::ranges::minmax(s.rates);
-    std::string label = s.name;
-    if (label.starts_with("N")) label.replace(0, 1, std::to_string(ranks));
-    std::printf("  %-12s %8.0f samples/s   (%.0f - %.0f)\n", label.c_str(), median(s.rates), lo, hi);
+    std::printf("  %-12s %8.0f samples/s   (%.0f - %.0f)\n", s.name.c_str(), median(s.rates), lo, hi);
   }
   std::printf("speed-up %d ranks / 1 rank: %.2fx; ceiling (%d independent / 1): %.2fx; ddp efficiency %.0f%%\n",
-              ranks, dp / one, ranks, free_ / one, 100 * dp / free_);
+              ranks, parallel_rate / single_rate, ranks, independent_rate / single_rate,
+              100 * parallel_rate / independent_rate);
 }
