@@ -32,6 +32,8 @@ using trainer_t = ddp::trainer<fmnist::model>;
 using batches_t = std::vector<fashion_mnist::batch>;
 using clock_type = std::chrono::steady_clock;
 
+const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
+
 // One rank's persistent part: its model replica and the batches it trains on, kept across rounds
 // (each round builds a fresh trainer around them; only the steps are timed).
 struct replica_state {
@@ -51,16 +53,22 @@ double timed_steps(trainer_t& t, const batches_t& batches, int steps) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
+// Samples/s of ranks that each took `seconds[r]` for `steps` steps of `batch` samples: the
+// slowest one decides.
+double samples_per_second(const std::vector<double>& seconds, int steps, std::size_t batch) {
+  return static_cast<double>(seconds.size() * static_cast<std::size_t>(steps) * batch) /
+         *std::ranges::max_element(seconds);
+}
+
 // Samples/s of one world of `states.size()` ranks.
 double run_world(std::vector<replica_state>& states, int steps, std::size_t batch) {
   const int ranks = static_cast<int>(states.size());
   auto seconds = ddp::inproc::launch(ranks, [&](ddp::inproc::communicator& comm) {
     ddp::host::device dev;
-    trainer_t t(states[static_cast<std::size_t>(comm.rank())].model, comm, dev,
-                {.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f});
+    trainer_t t(states[static_cast<std::size_t>(comm.rank())].model, comm, dev, sgd);
     return timed_steps(t, states[static_cast<std::size_t>(comm.rank())].batches, steps);
   });
-  return static_cast<double>(ranks) * static_cast<double>(steps * batch) / *std::ranges::max_element(seconds);
+  return samples_per_second(seconds, steps, batch);
 }
 
 // Samples/s of `states.size()` single-rank worlds trained at the same time, started together.
@@ -72,13 +80,13 @@ double run_independent(std::vector<replica_state>& states, int steps, std::size_
     threads.emplace_back([&, i] {
       ddp::inproc::launch(1, [&](ddp::inproc::communicator& comm) {
         ddp::host::device dev;
-        trainer_t t(states[i].model, comm, dev, {.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f});
+        trainer_t t(states[i].model, comm, dev, sgd);
         start.arrive_and_wait();
         seconds[i] = timed_steps(t, states[i].batches, steps);
       });
     });
   for (auto& t : threads) t.join();
-  return static_cast<double>(states.size()) * static_cast<double>(steps * batch) / *std::ranges::max_element(seconds);
+  return samples_per_second(seconds, steps, batch);
 }
 
 double median(std::vector<double> v) {

@@ -24,7 +24,7 @@ class communicator {
   static constexpr std::string_view backend_name = "inproc";
 
   communicator(std::shared_ptr<inproc::world> w, int rank)
-      : world_(std::move(w)), rank_(rank), progress_(detail::spin_budget_for(world_->size())) {
+      : world_(std::move(w)), rank_(rank), progress_(world_->spin_budget()) {
     if (rank < 0 || rank >= world_->size())
       throw error("inproc", "communicator", rank,
                   "rank " + std::to_string(rank) + " is outside a world of size " +

@@ -61,6 +61,8 @@ class world {
 
   int size() const noexcept { return size_; }
   const options& settings() const noexcept { return options_; }
+  // How long a thread of this world spins before it sleeps (core/spin_wait.hpp).
+  std::chrono::microseconds spin_budget() const noexcept { return spin_; }
   slot& slot_of(int rank) noexcept { return slots_[rank]; }
 
   // Blocks until every rank arrived. Throws peer_error when a rank failed or left, and
@@ -166,7 +168,7 @@ class world {
 
   const int size_;
   const options options_;
-  const std::chrono::microseconds spin_ = detail::spin_budget_for(size_);  // in the barrier
+  const std::chrono::microseconds spin_ = detail::spin_budget_for(size_);
   std::vector<slot> slots_;
 
   mutable std::mutex mutex_;
