@@ -17,6 +17,7 @@ struct config {
   std::string unused_params = "forbid";
   std::string sampler = "distributed";
   std::string optimizer = "sgd";
+  std::string update = "replicated";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string backend = "inproc";
   std::string device = "cpu";

@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
   app.add_option("--sampler", c.sampler, "Sampler policy")
       ->check(CLI::IsMember({"distributed", "distributed_drop", "distributed_in_order", "contiguous"}))->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  app.add_option("--update", c.update,
+                 "Update policy: every rank updates every parameter (replicated), or each updates 1/N of them and "
+                 "the ranks gather the result (sharded)")
+      ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
   // Each binary runs one platform; a flag value that belongs to another binary says which one.
 #if DDP_EXAMPLE_WITH_CUDA
@@ -94,12 +98,16 @@ int main(int argc, char** argv) {
 
   fmnist::report r;
   const auto start = std::chrono::steady_clock::now();
-  auto run = [&]<class Launcher>() {
+  auto run_update = [&]<class Launcher, class Update>() {
     using P = platform;
-    if (c.buffer_sync == "none") fmnist::run_with_sync<ddp::buffer_sync::none, Launcher, P>(c, r);
-    else if (c.buffer_sync == "broadcast_each_forward") fmnist::run_with_sync<ddp::buffer_sync::broadcast_each_forward, Launcher, P>(c, r);
-    else if (c.buffer_sync == "average_once_per_step") fmnist::run_with_sync<ddp::buffer_sync::average_once_per_step, Launcher, P>(c, r);
-    else fmnist::run_with_sync<ddp::buffer_sync::broadcast_once_per_step, Launcher, P>(c, r);
+    if (c.buffer_sync == "none") fmnist::run_with<ddp::buffer_sync::none, Update, Launcher, P>(c, r);
+    else if (c.buffer_sync == "broadcast_each_forward") fmnist::run_with<ddp::buffer_sync::broadcast_each_forward, Update, Launcher, P>(c, r);
+    else if (c.buffer_sync == "average_once_per_step") fmnist::run_with<ddp::buffer_sync::average_once_per_step, Update, Launcher, P>(c, r);
+    else fmnist::run_with<ddp::buffer_sync::broadcast_once_per_step, Update, Launcher, P>(c, r);
+  };
+  auto run = [&]<class Launcher>() {
+    if (c.update == "sharded") run_update.template operator()<Launcher, ddp::update::sharded>();
+    else run_update.template operator()<Launcher, ddp::update::replicated>();
   };
   bool lead = true;
   try {

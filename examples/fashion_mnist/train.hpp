@@ -169,18 +169,19 @@ void with_optimizer(const std::string& name, F f) {
   else if (name == "adamw") f(ddp::optim::adamw{});
 }
 
-// Defined once per buffer-sync policy, launcher and platform (one translation unit each); the
-// other slots are dispatched here. The launcher starts the ranks (in-process threads, or this
-// process under mpirun); the platform picks device, model and communicator for each rank.
-template <class Sync, class Launcher, class Platform>
-void run_with_sync(const config& c, report& out) {
+// Defined once per buffer-sync policy, update policy, launcher and platform (one translation
+// unit per policy pair); the other slots are dispatched here. The launcher starts the ranks
+// (in-process threads, or this process under mpirun); the platform picks device, model and
+// communicator for each rank.
+template <class Sync, class Update, class Launcher, class Platform>
+void run_with(const config& c, report& out) {
   using Comm = typename Platform::template communicator<Launcher>;
   const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
   const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
   with_unused(c.unused_params, [&](auto unused) {
     with_sampler(c.sampler, [&](auto sampler) {
       with_optimizer(c.optimizer, [&](auto optimizer) {
-        using trainer_t = ddp::trainer<typename Platform::model, Sync, decltype(unused), decltype(sampler),
+        using trainer_t = ddp::trainer<typename Platform::model, Sync, Update, decltype(unused), decltype(sampler),
                                        decltype(optimizer), ddp::use_communicator<Comm>,
                                        ddp::use_device<typename Platform::device>>;
         auto rank = [&](Comm& comm, typename Platform::device& dev) {
@@ -197,14 +198,17 @@ void run_with_sync(const config& c, report& out) {
   });
 }
 
-#define DDP_EXAMPLE_DECLARE(launcher, platform)                                                             \
-  extern template void run_with_sync<ddp::buffer_sync::none, launcher, platform>(const config&, report&);       \
-  extern template void run_with_sync<ddp::buffer_sync::broadcast_each_forward, launcher, platform>(const config&, \
-                                                                                                    report&);       \
-  extern template void run_with_sync<ddp::buffer_sync::broadcast_once_per_step, launcher, platform>(const config&, \
-                                                                                                     report&);       \
-  extern template void run_with_sync<ddp::buffer_sync::average_once_per_step, launcher, platform>(const config&,   \
-                                                                                                   report&);
+#define DDP_EXAMPLE_DECLARE_UPDATE(update, launcher, platform)                                               \
+  extern template void run_with<ddp::buffer_sync::none, update, launcher, platform>(const config&, report&);    \
+  extern template void run_with<ddp::buffer_sync::broadcast_each_forward, update, launcher, platform>(          \
+      const config&, report&);                                                                                  \
+  extern template void run_with<ddp::buffer_sync::broadcast_once_per_step, update, launcher, platform>(         \
+      const config&, report&);                                                                                  \
+  extern template void run_with<ddp::buffer_sync::average_once_per_step, update, launcher, platform>(           \
+      const config&, report&);
+#define DDP_EXAMPLE_DECLARE(launcher, platform)                            \
+  DDP_EXAMPLE_DECLARE_UPDATE(ddp::update::replicated, launcher, platform) \
+  DDP_EXAMPLE_DECLARE_UPDATE(ddp::update::sharded, launcher, platform)
 #if DDP_EXAMPLE_WITH_CUDA
 DDP_EXAMPLE_DECLARE(ddp::inproc::communicator, gpu_platform)
 #if DDP_EXAMPLE_WITH_MPI
@@ -217,5 +221,6 @@ DDP_EXAMPLE_DECLARE(ddp::mpi::communicator, host_platform)
 #endif
 #endif
 #undef DDP_EXAMPLE_DECLARE
+#undef DDP_EXAMPLE_DECLARE_UPDATE
 
 }  // namespace fmnist

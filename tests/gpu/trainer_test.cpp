@@ -70,7 +70,7 @@ std::vector<std::vector<float>> train_on_host(const std::vector<batch>& data, in
 // GPU), or the host one that bootstrapped it (through host memory).
 enum class statistics_sync { none, nccl, host };
 
-template <class Optimizer>
+template <class Optimizer, class Update = ddp::update::replicated>
 std::vector<std::vector<float>> train_on_gpu(const std::vector<batch>& data, int micro, Optimizer opt,
                                              statistics_sync sync_statistics = statistics_sync::none) {
   return ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
@@ -79,7 +79,8 @@ std::vector<std::vector<float>> train_on_gpu(const std::vector<batch>& data, int
     gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
     if (sync_statistics == statistics_sync::nccl) m.layer<1>().synchronize_statistics(g::sum_over_ranks(comm, dev));
     if (sync_statistics == statistics_sync::host) m.layer<1>().synchronize_statistics(g::sum_over_ranks(host, dev));
-    ddp::trainer<gpu_model, Optimizer, ddp::use_communicator<ddp::nccl::communicator>, ddp::use_device<ddp::cuda::device>>
+    ddp::trainer<gpu_model, Optimizer, Update, ddp::use_communicator<ddp::nccl::communicator>,
+                 ddp::use_device<ddp::cuda::device>>
         t(m, comm, dev, opt);
     auto run = [&](const batch& b, auto& r) {
       auto x = g::matrix::from_host(dev, b.x);
@@ -123,6 +124,13 @@ TEST_CASE("GPU trainer equals the host trainer: AdamW with two micro-batches per
   const auto data = make_batches(4);
   const ddp::optim::adamw opt{.lr = 1e-2f};
   check_same(train_on_gpu(data, 2, opt), train_on_host(data, 2, opt));
+}
+
+TEST_CASE("GPU trainer with update::sharded (in-place reduce_scatter and all_gather, bound parameters) equals the host "
+          "trainer: AdamW with two micro-batches per step") {
+  const auto data = make_batches(4);
+  const ddp::optim::adamw opt{.lr = 1e-2f};
+  check_same(train_on_gpu<ddp::optim::adamw, ddp::update::sharded>(data, 2, opt), train_on_host(data, 2, opt));
 }
 
 TEST_CASE("GPU trainer equals the host trainer with synchronised batch statistics, through NCCL or the host") {

@@ -20,6 +20,20 @@ TEST_CASE_TEMPLATE("mpi: N processes equal one process on the global batch", Syn
   }
 }
 
+TEST_CASE("mpi: update::sharded leaves every process with bitwise the parameters of update::replicated") {
+  using ddp::mpi::communicator, ddp::update::replicated, ddp::update::sharded;
+  using sync = ddp::buffer_sync::broadcast_once_per_step;
+  using detect = ddp::unused_params::detect_each_step;
+  auto& comm = mpi_test::comm();
+  for (auto how : {shape::one_forward, shape::two_micro_batches}) {
+    CAPTURE(static_cast<int>(how));
+    CHECK(run_rank<sync, detect, communicator, sharded>(comm, how).params ==
+          run_rank<sync, detect, communicator, replicated>(comm, how).params);
+    CHECK(run_rank<sync, detect, communicator, sharded, ddp::optim::adamw>(comm, how).params ==
+          run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
+  }
+}
+
 TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)") {
   auto& comm = mpi_test::comm();
   test::branchy model(5);

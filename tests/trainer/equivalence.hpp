@@ -11,6 +11,13 @@ constexpr std::size_t per_rank_batch = 8;
 constexpr int steps = 3;
 constexpr std::uint64_t seed = 42;
 const ddp::optim::sgd sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = false};
+const ddp::optim::adamw adamw{.lr = 1e-2f, .weight_decay = 1e-2f};
+
+template <class Optimizer>
+const Optimizer& settings() {
+  if constexpr (std::is_same_v<Optimizer, ddp::optim::sgd>) return sgd;
+  else return adamw;
+}
 
 struct run_result {
   std::vector<std::vector<float>> params;
@@ -47,13 +54,16 @@ void forward_backward(Replica& r, const test::batch& b, int forwards) {
   for (int f = forwards - 1; f >= 0; --f) r.backward(grads[static_cast<std::size_t>(f)]);
 }
 
-// One rank's part of the distributed run, on any host communicator.
-template <class Sync, class Unused, class Comm>
+// One rank's part of the distributed run, on any host communicator. Small buckets: several per
+// step, none a multiple of the world size (sharded updates pad them).
+template <class Sync, class Unused, class Comm, class Update = ddp::update::replicated,
+          class Optimizer = ddp::optim::sgd, class Module = test::mlp>
 run_result run_rank(Comm& comm, shape how) {
   const int world = comm.size();
-  auto model = test::make_mlp(seed + static_cast<std::uint64_t>(comm.rank()));  // rank 0's wins
+  Module model(test::make_mlp(seed + static_cast<std::uint64_t>(comm.rank())));  // rank 0's wins
   ddp::host::device dev;
-  ddp::trainer<test::mlp, Sync, Unused, ddp::bucket_cap<256>, ddp::use_communicator<Comm>> trainer(model, comm, dev, sgd);
+  ddp::trainer<Module, Sync, Unused, Update, Optimizer, ddp::bucket_cap<256>, ddp::use_communicator<Comm>> trainer(
+      model, comm, dev, settings<Optimizer>());
   for (int s = 0; s < steps; ++s) {
     auto global = test::make_batch(per_rank_batch * static_cast<std::size_t>(world), 1000 + s);
     const std::size_t r = static_cast<std::size_t>(comm.rank());
@@ -67,7 +77,7 @@ run_result run_rank(Comm& comm, shape how) {
       trainer.step([&](auto& rep) { forward_backward(rep, mine, how == shape::two_forwards ? 2 : 1); });
     }
   }
-  auto rm = model.template layer<1>().running_mean();
+  auto rm = test::underlying(model).template layer<1>().running_mean();
   return run_result{test::parameter_values(model), {rm.begin(), rm.end()}};
 }
 

@@ -51,6 +51,98 @@ TEST_CASE_TEMPLATE("N ranks equal one process on the global batch", Unused, ddp:
   SUBCASE("buffer_sync::average_once_per_step") { check_equivalence<ddp::buffer_sync::average_once_per_step, Unused>(); }
 }
 
+TEST_CASE_TEMPLATE("update::sharded leaves every rank with bitwise the parameters of update::replicated", Unused,
+                   ddp::unused_params::forbid, ddp::unused_params::detect_each_step, ddp::unused_params::static_graph) {
+  using ddp::update::replicated, ddp::update::sharded, ddp::inproc::communicator;
+  using sync = ddp::buffer_sync::broadcast_once_per_step;
+  auto both = [&]<class Optimizer, class Module>(int world, shape how) {
+    auto run = [&]<class Update>() {
+      return ddp::inproc::launch(world, [&](communicator& comm) {
+        return run_rank<sync, Unused, communicator, Update, Optimizer, Module>(comm, how);
+      });
+    };
+    return std::pair{run.template operator()<replicated>(), run.template operator()<sharded>()};
+  };
+  for (int world : {1, 2, 3, 4})
+    for (auto how : {shape::one_forward, shape::two_micro_batches}) {
+      CAPTURE(world);
+      CAPTURE(static_cast<int>(how));
+      const auto ref = reference(world);
+      SUBCASE("sgd, parameters bound into the trainer's memory") {
+        const auto [rep, shard] = both.template operator()<ddp::optim::sgd, test::mlp>(world, how);
+        for (std::size_t r = 0; r < shard.size(); ++r) {
+          CHECK(shard[r].params == rep[r].params);
+          CHECK(test::max_relative_error(shard[r].params, ref.params) <= 1e-5);
+        }
+      }
+      SUBCASE("adamw, parameters bound into the trainer's memory") {
+        const auto [rep, shard] = both.template operator()<ddp::optim::adamw, test::mlp>(world, how);
+        for (std::size_t r = 0; r < shard.size(); ++r) CHECK(shard[r].params == rep[r].params);
+      }
+      SUBCASE("sgd and adamw, a module that binds nothing") {
+        const auto [rep, shard] = both.template operator()<ddp::optim::sgd, test::unbound_mlp>(world, how);
+        const auto [rep_a, shard_a] = both.template operator()<ddp::optim::adamw, test::unbound_mlp>(world, how);
+        for (std::size_t r = 0; r < shard.size(); ++r) {
+          CHECK(shard[r].params == rep[r].params);
+          CHECK(shard_a[r].params == rep_a[r].params);
+        }
+      }
+    }
+}
+
+TEST_CASE("update::sharded: a parameter no rank used keeps its value and AdamW step count") {
+  // Ranks alternate which of them runs the aux branch, and in step 2 none does.
+  auto run = [&]<class Update>() {
+    return ddp::inproc::launch(3, [&](ddp::inproc::communicator& comm) {
+      test::branchy model(5);
+      ddp::host::device dev;
+      ddp::trainer<test::branchy, ddp::unused_params::detect_each_step, Update, ddp::optim::adamw,
+                   ddp::bucket_cap<64>> trainer(model, comm, dev, adamw);
+      std::vector<std::vector<std::string>> skipped;
+      for (int s = 0; s < 4; ++s) {
+        model.use_aux = s != 2 && (s + comm.rank()) % 2 == 0;
+        const auto b = test::make_batch(4, static_cast<std::uint64_t>(100 + 10 * s + comm.rank()));
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+        skipped.push_back(trainer.skipped_parameters());
+      }
+      return std::pair{test::parameter_values(model), skipped};
+    });
+  };
+  const auto rep = run.template operator()<ddp::update::replicated>();
+  const auto shard = run.template operator()<ddp::update::sharded>();
+  for (std::size_t r = 0; r < shard.size(); ++r) {
+    CHECK(shard[r].first == rep[r].first);
+    CHECK(shard[r].second == rep[r].second);
+    CHECK(shard[r].second[2] == std::vector<std::string>{"aux.weight", "aux.bias"});
+  }
+}
+
+TEST_CASE("a destroyed trainer gives the module its storage back, values and gradients intact") {
+  ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(seed);
+    ddp::host::device dev;
+    std::vector<std::vector<float>> trained;
+    {
+      ddp::trainer<test::mlp, ddp::update::sharded> trainer(model, comm, dev, sgd);
+      const auto b = test::make_batch(per_rank_batch, 7 + static_cast<std::uint64_t>(comm.rank()));
+      trainer.step([&](auto& r) { forward_backward(r, b, 1); });
+      trainer.step([&](auto& r) { forward_backward(r, b, 1); });
+      trainer.accumulate([&](auto& r) { forward_backward(r, b, 1); });  // gradients left for the module
+      trained = test::parameter_values(model);
+    }
+    CHECK(test::parameter_values(model) == trained);
+    for (auto& p : model.parameters()) {
+      bool nonzero = false;
+      for (float g : p.grad.as<float>()) nonzero |= g != 0.0f;
+      CHECK_MESSAGE(nonzero, p.name);
+    }
+    // A second trainer over the same module starts from those values (its first broadcast is a no-op).
+    ddp::trainer<test::mlp, ddp::update::sharded> again(model, comm, dev, sgd);
+    CHECK(test::parameter_values(model) == trained);
+    return 0;
+  });
+}
+
 TEST_CASE("broadcast policies leave every rank with rank 0's buffers at the start of a step") {
   auto results = ddp::inproc::launch(3, [](ddp::inproc::communicator& comm) {
     auto model = test::make_mlp(seed);

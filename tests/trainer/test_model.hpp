@@ -86,6 +86,28 @@ inline mlp make_mlp(std::uint64_t seed) {
              ddp::nn::linear(16, 12, seed + 1), ddp::nn::relu(), ddp::nn::linear(12, classes, seed + 2));
 }
 
+// test::mlp seen through the module concept alone: it binds neither gradients nor parameter
+// values, so the trainer copies them into and out of its buckets.
+class unbound_mlp {
+ public:
+  using input_type = ddp::nn::matrix;
+  using output_type = ddp::nn::matrix;
+  static constexpr bool reports_gradient_ready = true;
+
+  explicit unbound_mlp(mlp m) : m_(std::move(m)) {}
+  std::vector<ddp::parameter_ref> parameters() { return m_.parameters(); }
+  std::vector<ddp::buffer_ref> buffers() { return m_.buffers(); }
+  ddp::nn::matrix forward(const ddp::nn::matrix& x) { return m_.forward(x); }
+  void backward(const ddp::nn::matrix& g, const ddp::ready_sink& ready) { m_.backward(g, ready); }
+  mlp& inner() noexcept { return m_; }
+
+ private:
+  mlp m_;
+};
+
+inline mlp& underlying(mlp& m) { return m; }
+inline mlp& underlying(unbound_mlp& m) { return m.inner(); }
+
 struct batch {
   ddp::nn::matrix x;
   std::vector<std::int32_t> y;

@@ -15,8 +15,14 @@
 //        // the unused-parameter policies that detect; lets buckets reduce while backward runs.
 //        // A module without it is still correct: every bucket is reduced after backward.
 //   void bind_gradient(std::size_t i, float* storage);
-//        // from now on parameter i's gradient lives at storage (numel floats); the trainer
-//        // points gradients into bucket memory so nothing is copied before a reduction.
+//        // from now on parameter i's gradient lives at storage (numel floats, the current
+//        // gradient copied there); the trainer points gradients into bucket memory so nothing
+//        // is copied before a reduction.
+//   void bind_parameter(std::size_t i, float* storage);
+//        // the same for parameter i's value; under update::sharded the trainer gathers the
+//        // updated parameters there, so nothing is copied after the gather.
+//   Both: storage == nullptr gives the module its own storage back (the contents copied
+//   there); a trainer does that when it is destroyed, before its buckets go.
 //
 // Example: ddp::nn::sequential (include/ddp/nn/sequential.hpp) models this concept.
 #include <concepts>
@@ -73,6 +79,9 @@ concept reports_gradient_ready = requires {
 
 template <class M>
 concept binds_gradient_storage = requires(M& m, std::size_t i, float* p) { m.bind_gradient(i, p); };
+
+template <class M>
+concept binds_parameter_storage = requires(M& m, std::size_t i, float* p) { m.bind_parameter(i, p); };
 
 template <class M>
 consteval bool diagnose_module() {

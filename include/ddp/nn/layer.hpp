@@ -18,7 +18,8 @@
 namespace ddp::nn {
 
 // `matrix_type` is the activation type: ddp::nn::matrix on the host, ddp::cuda::nn::matrix on a
-// GPU. params() is a span of parameters that hand out refs and take bound gradient storage.
+// GPU. params() is a span of parameters that hand out refs and take bound gradient and value
+// storage.
 template <class L>
 concept layer = requires { typename L::matrix_type; } &&
                 requires(L& l, const typename L::matrix_type& x, bool flag, const std::string& prefix, float* storage) {
@@ -27,6 +28,7 @@ concept layer = requires { typename L::matrix_type; } &&
                   { l.params().size() } -> std::convertible_to<std::size_t>;
                   { l.params()[0].ref(prefix) } -> std::same_as<parameter_ref>;
                   l.params()[0].bind_gradient(storage);
+                  l.params()[0].bind_value(storage);
                   { l.buffer_refs(prefix) } -> std::same_as<std::vector<buffer_ref>>;
                 };
 

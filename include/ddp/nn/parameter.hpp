@@ -14,25 +14,24 @@ namespace ddp::nn {
 class parameter {
  public:
   parameter(std::string name, shape_t shape)
-      : name_(std::move(name)), shape_(std::move(shape)), value_(count(shape_)), own_grad_(value_.size()),
-        grad_(own_grad_.data()) {}
-  // Moving keeps grad_ valid: the vectors' heap storage moves with them.
+      : name_(std::move(name)), shape_(std::move(shape)), numel_(count(shape_)), own_value_(numel_),
+        own_grad_(numel_), value_(own_value_.data()), grad_(own_grad_.data()) {}
+  // Moving keeps value_ and grad_ valid: the vectors' heap storage moves with them.
   parameter(parameter&&) noexcept = default;
   parameter& operator=(parameter&&) noexcept = default;
 
-  std::span<float> value() noexcept { return value_; }
-  std::span<const float> value() const noexcept { return value_; }
-  std::span<float> grad() noexcept { return {grad_, value_.size()}; }
-  std::span<const float> grad() const noexcept { return {grad_, value_.size()}; }
+  std::span<float> value() noexcept { return {value_, numel_}; }
+  std::span<const float> value() const noexcept { return {value_, numel_}; }
+  std::span<float> grad() noexcept { return {grad_, numel_}; }
+  std::span<const float> grad() const noexcept { return {grad_, numel_}; }
   const std::string& name() const noexcept { return name_; }
 
-  // The gradient lives at `storage` from now on (bucket memory of a trainer).
-  void bind_gradient(float* storage) {
-    if (storage != grad_) std::memcpy(storage, grad_, value_.size() * sizeof(float));
-    grad_ = storage;
-    own_grad_.clear();
-    own_grad_.shrink_to_fit();
-  }
+  // The gradient lives at `storage` from now on (bucket memory of a trainer); nullptr: back in
+  // the parameter's own storage.
+  void bind_gradient(float* storage) { bind(storage, grad_, own_grad_); }
+  // The value lives at `storage` from now on (a trainer's gathered parameters, update::sharded);
+  // nullptr: back in the parameter's own storage.
+  void bind_value(float* storage) { bind(storage, value_, own_value_); }
 
   parameter_ref ref(const std::string& prefix) const {
     auto* self = const_cast<parameter*>(this);
@@ -45,10 +44,27 @@ class parameter {
     for (auto d : s) n *= static_cast<std::size_t>(d);
     return n;
   }
+  // Moves the current contents to `storage` and points `where` at it; nullptr moves them back
+  // into storage of this parameter's own (a trainer gives its buckets back).
+  void bind(float* storage, float*& where, std::vector<float>& own) {
+    if (!storage) {
+      if (own.empty()) {
+        own.assign(where, where + numel_);
+        where = own.data();
+      }
+      return;
+    }
+    if (storage != where) std::memcpy(storage, where, numel_ * sizeof(float));
+    where = storage;
+    own.clear();
+    own.shrink_to_fit();
+  }
   std::string name_;
   shape_t shape_;
-  std::vector<float> value_;
+  std::size_t numel_;
+  std::vector<float> own_value_;
   std::vector<float> own_grad_;
+  float* value_;
   float* grad_;
 };
 

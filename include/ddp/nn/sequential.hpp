@@ -81,16 +81,10 @@ class sequential {
   }
 
   void bind_gradient(std::size_t index, float* storage) {
-    bool bound = false;
-    for_each_layer([&](auto& l, std::size_t k) {
-      auto ps = l.params();
-      if (!bound && index >= first_param_[k] && index < first_param_[k] + ps.size()) {
-        ps[index - first_param_[k]].bind_gradient(storage);
-        bound = true;
-      }
-    });
-    if (!bound)
-      throw std::out_of_range("ddp::nn::sequential: no parameter " + std::to_string(index));
+    with_parameter(index, [&](auto& p) { p.bind_gradient(storage); });
+  }
+  void bind_parameter(std::size_t index, float* storage) {
+    with_parameter(index, [&](auto& p) { p.bind_value(storage); });
   }
 
   std::size_t parameter_count() const noexcept { return param_count_; }
@@ -98,6 +92,20 @@ class sequential {
   auto& layer() noexcept { return std::get<K>(layers_); }
 
  private:
+  template <class F>
+  void with_parameter(std::size_t index, F&& f) {
+    bool found = false;
+    for_each_layer([&](auto& l, std::size_t k) {
+      auto ps = l.params();
+      if (!found && index >= first_param_[k] && index < first_param_[k] + ps.size()) {
+        f(ps[index - first_param_[k]]);
+        found = true;
+      }
+    });
+    if (!found)
+      throw std::out_of_range("ddp::nn::sequential: no parameter " + std::to_string(index) + " (it has " +
+                              std::to_string(param_count_) + ")");
+  }
   template <class F>
   void for_each_layer(F&& f) {
     [&]<std::size_t... K>(std::index_sequence<K...>) { (f(std::get<K>(layers_), K), ...); }

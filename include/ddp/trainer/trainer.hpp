@@ -34,6 +34,7 @@
 #include "ddp/policy/buffer_sync.hpp"
 #include "ddp/policy/engine.hpp"
 #include "ddp/policy/unused_params.hpp"
+#include "ddp/policy/update.hpp"
 #include "ddp/sampler/sampler.hpp"
 #include "ddp/trainer/bucket_plan.hpp"
 #include "ddp/trainer/buffer_group.hpp"
@@ -50,8 +51,8 @@ struct trainer_options {
 
 using trainer_slots =
     policy::slot_list<buffer_sync::slot, unused_params::slot, sampler::slot,
-                      bucket_cap_detail::slot, optim::slot, engine_detail::communicator_slot,
-                      engine_detail::device_slot>;
+                      bucket_cap_detail::slot, optim::slot, update::slot,
+                      engine_detail::communicator_slot, engine_detail::device_slot>;
 
 // Checks on a combination of policies that are valid one by one.
 template <class Module, class Comm, class Device, class Unused>
@@ -81,6 +82,7 @@ class trainer {
   using unused_params_policy = typename resolved::template get<unused_params::slot>;
   using sampler_policy = typename resolved::template get<sampler::slot>;
   using optimizer_type = typename resolved::template get<optim::slot>;
+  using update_policy = typename resolved::template get<update::slot>;
   using communicator_type = typename resolved::template get<engine_detail::communicator_slot>::type;
   using device_type = typename resolved::template get<engine_detail::device_slot>::type;
   static constexpr std::size_t bucket_cap_bytes =
@@ -114,19 +116,22 @@ class trainer {
     build_buckets();
     group_buffers();
     broadcast_state();
+    stage_values();
     zero_gradients();
   }
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
 
-  // Reductions still in flight (a step that failed half-way) finish before bucket memory goes.
+  // Collectives still in flight (a step that failed half-way) finish before bucket memory goes;
+  // then the module gets its storage back (storage_return_).
   ~trainer() {
     for (auto& bk : buckets_)
-      if (bk.work) try {
-          bk.work->wait();
-        } catch (...) {
-        }
+      for (auto* w : {&bk.work, &bk.control_work, &bk.gather})
+        if (*w) try {
+            (*w)->wait();
+          } catch (...) {
+          }
   }
 
   // One micro-batch whose gradients accumulate without reduction (no communication).
@@ -210,7 +215,7 @@ class trainer {
            ", unused_params=" + std::string(unused_params_policy::name) +
            ", sampler=" + std::string(sampler_policy::name) +
            ", bucket_cap=" + std::to_string(bucket_cap_bytes >> 10) + " KiB" +
-           ", optimizer=" + optimizer_type::name +
+           ", optimizer=" + optimizer_type::name + ", update=" + std::string(update_policy::name) +
            ", communicator=" + std::string(communicator_type::backend_name);
   }
 
@@ -219,6 +224,9 @@ class trainer {
       const_buffer{}, mutable_buffer{}, reduce_op::avg));
   static constexpr bool reports = reports_gradient_ready<Module>;
   static constexpr bool binds = binds_gradient_storage<Module>;
+  static constexpr bool sharded = std::is_same_v<update_policy, update::sharded>;
+  static constexpr bool binds_values = sharded && binds_parameter_storage<Module>;
+  static constexpr std::size_t shard_alignment = 16;  // floats: every shard starts on a cache line
   static constexpr bool forbid = std::is_same_v<unused_params_policy, unused_params::forbid>;
   static constexpr bool detect_each = std::is_same_v<unused_params_policy, unused_params::detect_each_step>;
   static constexpr bool static_graph = std::is_same_v<unused_params_policy, unused_params::static_graph>;
@@ -240,15 +248,44 @@ class trainer {
     buffer_version* version = nullptr;
     std::uint64_t synced_at = 0;  // version right after the trainer last overwrote it
   };
+  // Layout of grads (and, sharded, of values): the parameters' slots in [0, numel), zero padding
+  // to ranks * shard, then `control` floats. Replicated: shard == numel, one rank's worth.
   struct bucket {
     std::vector<std::size_t> params;
     std::vector<segment> segments;  // module grad <-> bucket grads
     std::size_t numel = 0;
-    std::size_t control = 0;  // extra floats after the gradients (last bucket only)
+    std::size_t shard = 0;    // floats this rank updates, from shard_begin
+    std::size_t shard_begin = 0;
+    std::size_t padded = 0;   // shard * (ranks sharing the update)
+    std::size_t control = 0;  // extra floats after the padding (last bucket only)
     device_array<device_type, float> grads;
-    device_array<device_type, float> state;  // optimizer state, state_slots * numel
+    device_array<device_type, float> state;   // optimizer state of the shard, state_slots * shard
+    device_array<device_type, float> values;  // sharded: the parameters, gathered here each step
+    std::vector<segment> value_segments;      // sharded: module value <-> values
     std::size_t pending = 0;
-    std::optional<work_type> work;
+    std::optional<work_type> work;          // the gradients' reduction
+    std::optional<work_type> control_work;  // sharded: the control floats' all_reduce
+    std::optional<work_type> gather;        // sharded: the updated parameters' all_gather
+  };
+
+  // The trainer points the module's gradients (and, sharded, its values) into bucket memory; this
+  // hands the storage back to the module before the buckets go, also when construction fails.
+  struct storage_return {
+    Module* module = nullptr;
+    std::size_t gradients = 0;  // parameters [0, gradients) have bound gradients
+    std::size_t values = 0;     // parameters [0, values) have bound values
+    storage_return() = default;
+    storage_return(const storage_return&) = delete;
+    storage_return& operator=(const storage_return&) = delete;
+    ~storage_return() {
+      try {
+        if constexpr (binds)
+          for (std::size_t i = 0; i < gradients; ++i) module->bind_gradient(i, nullptr);
+        if constexpr (binds_values)
+          for (std::size_t i = 0; i < values; ++i) module->bind_parameter(i, nullptr);
+      } catch (...) {  // a module that cannot take storage back keeps dangling views; nothing else to do here
+      }
+    }
   };
 
   // ---- construction -------------------------------------------------------------------
@@ -317,18 +354,28 @@ class trainer {
     std::vector<std::size_t> numels;
     for (const auto& p : params_) numels.push_back(p.numel);
     auto plan = detail::plan_buckets(numels, bucket_cap_bytes);
+    const std::size_t ranks = sharded ? static_cast<std::size_t>(comm_.size()) : 1;
+    const std::size_t rank = sharded ? static_cast<std::size_t>(comm_.rank()) : 0;
+    auto zeroed = [&](std::size_t n) {
+      device_array<device_type, float> a(device_, n);
+      device_.fill_zero(a.data(), n * sizeof(float));  // and the padding stays 0
+      return a;
+    };
     buckets_.resize(plan.buckets.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto& bk = buckets_[b];
       bk.params = plan.buckets[b];
       bk.numel = plan.sizes[b];
+      bk.shard = sharded ? (bk.numel + ranks * shard_alignment - 1) / (ranks * shard_alignment) * shard_alignment
+                         : bk.numel;
+      bk.shard_begin = rank * bk.shard;
+      bk.padded = bk.shard * ranks;
       if (b + 1 == buckets_.size()) bk.control = control_size();
-      bk.grads = device_array<device_type, float>(device_, bk.numel + bk.control);
-      device_.fill_zero(bk.grads.data(), bk.grads.size() * sizeof(float));  // and the padding stays 0
-      bk.state = device_array<device_type, float>(
-          device_, bk.numel * static_cast<std::size_t>(optimizer_type::state_slots));
-      device_.fill_zero(bk.state.data(), bk.state.size() * sizeof(float));
+      bk.grads = zeroed(bk.padded + bk.control);
+      bk.state = zeroed(bk.shard * static_cast<std::size_t>(optimizer_type::state_slots));
+      if constexpr (sharded) bk.values = zeroed(bk.padded);
     }
+    storage_return_.module = &module_;
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = params_[i];
       p.slot = plan.slots[i];
@@ -336,9 +383,32 @@ class trainer {
       if constexpr (binds) {
         p.grad = bk.grads.data() + p.slot.offset;
         module_.bind_gradient(i, p.grad);
+        storage_return_.gradients = i + 1;
+      }
+      if constexpr (binds_values) {
+        p.value = bk.values.data() + p.slot.offset;
+        module_.bind_parameter(i, p.value);
+        storage_return_.values = i + 1;
       }
       bk.segments.push_back({p.grad, p.slot.offset, p.numel});
+      if constexpr (sharded) bk.value_segments.push_back({p.value, p.slot.offset, p.numel});
     }
+  }
+
+  // Sharded, parameters the module keeps itself: the gathered copy starts from rank 0's values.
+  void stage_values() {
+    if constexpr (sharded && !binds_values)
+      for (auto& bk : buckets_) device_.pack(bk.value_segments, bk.values.data());
+  }
+
+  // Parameter i's part of this rank's shard of its bucket: where its values start, the offset
+  // from the shard's start, the count (0 when none of it is in the shard).
+  segment shard_segment(std::size_t i, const bucket& bk) const {
+    const auto& p = params_[i];
+    const std::size_t begin = std::max(p.slot.offset, bk.shard_begin);
+    const std::size_t end = std::min(p.slot.offset + p.numel, bk.shard_begin + bk.shard);
+    if (end <= begin) return {p.value, 0, 0};
+    return {p.value + (begin - p.slot.offset), begin - bk.shard_begin, end - begin};
   }
 
   // The last bucket carries the unused-parameter check: one flag, or one flag per parameter.
@@ -476,9 +546,17 @@ class trainer {
     auto& bk = buckets_[b];
     if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
     if (bk.control) write_control(bk);
-    bk.work.emplace(comm_.all_reduce(const_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
-                                     mutable_buffer{bk.grads.data(), bk.numel + bk.control, dtype::f32},
-                                     reduce_op::avg));
+    float* g = bk.grads.data();
+    if constexpr (sharded) {
+      bk.work.emplace(comm_.reduce_scatter(const_buffer{g, bk.padded, dtype::f32},
+                                           mutable_buffer{g + bk.shard_begin, bk.shard, dtype::f32}, reduce_op::avg));
+      if (bk.control)
+        bk.control_work.emplace(comm_.all_reduce(const_buffer{g + bk.padded, bk.control, dtype::f32},
+                                                 mutable_buffer{g + bk.padded, bk.control, dtype::f32}, reduce_op::avg));
+    } else {
+      bk.work.emplace(comm_.all_reduce(const_buffer{g, bk.numel + bk.control, dtype::f32},
+                                       mutable_buffer{g, bk.numel + bk.control, dtype::f32}, reduce_op::avg));
+    }
   }
 
   // Control floats: [problem count, used flag per parameter (detecting policies)].
@@ -487,7 +565,7 @@ class trainer {
     control[0] = static_cast<float>(local_problems());
     if constexpr (!forbid)
       for (std::size_t i = 0; i < params_.size(); ++i) control[1 + i] = used_[i] ? 1.0f : 0.0f;
-    device_.copy_from_host(bk.grads.data() + bk.numel, control.data(), control.size() * sizeof(float));
+    device_.copy_from_host(bk.grads.data() + bk.padded, control.data(), control.size() * sizeof(float));
   }
 
   // Parameters that break the policy on this rank: unused ones (forbid), changed ones
@@ -516,7 +594,10 @@ class trainer {
     if (!reports) std::fill(used_.begin(), used_.end(), 1);
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
     next_launch_ = buckets_.size();
-    for (auto& bk : buckets_) bk.work->wait();
+    for (auto& bk : buckets_) {
+      bk.work->wait();
+      if (bk.control_work) bk.control_work->wait();
+    }
     measure_overlap();
     if constexpr (reports) check_unused();
     finish_update();
@@ -537,7 +618,7 @@ class trainer {
   void check_unused() {
     auto& last = buckets_.back();
     std::vector<float> control(last.control);
-    device_.copy_to_host(control.data(), last.grads.data() + last.numel, control.size() * sizeof(float));
+    device_.copy_to_host(control.data(), last.grads.data() + last.padded, control.size() * sizeof(float));
     if (control[0] > 0.0f) report_unused();
     if constexpr (!forbid) {
       if (!learned_ || detect_each) {
@@ -586,12 +667,17 @@ class trainer {
   void finish_update() {
     const float inv_micro = 1.0f / static_cast<float>(micro_batches_);
     for (auto& bk : buckets_) {
-      if (micro_batches_ > 1) device_.scale(bk.grads.data(), bk.numel, inv_micro);
-      if constexpr (!binds) device_.unpack(bk.segments, bk.grads.data());
+      if (micro_batches_ > 1) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
       apply_optimizer(bk);
+      zero_gradients(bk);
+      if constexpr (sharded) gather_values(bk);
     }
-    zero_gradients();
-    for (auto& bk : buckets_) bk.work.reset();
+    if constexpr (sharded)
+      for (auto& bk : buckets_) {
+        bk.gather->wait();
+        if constexpr (!binds_values) device_.unpack(bk.value_segments, bk.values.data());
+      }
+    for (auto& bk : buckets_) bk.work.reset(), bk.control_work.reset(), bk.gather.reset();
     next_launch_ = 0;
     micro_batches_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
@@ -599,33 +685,56 @@ class trainer {
     ++steps_;
   }
 
+  // Updates this rank's shard of the bucket (all of it when replicated); segment offsets, and
+  // the gradient and state pointers, count from the shard's start.
   void apply_optimizer(bucket& bk) {
     std::vector<segment> segs;
     std::vector<std::int64_t> counts;  // AdamW: each parameter's own update count, as PyTorch
     for (const auto i : bk.params) {
       if (!update_[i]) continue;
-      segs.push_back({params_[i].value, params_[i].slot.offset, params_[i].numel});
-      counts.push_back(++adam_steps_[i]);
+      const auto count = ++adam_steps_[i];
+      const segment part = shard_segment(i, bk);
+      if (part.count == 0) continue;
+      segs.push_back(part);
+      counts.push_back(count);
     }
     if (segs.empty()) return;
+    const float* grad = bk.grads.data() + bk.shard_begin;
     if constexpr (std::is_same_v<optimizer_type, optim::sgd>) {
-      device_.sgd_update(segs, bk.grads.data(), bk.state.data(), optimizer_);
+      device_.sgd_update(segs, grad, bk.state.data(), optimizer_);
     } else {
       float* m = bk.state.data();
-      float* v = bk.state.data() + bk.numel;
+      float* v = bk.state.data() + bk.shard;
       for (std::size_t begin = 0, end; begin < segs.size(); begin = end) {
         for (end = begin + 1; end < segs.size() && counts[end] == counts[begin];) ++end;
-        device_.adamw_update(std::span(segs).subspan(begin, end - begin), bk.grads.data(), m, v,
+        device_.adamw_update(std::span(segs).subspan(begin, end - begin), grad, m, v,
                              optimizer_, counts[begin]);
       }
     }
   }
 
+  // Sharded: this rank's updated shard to every rank (copied in from the module first when the
+  // module keeps its parameters itself).
+  void gather_values(bucket& bk) {
+    float* values = bk.values.data();
+    if constexpr (!binds_values) {
+      std::vector<segment> mine;
+      for (const auto i : bk.params)
+        if (const segment part = shard_segment(i, bk); part.count) mine.push_back(part);
+      device_.pack(mine, values + bk.shard_begin);
+    }
+    bk.gather.emplace(comm_.all_gather(const_buffer{values + bk.shard_begin, bk.shard, dtype::f32},
+                                       mutable_buffer{values, bk.padded, dtype::f32}));
+  }
+
   void zero_gradients() {
+    for (auto& bk : buckets_) zero_gradients(bk);
+  }
+  void zero_gradients(bucket& bk) {
     if constexpr (binds)
-      for (auto& bk : buckets_) device_.fill_zero(bk.grads.data(), bk.numel * sizeof(float));
+      device_.fill_zero(bk.grads.data(), bk.numel * sizeof(float));
     else
-      for (auto& p : params_) device_.fill_zero(p.grad, p.numel * sizeof(float));
+      for (const auto i : bk.params) device_.fill_zero(params_[i].grad, params_[i].numel * sizeof(float));
   }
 
   // ---- buffers ------------------------------------------------------------------------
@@ -685,6 +794,7 @@ class trainer {
   detail::buffer_group<device_type> broadcast_group_{device_, dtype::u8};
   std::vector<detail::buffer_group<device_type>> average_groups_;
   std::vector<bucket> buckets_;
+  storage_return storage_return_;  // after buckets_: destroyed first
 
   // Per-step state.
   int tape_depth_ = 0;

@@ -16,35 +16,53 @@ class parameter {
  public:
   // `initial` holds the value (host memory); the gradient starts at zero.
   parameter(cuda::device& dev, std::string name, shape_t shape, std::span<const float> initial)
-      : name_(std::move(name)), shape_(std::move(shape)), value_(device_vector<float>::from_host(dev, initial)),
-        own_grad_(device_vector<float>::zeros(dev, initial.size())), grad_(own_grad_.data()) {}
+      : name_(std::move(name)), shape_(std::move(shape)), dev_(&dev), numel_(initial.size()),
+        own_value_(device_vector<float>::from_host(dev, initial)),
+        own_grad_(device_vector<float>::zeros(dev, initial.size())), value_(own_value_.data()),
+        grad_(own_grad_.data()) {}
   parameter(parameter&&) noexcept = default;
   parameter& operator=(parameter&&) noexcept = default;
 
-  float* value() noexcept { return value_.data(); }
-  const float* value() const noexcept { return value_.data(); }
+  float* value() noexcept { return value_; }
+  const float* value() const noexcept { return value_; }
   float* grad() noexcept { return grad_; }
-  std::size_t size() const noexcept { return value_.size(); }
+  std::size_t size() const noexcept { return numel_; }
   const std::string& name() const noexcept { return name_; }
 
   // The gradient lives at `storage` (GPU memory of a trainer's bucket) from now on.
-  void bind_gradient(float* storage) {
-    if (storage != grad_) value_.device().copy(storage, grad_, size() * sizeof(float));
-    grad_ = storage;
-    own_grad_ = {};
-  }
+  void bind_gradient(float* storage) { bind(storage, grad_, own_grad_); }
+  // The value lives at `storage` (a trainer's gathered parameters, update::sharded) from now on.
+  void bind_value(float* storage) { bind(storage, value_, own_value_); }
 
   parameter_ref ref(const std::string& prefix) const {
-    const auto where = device_id::cuda(value_.device().ordinal());
-    return {prefix + name_, tensor_ref{const_cast<float*>(value_.data()), dtype::f32, shape_, where},
+    const auto where = device_id::cuda(dev_->ordinal());
+    return {prefix + name_, tensor_ref{value_, dtype::f32, shape_, where},
             tensor_ref{grad_, dtype::f32, shape_, where}};
   }
 
  private:
+  // Moves the current contents to `storage` (queued on the device's stream) and points `where` at it.
+  // nullptr moves them back into storage of this parameter's own (a trainer gives its buckets back).
+  void bind(float* storage, float*& where, device_vector<float>& own) {
+    if (!storage) {
+      if (own.size() == 0 && numel_ > 0) {
+        own = device_vector<float>(*dev_, numel_);
+        dev_->copy(own.data(), where, numel_ * sizeof(float));
+        where = own.data();
+      }
+      return;
+    }
+    if (storage != where) dev_->copy(storage, where, numel_ * sizeof(float));
+    where = storage;
+    own = {};
+  }
   std::string name_;
   shape_t shape_;
-  device_vector<float> value_;
+  cuda::device* dev_;
+  std::size_t numel_;
+  device_vector<float> own_value_;
   device_vector<float> own_grad_;
+  float* value_;
   float* grad_;
 };
 
