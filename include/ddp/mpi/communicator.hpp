@@ -132,11 +132,12 @@ class communicator {
               "send must hold size() * recv.count elements of recv's dtype");
       // MPI's in-place form differs from ours (recv inside send): reduce into scratch then.
       const auto* own = static_cast<const char*>(send.data) + static_cast<std::size_t>(rank_) * recv.bytes();
-      std::vector<std::uint8_t> scratch(own == recv.data ? recv.bytes() : 0);
-      void* out = scratch.empty() ? recv.data : scratch.data();
+      const bool in_place = own == recv.data && recv.count > 0;
+      if (in_place && scratch_.size() < recv.bytes()) scratch_.resize(recv.bytes());
+      void* out = in_place ? scratch_.data() : recv.data;
       check(MPI_Reduce_scatter_block(send.data, out, count(recv.count, name), datatype_of(send.type), op_of(op), comm_),
             name, rank_);
-      if (!scratch.empty()) std::memcpy(recv.data, scratch.data(), scratch.size());
+      if (in_place) std::memcpy(recv.data, scratch_.data(), recv.bytes());
       if (op == reduce_op::avg) divide(recv);
     });
   }
@@ -214,6 +215,9 @@ class communicator {
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   options options_;
   std::uint64_t next_sequence_ = 0;
+  // In-place reduce_scatter's result before it is copied into place; kept between calls (a
+  // sharded update does one per bucket per step). Operations run one at a time, in issue order.
+  std::vector<std::uint8_t> scratch_;
 
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
