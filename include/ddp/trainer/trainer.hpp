@@ -70,23 +70,23 @@ consteval bool valid_combination() {
   return true;
 }
 
-template <class Module, class... Policies>
-class trainer {
+// Everything of the trainer but its sampler. Code that never asks for an epoch's indices (a step
+// loop, an evaluation) can take a trainer_core& and serve every sampler policy with one
+// instantiation; ddp::trainer below adds the sampler. The policies come in slot order.
+template <class Module, class BufferSync, class UnusedParams, class BucketCap, class Optimizer,
+          class Update, class Comm, class Device>
+class trainer_core {
   static_assert(diagnose_module<Module>());
-  using resolved = policy::resolve<trainer_slots, Policies...>;
-  static_assert(resolved::valid, "ddp: see the policy error above");
 
  public:
   using module_type = Module;
-  using buffer_sync_policy = typename resolved::template get<buffer_sync::slot>;
-  using unused_params_policy = typename resolved::template get<unused_params::slot>;
-  using sampler_policy = typename resolved::template get<sampler::slot>;
-  using optimizer_type = typename resolved::template get<optim::slot>;
-  using update_policy = typename resolved::template get<update::slot>;
-  using communicator_type = typename resolved::template get<engine_detail::communicator_slot>::type;
-  using device_type = typename resolved::template get<engine_detail::device_slot>::type;
-  static constexpr std::size_t bucket_cap_bytes =
-      resolved::template get<bucket_cap_detail::slot>::bytes;
+  using buffer_sync_policy = BufferSync;
+  using unused_params_policy = UnusedParams;
+  using optimizer_type = Optimizer;
+  using update_policy = Update;
+  using communicator_type = Comm;
+  using device_type = Device;
+  static constexpr std::size_t bucket_cap_bytes = BucketCap::bytes;
   static_assert(valid_combination<Module, communicator_type, device_type, unused_params_policy>());
 
   using input_type = typename Module::input_type;
@@ -102,14 +102,13 @@ class trainer {
     int rank() const noexcept { return t_.comm_.rank(); }
 
    private:
-    friend class trainer;
-    explicit replica(trainer& t) : t_(t) {}
-    trainer& t_;
+    friend class trainer_core;
+    explicit replica(trainer_core& t) : t_(t) {}
+    trainer_core& t_;
   };
 
-  trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
-          trainer_options options = {})
-      : module_(module), comm_(comm), device_(dev), optimizer_(opt), options_(options) {
+  trainer_core(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {})
+      : module_(module), comm_(comm), device_(dev), optimizer_(opt) {
     collect_tensors();
     check_devices();
     detail::check_same_model(comm_, device_, signature());
@@ -120,12 +119,12 @@ class trainer {
     zero_gradients();
   }
 
-  trainer(const trainer&) = delete;
-  trainer& operator=(const trainer&) = delete;
+  trainer_core(const trainer_core&) = delete;
+  trainer_core& operator=(const trainer_core&) = delete;
 
   // Collectives still in flight (a step that failed half-way) finish before bucket memory goes;
   // then the module gets its storage back (storage_return_).
-  ~trainer() {
+  ~trainer_core() {
     for (auto& bk : buckets_)
       for (auto* w : {&bk.work, &bk.control_work, &bk.gather})
         if (*w) try {
@@ -145,27 +144,6 @@ class trainer {
   template <class F>
   decltype(auto) step(F&& step_fn) {
     return run_micro_batch(std::forward<F>(step_fn), /*final=*/true);
-  }
-
-  // This rank's indices for the next epoch; the trainer advances the epoch itself (P4).
-  std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
-    return sampler_policy::indices(dataset_size, comm_.rank(), comm_.size(), options_.seed,
-                                   epoch_++);
-  }
-  // Batches of a loader for the next epoch (a loader that shuffles on its own cannot be
-  // combined with a distributed sampler, which already shuffles per epoch: P4).
-  template <class Loader>
-  auto epoch(Loader& loader) {
-    static_assert(!(Loader::shuffles_itself && sampler_policy::is_distributed),
-                  "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
-                  "already orders the data per epoch (pitfall P4); use a loader without a "
-                  "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
-    return loader.batches(next_epoch_indices(loader.dataset_size()));
-  }
-  std::uint64_t epochs_started() const noexcept { return epoch_; }
-  // Steps this rank takes per epoch, equal on every rank.
-  std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const {
-    return sampler_policy::per_rank(dataset_size, comm_.size()) / batch;
   }
 
   // Global sums of per-rank metrics (P6): every rank gets the same values.
@@ -191,6 +169,7 @@ class trainer {
 
   Module& module() noexcept { return module_; }
   communicator_type& communicator() noexcept { return comm_; }
+  const communicator_type& communicator() const noexcept { return comm_; }
   device_type& device() noexcept { return device_; }
   const optimizer_type& optimizer() const noexcept { return optimizer_; }
   optimizer_type& optimizer() noexcept { return optimizer_; }
@@ -213,7 +192,6 @@ class trainer {
   static std::string describe_policies() {
     return "buffer_sync=" + std::string(buffer_sync_policy::name) +
            ", unused_params=" + std::string(unused_params_policy::name) +
-           ", sampler=" + std::string(sampler_policy::name) +
            ", bucket_cap=" + std::to_string(bucket_cap_bytes >> 10) + " KiB" +
            ", optimizer=" + optimizer_type::name + ", update=" + std::string(update_policy::name) +
            ", communicator=" + std::string(communicator_type::backend_name);
@@ -786,7 +764,6 @@ class trainer {
   communicator_type& comm_;
   device_type& device_;
   optimizer_type optimizer_;
-  trainer_options options_;
 
   std::vector<parameter_ref> param_refs_;
   std::vector<param_info> params_;
@@ -813,9 +790,70 @@ class trainer {
   std::vector<char> learned_used_;
   std::vector<std::int64_t> adam_steps_;
   std::uint64_t steps_ = 0;
-  std::uint64_t epoch_ = 0;
   overlap_timing overlap_;
   std::optional<std::string> broken_;
+};
+
+namespace detail {
+// Sorts the policies into their slots; the checks fire here, before anything is instantiated.
+template <class Module, class... Policies>
+struct trainer_parts {
+  static_assert(diagnose_module<Module>());
+  using resolved = policy::resolve<trainer_slots, Policies...>;
+  static_assert(resolved::valid, "ddp: see the policy error above");
+  template <class Slot>
+  using get = typename resolved::template get<Slot>;
+  using sampler = get<sampler::slot>;
+  using core = trainer_core<Module, get<buffer_sync::slot>, get<unused_params::slot>,
+                            get<bucket_cap_detail::slot>, get<optim::slot>, get<update::slot>,
+                            typename get<engine_detail::communicator_slot>::type,
+                            typename get<engine_detail::device_slot>::type>;
+};
+}  // namespace detail
+
+template <class Module, class... Policies>
+class trainer : public detail::trainer_parts<Module, Policies...>::core {
+  using parts = detail::trainer_parts<Module, Policies...>;
+
+ public:
+  using core_type = typename parts::core;
+  using sampler_policy = typename parts::sampler;
+  using typename core_type::communicator_type;
+  using typename core_type::device_type;
+  using typename core_type::optimizer_type;
+
+  trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
+          trainer_options options = {})
+      : core_type(module, comm, dev, opt), options_(options) {}
+
+  // This rank's indices for the next epoch; the trainer advances the epoch itself (P4).
+  std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
+    const auto& comm = this->communicator();
+    return sampler_policy::indices(dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
+  }
+  // Batches of a loader for the next epoch (a loader that shuffles on its own cannot be
+  // combined with a distributed sampler, which already shuffles per epoch: P4).
+  template <class Loader>
+  auto epoch(Loader& loader) {
+    static_assert(!(Loader::shuffles_itself && sampler_policy::is_distributed),
+                  "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
+                  "already orders the data per epoch (pitfall P4); use a loader without a "
+                  "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
+    return loader.batches(next_epoch_indices(loader.dataset_size()));
+  }
+  std::uint64_t epochs_started() const noexcept { return epoch_; }
+  // Steps this rank takes per epoch, equal on every rank.
+  std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const {
+    return sampler_policy::per_rank(dataset_size, this->communicator().size()) / batch;
+  }
+
+  static std::string describe_policies() {
+    return core_type::describe_policies() + ", sampler=" + std::string(sampler_policy::name);
+  }
+
+ private:
+  trainer_options options_;
+  std::uint64_t epoch_ = 0;
 };
 
 }  // namespace ddp
