@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -92,27 +93,26 @@ double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Pla
   return trainer.reduce(correct).mean();
 }
 
-template <class Trainer, class Platform>
-void train_on_rank(typename Trainer::communicator_type& comm, typename Platform::device& dev, const config& c,
-                   const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
-  auto m = Platform::make_model(dev, c.seed);
-  typename Trainer::optimizer_type opt{};
-  opt.lr = c.lr;
-  opt.weight_decay = c.weight_decay;
-  if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
-  Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
+// The sampler's part of training, kept out of the epoch loop's type: this rank's batches of the
+// next epoch (the trainer advances the epoch, P4).
+using next_epoch_batches = std::function<std::vector<fashion_mnist::batch>()>;
+
+// One rank's epochs. A template over the trainer's sampler-free core (ddp::trainer_core), so the
+// four sampler policies share one instantiation of it (see docs/trainer.md).
+template <class Platform, class Core>
+void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t steps_per_epoch,
+                typename Platform::model& m, typename Platform::device& dev, const config& c,
+                const fashion_mnist& test_set, report& out) {
+  const auto& comm = trainer.communicator();
   const bool lead = comm.rank() == 0;
   progress_line progress(lead && c.progress);
-
-  ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate);
-  const std::size_t steps_per_epoch = trainer.steps_per_epoch(train_set.size(), c.batch);
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
   const auto start = std::chrono::steady_clock::now();
   std::size_t step = 0;
   for (int epoch = 1; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::metric loss, accuracy;
-    auto batches = trainer.epoch(loader);
+    const auto batches = next_epoch();
     for (std::size_t i = 0; i < batches.size(); ++i, ++step) {
       trainer.optimizer().lr = learning_rate(c, step, total_steps);
       const auto& b = batches[i];
@@ -145,8 +145,23 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
     out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     out.samples_per_second =
         static_cast<double>(total_steps * c.batch * static_cast<std::size_t>(comm.size())) / out.train_seconds;
-    out.policies = Trainer::describe_policies();
   }
+}
+
+template <class Trainer, class Platform>
+void train_on_rank(typename Trainer::communicator_type& comm, typename Platform::device& dev, const config& c,
+                   const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
+  auto m = Platform::make_model(dev, c.seed);
+  typename Trainer::optimizer_type opt{};
+  opt.lr = c.lr;
+  opt.weight_decay = c.weight_decay;
+  if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
+  Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
+  ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate);
+  run_epochs<Platform, typename Trainer::core_type>(
+      trainer, [&] { return trainer.epoch(loader); }, trainer.steps_per_epoch(train_set.size(), c.batch), m, dev,
+      c, test_set, out);
+  if (comm.rank() == 0) out.policies = Trainer::describe_policies();
 }
 
 template <class F>
