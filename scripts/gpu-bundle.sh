@@ -3,7 +3,8 @@
 # but no compiler toolchain for ddp's dependencies and no network (this project's lent H200):
 # builds the ddp_gpu targets here (MPI off: that machine has no OpenMPI), then writes
 # .gpu-bundle/ddp-gpu.tar.xz with the GPU binaries, the non-CUDA shared libraries they need
-# (OpenBLAS and its Fortran runtime), the Fashion-MNIST files and scripts/gpu-run-bundle.sh.
+# (OpenBLAS and its Fortran runtime), the Fashion-MNIST files, scripts/gpu-run-bundle.sh and
+# scripts/gpu-run-list.sh.
 # On the GPU machine: mkdir -p /tmp/g && tar xf ddp-gpu.tar.xz -C /tmp/g && /tmp/g/gpu-run-bundle.sh
 #   scripts/gpu-bundle.sh [build-dir]     (default build-gpu-bundle; about 4 minutes on 2 cores)
 set -euo pipefail
@@ -32,7 +33,7 @@ done | sort -u | while read -r lib; do
   esac
 done
 cp /usr/share/datasets/fashion-mnist/*.gz "$stage/data/"
-cp scripts/gpu-run-bundle.sh scripts/openblas-env.sh "$stage/"
+cp scripts/gpu-run-bundle.sh scripts/gpu-run-list.sh scripts/openblas-env.sh "$stage/"
 git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
 mkdir -p "$out"
 tar -C "$stage" -cJf "$out/ddp-gpu.tar.xz" .

@@ -25,23 +25,8 @@ export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_GPU_TESTS=ON
 cmake --build "$build" -j"$(nproc)" --target ddp_gpu
 
-echo "== GPU tests"
 source scripts/openblas-env.sh
-ctest --test-dir "$build" -L gpu --output-on-failure
-
-echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"
-"$build"/bench/gpu_kernels --sizes-mib 64,256,1024 --repeats 20
-
-echo "== ddp's NCCL all_reduce vs raw ncclAllReduce, one rank per GPU"
-"$build"/bench/nccl_all_reduce
-
-# NCCL refuses two ranks on one GPU: one rank per GPU, so as many ranks as GPUs.
-gpus=$(nvidia-smi -L | wc -l)
-example="$build/examples/fashion_mnist/fashion_mnist_gpu"
-echo "== example: $gpus in-process rank(s), one GPU each"
-"$example" --ranks "$gpus" --epochs 3 --no-progress
-if command -v mpirun >/dev/null 2>&1; then
-  echo "== example: mpirun -np $gpus, one process per GPU"
-  mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$gpus" "$example" --epochs 1 --no-progress
-fi
+scripts/gpu-run-list.sh "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/bench/nccl_all_reduce" \
+  "$build/examples/fashion_mnist/fashion_mnist_gpu" /usr/share/datasets/fashion-mnist --mpirun ||
+  { echo "gpu-check: FAILED (see above)"; exit 1; }
 echo "gpu-check: all GPU checks passed"

@@ -7,7 +7,6 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 log=${OUT:-$here}/gpu-check.log
 exec > >(tee "$log") 2>&1
-fail=0
 echo "gpu-run-bundle: ddp commit $(cat "$here/commit"), $(date -u +'%Y-%m-%d %H:%M UTC')"
 if ! nvidia-smi -L; then
   echo "gpu-run-bundle: FAILED: no GPU visible"
@@ -30,16 +29,8 @@ source "$here/openblas-env.sh"  # the host reference paths of the tests use Open
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 ldd "$here/bin/ddp_gpu_test" | grep -E "not found|cuda|cublas|nccl|openblas"
 
-echo "== GPU tests"
-timeout 300 "$here/bin/ddp_gpu_test" || fail=1
-echo "== CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)"
-timeout 120 "$here/bin/gpu_kernels" --sizes-mib 64,256,1024 --repeats 20 || fail=1
-echo "== ddp's NCCL all_reduce vs raw ncclAllReduce, one rank per GPU"
-timeout 120 "$here/bin/nccl_all_reduce" || fail=1
-gpus=$(nvidia-smi -L | wc -l)
-echo "== example: $gpus in-process rank(s), one GPU each"
-timeout 240 "$here/bin/fashion_mnist_gpu" --ranks "$gpus" --epochs 3 --no-progress --data-dir "$here/data" || fail=1
-if [ "$fail" -ne 0 ]; then
+if ! "$here/gpu-run-list.sh" "$here/bin/ddp_gpu_test" "$here/bin/gpu_kernels" "$here/bin/nccl_all_reduce" \
+    "$here/bin/fashion_mnist_gpu" "$here/data"; then
   echo "gpu-run-bundle: FAILED (see above)"
   exit 1
 fi

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU runs themselves, shared by scripts/gpu-check.sh (from a build tree) and
+# gpu-run-bundle.sh (from an unpacked bundle): the GPU test suite, the CUDA kernel and NCCL
+# benchmarks, and the example with --device cuda --backend nccl, one in-process rank per GPU, and
+# with --mpirun also one process per GPU under mpirun. Every check runs even after one failed;
+# the exit status is 1 when any failed.
+#   gpu-run-list.sh TESTS KERNELS NCCL EXAMPLE DATA_DIR [--mpirun]
+set -uo pipefail
+if [ $# -lt 5 ]; then
+  echo "usage: $0 TESTS KERNELS NCCL EXAMPLE DATA_DIR [--mpirun]" >&2
+  exit 2
+fi
+tests=$1 kernels=$2 nccl=$3 example=$4 data=$5 mpi=${6:-}
+failed=()
+run() {  # run NAME TIMEOUT COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name"
+  timeout "$limit" "$@" || failed+=("$name")
+}
+run "GPU tests" 300 "$tests"
+run "CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)" 120 "$kernels" --sizes-mib 64,256,1024 --repeats 20
+run "ddp's NCCL all_reduce vs raw ncclAllReduce, one rank per GPU" 120 "$nccl"
+# NCCL refuses two ranks on one GPU: one rank per GPU, so as many ranks as GPUs.
+gpus=$(nvidia-smi -L | wc -l)
+run "example: $gpus in-process rank(s), one GPU each" 240 "$example" --ranks "$gpus" --epochs 3 --no-progress --data-dir "$data"
+if [ "$mpi" = --mpirun ] && command -v mpirun >/dev/null 2>&1; then
+  run "example: mpirun -np $gpus, one process per GPU" 240 \
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$gpus" "$example" --epochs 1 --no-progress --data-dir "$data"
+fi
+if ((${#failed[@]})); then
+  printf 'FAILED: %s\n' "${failed[@]}"
+  exit 1
+fi
