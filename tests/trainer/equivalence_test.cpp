@@ -172,3 +172,34 @@ TEST_CASE("broadcast policies leave every rank with rank 0's buffers at the star
   CHECK(results[1] == results[0]);
   CHECK(results[2] == results[0]);
 }
+
+namespace {
+// A step loop written once against the sampler-free core.
+template <class Core>
+std::vector<std::vector<float>> two_steps(Core& trainer, test::mlp& model, int rank) {
+  for (int s = 0; s < 2; ++s) {
+    const auto b = test::make_batch(per_rank_batch, 50 + static_cast<std::uint64_t>(s * 4 + rank));
+    trainer.step([&](auto& r) { forward_backward(r, b, 1); });
+  }
+  return test::parameter_values(model);
+}
+}  // namespace
+
+TEST_CASE("trainers that differ only in their sampler share one trainer_core, whatever the policy order") {
+  using contiguous = ddp::trainer<test::mlp, ddp::sampler::contiguous, ddp::optim::adamw>;
+  using shuffled = ddp::trainer<test::mlp, ddp::optim::adamw>;
+  using reordered = ddp::trainer<test::mlp, ddp::optim::adamw, ddp::buffer_sync::broadcast_once_per_step,
+                                 ddp::sampler::distributed<false, ddp::sampler::tail::drop>>;
+  static_assert(std::is_same_v<contiguous::core_type, shuffled::core_type>);
+  static_assert(std::is_same_v<contiguous::core_type, reordered::core_type>);
+  static_assert(std::is_base_of_v<shuffled::core_type, shuffled>);
+  CHECK(contiguous::describe_policies() == shuffled::core_type::describe_policies() + ", sampler=contiguous");
+  auto results = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    ddp::host::device dev;
+    auto a = test::make_mlp(seed), b = test::make_mlp(seed);
+    contiguous ta(a, comm, dev, adamw);
+    shuffled tb(b, comm, dev, adamw);
+    return std::pair{two_steps<shuffled::core_type>(ta, a, comm.rank()), two_steps<shuffled::core_type>(tb, b, comm.rank())};
+  });
+  for (const auto& [a, b] : results) CHECK(a == b);  // the same core, the same steps: the same bits
+}
