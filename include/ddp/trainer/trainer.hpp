@@ -795,10 +795,10 @@ class trainer_core {
 };
 
 namespace detail {
-// Sorts the policies into their slots; the checks fire here, before anything is instantiated.
+// Sorts the policies into their slots; the policy checks fire here, before the core is
+// instantiated (which checks the module).
 template <class Module, class... Policies>
 struct trainer_parts {
-  static_assert(diagnose_module<Module>());
   using resolved = policy::resolve<trainer_slots, Policies...>;
   static_assert(resolved::valid, "ddp: see the policy error above");
   template <class Slot>
