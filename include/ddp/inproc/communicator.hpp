@@ -7,6 +7,7 @@
 // writes the result into slice r of every rank's output. Each rank reads and writes about the
 // buffer's size once, as a copy would; nothing funnels through rank 0.
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,9 +101,18 @@ class communicator {
   template <class Body>
   void run(const collective_call& call, const void* send, void* recv, const Body& body) {
     try {
-      slot& mine = world_->slot_of(rank_);
-      mine = slot{call, send, recv};
-      world_->arrive_and_wait(rank_, call);
+      // Peers read this slot only between the two barriers of a collective, and this rank
+      // departed from the previous one only once every peer had: nobody reads it now.
+      world_->slot_of(rank_) = slot{call, send, recv};
+      world_->arrive_and_wait(rank_, call);  // throws on every rank or on none
+    } catch (const peer_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      world_->fail(rank_, e.what());
+      throw;
+    }
+    std::exception_ptr failure;
+    try {
       std::vector<slot*> slots(size());
       for (int k = 0; k < size(); ++k) slots[k] = &world_->slot_of(k);
       for (int k = 0; k < size(); ++k)
@@ -113,13 +123,17 @@ class communicator {
                           " issued " + slots[k]->call.describe() +
                           "; every rank must issue the same collectives in the same order");
       body(slots);
-      world_->arrive_and_wait(rank_, call);  // no rank returns while others still use its buffers
-    } catch (const peer_error&) {
-      throw;
     } catch (const std::exception& e) {
+      failure = std::current_exception();
       world_->fail(rank_, e.what());
-      throw;
+    } catch (...) {
+      failure = std::current_exception();
+      world_->fail(rank_, "unknown exception in " + call.describe());
     }
+    // Every peer's body may still read this rank's buffers and write into them, whatever failed
+    // meanwhile: return (and let the caller free them) only once all are done.
+    world_->depart();
+    if (failure) std::rethrow_exception(failure);
   }
 
   void require(bool ok, const char* op, const std::string& what) const {

@@ -1,7 +1,12 @@
 #pragma once
 // The rendezvous shared by the in-process ranks: a slot per rank where each publishes its
-// buffers for the current collective, and a barrier that never hangs. The barrier fails every
-// waiting and later rank when one rank failed, left, or did not arrive within the timeout.
+// buffers for the current collective, and two barriers around the collective's body.
+//   arrive_and_wait (before the body) never hangs: it fails every waiting and later rank when
+//     one rank failed, left, or did not arrive within the timeout. It is all or nothing: either
+//     every rank passes it for a collective, or none does.
+//   depart (after the body) waits for every rank, failed or not: the bodies read and write the
+//     peers' buffers and slots, so no rank may return (and free or reuse them) before every
+//     peer is done with them. Bodies never wait, so departure always completes.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -111,6 +116,28 @@ class world {
     }
   }
 
+  // Called by every rank that passed arrive_and_wait for a collective, once its body finished
+  // (also when the body threw); returns when every rank has called it. Ignores failures on
+  // purpose: see the top of this file.
+  void depart() {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t generation = departures_;
+    if (++departed_ == size_) {
+      departed_ = 0;
+      ++departures_;
+      departures_released_.store(departures_, std::memory_order_release);
+      lock.unlock();
+      cv_.notify_all();
+      return;
+    }
+    lock.unlock();
+    if (detail::spin_until([&] { return departures_released_.load(std::memory_order_acquire) != generation; },
+                           spin_))
+      return;
+    lock.lock();
+    cv_.wait(lock, [&] { return departures_ != generation; });
+  }
+
   // Marks the world failed because of `rank`; every pending and later collective throws.
   void fail(int rank, const std::string& what) {
     {
@@ -177,6 +204,9 @@ class world {
   std::atomic<std::uint64_t> released_{0};  // generation_, readable without the lock
   int arrived_ = 0;
   std::vector<std::uint64_t> arrived_at_;  // generation + 1 a rank last arrived at
+  std::uint64_t departures_ = 0;  // collectives every rank has departed from
+  std::atomic<std::uint64_t> departures_released_{0};
+  int departed_ = 0;
   std::vector<bool> left_;
   std::optional<failure> failure_;
 };
