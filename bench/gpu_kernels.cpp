@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ddp/cuda/device_vector.hpp"
+#include "ddp/optim/optimizer.hpp"
 
 namespace {
 
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
     std::printf("%10s %-14s %10s %10s %12s\n", "MiB", "kernel", "ms", "GB/s", "vs memcpy");
     for (std::size_t mib : sizes_mib) {
       const std::size_t n = (mib << 20) / sizeof(float);
-      auto a = dvec::zeros(dev, n), b = dvec::zeros(dev, n), m = dvec::zeros(dev, n), v = dvec::zeros(dev, n);
+      auto a = dvec::zeros(dev, n), b = dvec::zeros(dev, n), m = dvec::zeros(dev, 2 * n);  // AdamW: m, then v
       // Eight parameters of a bucket, each 16-byte aligned inside it, as the trainer lays them out.
       std::vector<ddp::segment> segs;
       const std::size_t piece = n / 8 / 4 * 4;
@@ -73,6 +74,8 @@ int main(int argc, char** argv) {
         double bytes_per_element;
         std::function<void()> run;
       };
+      const ddp::optim::sgd sgd{.lr = 1e-3f, .momentum = 0.9f};
+      const ddp::optim::adamw adamw{};
       const std::vector<kernel> kernels{
           {"pack", 8, [&] { dev.pack(segs, a.data()); }},
           {"unpack", 8, [&] { dev.unpack(segs, a.data()); }},
@@ -80,9 +83,9 @@ int main(int argc, char** argv) {
           {"scale", 8, [&] { dev.scale(a.data(), n, 0.999f); }},
           {"cast f32>bf16", 6,
            [&] { dev.cast({a.data(), n, ddp::dtype::f32}, {half.data(), n, ddp::dtype::bf16}); }},
-          {"sgd", 20, [&] { dev.sgd_update(segs, a.data(), m.data(), {.lr = 1e-3f, .momentum = 0.9f}); }},
-          {"sgd uneven", 20, [&] { dev.sgd_update(uneven, a.data(), m.data(), {.lr = 1e-3f, .momentum = 0.9f}); }},
-          {"adamw", 28, [&] { dev.adamw_update(segs, a.data(), m.data(), v.data(), {}, 1); }},
+          {"sgd", 20, [&] { dev.elementwise<1>(segs, a.data(), m.data(), n, sgd.at(1)); }},
+          {"sgd uneven", 20, [&] { dev.elementwise<1>(uneven, a.data(), m.data(), n, sgd.at(1)); }},
+          {"adamw", 28, [&] { dev.elementwise<2>(segs, a.data(), m.data(), n, adamw.at(1)); }},
       };
       auto copy = [&] { dev.copy(a.data(), b.data(), n * sizeof(float)); };
       for (int w = 0; w < 3; ++w) {  // warm-up

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ddp/host/kernels.hpp"
+#include "ddp/optim/optimizer.hpp"
 
 namespace {
 
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
     std::vector<float> p(params, 0.5f), g(params, 1e-3f), mom(params, 0.0f);
     const ddp::segment all{p.data(), 0, params};
     const ddp::optim::sgd o{.lr = 0.01f, .momentum = 0.9f};
-    for (int i = 0; i < updates; ++i) ddp::host::sgd_update(std::span(&all, 1), g.data(), mom.data(), o);
+    for (int i = 0; i < updates; ++i) ddp::host::elementwise<1>(std::span(&all, 1), g.data(), mom.data(), params, o.at(1));
   };
 
   double gemm_best[3] = {0, 0, 0}, sgd_best[3] = {0, 0, 0};

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ddp/host/device.hpp"
+#include "ddp/optim/optimizer.hpp"
 
 namespace {
 
@@ -53,7 +54,7 @@ void bm_sgd(benchmark::State& s) {
   ddp::host::device dev;
   const ddp::optim::sgd o{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 1e-4f};
   for (auto _ : s) {
-    dev.sgd_update({&seg, 1}, g.data(), m.data(), o);
+    dev.elementwise<1>({&seg, 1}, g.data(), m.data(), n, o.at(1));
     benchmark::DoNotOptimize(p.data());
   }
   set_bytes(s, 5 * n * 4);  // read p, g, m; write p, m
@@ -61,13 +62,13 @@ void bm_sgd(benchmark::State& s) {
 
 void bm_adamw(benchmark::State& s) {
   const auto n = static_cast<std::size_t>(s.range(0));
-  std::vector<float> p(n, 1.0f), g(n, 0.1f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<float> p(n, 1.0f), g(n, 0.1f), state(2 * n, 0.0f);  // m, then v
   ddp::segment seg{p.data(), 0, n};
   ddp::host::device dev;
   const ddp::optim::adamw o{};
   std::int64_t t = 0;
   for (auto _ : s) {
-    dev.adamw_update({&seg, 1}, g.data(), m.data(), v.data(), o, ++t);
+    dev.elementwise<2>({&seg, 1}, g.data(), state.data(), n, o.at(++t));
     benchmark::DoNotOptimize(p.data());
   }
   set_bytes(s, 7 * n * 4);  // read p, g, m, v; write p, m, v

@@ -56,7 +56,7 @@ class manual_step {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto v = params_[i].value.as<float>();
       auto g = params_[i].grad.as<float>();
-      ddp::host::sgd_segment(v.data(), g.data(), momentum_[i].data(), v.size(), sgd);
+      ddp::host::rule_segment(v.data(), g.data(), momentum_[i].data(), v.size(), sgd.at(1));
       std::fill(g.begin(), g.end(), 0.0f);
     }
   }

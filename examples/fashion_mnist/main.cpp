@@ -98,17 +98,7 @@ int main(int argc, char** argv) {
 
   fmnist::report r;
   const auto start = std::chrono::steady_clock::now();
-  auto run_update = [&]<class Launcher, class Update>() {
-    using P = platform;
-    if (c.buffer_sync == "none") fmnist::run_with<ddp::buffer_sync::none, Update, Launcher, P>(c, r);
-    else if (c.buffer_sync == "broadcast_each_forward") fmnist::run_with<ddp::buffer_sync::broadcast_each_forward, Update, Launcher, P>(c, r);
-    else if (c.buffer_sync == "average_once_per_step") fmnist::run_with<ddp::buffer_sync::average_once_per_step, Update, Launcher, P>(c, r);
-    else fmnist::run_with<ddp::buffer_sync::broadcast_once_per_step, Update, Launcher, P>(c, r);
-  };
-  auto run = [&]<class Launcher>() {
-    if (c.update == "sharded") run_update.template operator()<Launcher, ddp::update::sharded>();
-    else run_update.template operator()<Launcher, ddp::update::replicated>();
-  };
+  auto run = [&]<class Launcher>() { fmnist::run_with<Launcher, platform>(c, r); };
   bool lead = true;
   try {
 #if DDP_EXAMPLE_WITH_MPI

@@ -97,8 +97,8 @@ double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Pla
 // next epoch (the trainer advances the epoch, P4).
 using next_epoch_batches = std::function<std::vector<fashion_mnist::batch>()>;
 
-// One rank's epochs. A template over the trainer's sampler-free core (ddp::trainer_core), so the
-// four sampler policies share one instantiation of it (see docs/trainer.md).
+// One rank's epochs. A template over the trainer's core (ddp::trainer_core), so every combination
+// of policies shares one instantiation of it (see docs/trainer.md).
 template <class Platform, class Core>
 void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t steps_per_epoch,
                 typename Platform::model& m, typename Platform::device& dev, const config& c,
@@ -114,7 +114,7 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
     ddp::metric loss, accuracy;
     const auto batches = next_epoch();
     for (std::size_t i = 0; i < batches.size(); ++i, ++step) {
-      trainer.optimizer().lr = learning_rate(c, step, total_steps);
+      trainer.learning_rate() = learning_rate(c, step, total_steps);
       const auto& b = batches[i];
       trainer.step([&](auto& replica) {
         auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y);
@@ -165,6 +165,18 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
 }
 
 template <class F>
+void with_buffer_sync(const std::string& name, F f) {
+  if (name == "none") f(ddp::buffer_sync::none{});
+  else if (name == "broadcast_each_forward") f(ddp::buffer_sync::broadcast_each_forward{});
+  else if (name == "average_once_per_step") f(ddp::buffer_sync::average_once_per_step{});
+  else f(ddp::buffer_sync::broadcast_once_per_step{});
+}
+template <class F>
+void with_update(const std::string& name, F f) {
+  if (name == "sharded") f(ddp::update::sharded{});
+  else f(ddp::update::replicated{});
+}
+template <class F>
 void with_unused(const std::string& name, F f) {
   if (name == "forbid") f(ddp::unused_params::forbid{});
   else if (name == "detect_each_step") f(ddp::unused_params::detect_each_step{});
@@ -184,58 +196,56 @@ void with_optimizer(const std::string& name, F f) {
   else if (name == "adamw") f(ddp::optim::adamw{});
 }
 
-// Defined once per buffer-sync policy, update policy, launcher and platform (one translation
-// unit per policy pair); the other slots are dispatched here. The launcher starts the ranks
-// (in-process threads, or this process under mpirun); the platform picks device, model and
-// communicator for each rank.
-template <class Sync, class Update, class Launcher, class Platform>
-void run_with(const config& c, report& out) {
-  using Comm = typename Platform::template communicator<Launcher>;
-  const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
-  const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
-  with_unused(c.unused_params, [&](auto unused) {
-    with_sampler(c.sampler, [&](auto sampler) {
-      with_optimizer(c.optimizer, [&](auto optimizer) {
-        using trainer_t = ddp::trainer<typename Platform::model, Sync, Update, decltype(unused), decltype(sampler),
-                                       decltype(optimizer), ddp::use_communicator<Comm>,
-                                       ddp::use_device<typename Platform::device>>;
-        auto rank = [&](Comm& comm, typename Platform::device& dev) {
-          train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
-        };
-        if constexpr (std::is_same_v<Launcher, ddp::inproc::communicator>) {
-          ddp::inproc::launch(c.ranks, [&](Launcher& launcher) { Platform::on_rank(launcher, rank); });
-        } else {  // one rank per process: this process is one of them
-          Launcher launcher;
-          Platform::on_rank(launcher, rank);
-        }
+// One rank's training with the trainer type the flags name. Every trainer type shares one
+// trainer_core per communicator (docs/trainer.md), so each of the 192 combinations costs a thin
+// layer, not a copy of the step.
+template <class Comm, class Platform>
+void train_with_flags(Comm& comm, typename Platform::device& dev, const config& c, const fashion_mnist& train_set,
+                      const fashion_mnist& test_set, report& out) {
+  with_buffer_sync(c.buffer_sync, [&](auto sync) {
+    with_update(c.update, [&](auto update) {
+      with_unused(c.unused_params, [&](auto unused) {
+        with_sampler(c.sampler, [&](auto sampler) {
+          with_optimizer(c.optimizer, [&](auto optimizer) {
+            using trainer_t = ddp::trainer<typename Platform::model, decltype(sync), decltype(update), decltype(unused),
+                                           decltype(sampler), decltype(optimizer), ddp::use_communicator<Comm>,
+                                           ddp::use_device<typename Platform::device>>;
+            train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
+          });
+        });
       });
     });
   });
 }
 
-#define DDP_EXAMPLE_DECLARE_UPDATE(update, launcher, platform)                                               \
-  extern template void run_with<ddp::buffer_sync::none, update, launcher, platform>(const config&, report&);    \
-  extern template void run_with<ddp::buffer_sync::broadcast_each_forward, update, launcher, platform>(          \
-      const config&, report&);                                                                                  \
-  extern template void run_with<ddp::buffer_sync::broadcast_once_per_step, update, launcher, platform>(         \
-      const config&, report&);                                                                                  \
-  extern template void run_with<ddp::buffer_sync::average_once_per_step, update, launcher, platform>(           \
-      const config&, report&);
-#define DDP_EXAMPLE_DECLARE(launcher, platform)                            \
-  DDP_EXAMPLE_DECLARE_UPDATE(ddp::update::replicated, launcher, platform) \
-  DDP_EXAMPLE_DECLARE_UPDATE(ddp::update::sharded, launcher, platform)
+// The launcher starts the ranks (in-process threads, or this process under mpirun); the platform
+// picks device, model and communicator for each rank.
+template <class Launcher, class Platform>
+void run_with(const config& c, report& out) {
+  using Comm = typename Platform::template communicator<Launcher>;
+  const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
+  const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
+  auto rank = [&](Comm& comm, typename Platform::device& dev) {
+    train_with_flags<Comm, Platform>(comm, dev, c, train_set, test_set, out);
+  };
+  if constexpr (std::is_same_v<Launcher, ddp::inproc::communicator>) {
+    ddp::inproc::launch(c.ranks, [&](Launcher& launcher) { Platform::on_rank(launcher, rank); });
+  } else {  // one rank per process: this process is one of them
+    Launcher launcher;
+    Platform::on_rank(launcher, rank);
+  }
+}
+
 #if DDP_EXAMPLE_WITH_CUDA
-DDP_EXAMPLE_DECLARE(ddp::inproc::communicator, gpu_platform)
+extern template void run_with<ddp::inproc::communicator, gpu_platform>(const config&, report&);
 #if DDP_EXAMPLE_WITH_MPI
-DDP_EXAMPLE_DECLARE(ddp::mpi::communicator, gpu_platform)
+extern template void run_with<ddp::mpi::communicator, gpu_platform>(const config&, report&);
 #endif
 #else
-DDP_EXAMPLE_DECLARE(ddp::inproc::communicator, host_platform)
+extern template void run_with<ddp::inproc::communicator, host_platform>(const config&, report&);
 #if DDP_EXAMPLE_WITH_MPI
-DDP_EXAMPLE_DECLARE(ddp::mpi::communicator, host_platform)
+extern template void run_with<ddp::mpi::communicator, host_platform>(const config&, report&);
 #endif
 #endif
-#undef DDP_EXAMPLE_DECLARE
-#undef DDP_EXAMPLE_DECLARE_UPDATE
 
 }  // namespace fmnist

@@ -11,6 +11,8 @@
 #include "ddp/core/random.hpp"
 #include "ddp/cuda/device_vector.hpp"
 #include "ddp/host/device.hpp"
+#include "ddp/optim/optimizer.hpp"
+#include "support/user_optimizer.hpp"
 
 namespace {
 
@@ -118,23 +120,40 @@ TEST_CASE("cuda fused SGD and AdamW updates equal the host's") {
       offset = (offset + counts[k] + 3) / 4 * 4;
     }
     auto g = dvec::from_host(dev, grad);
-    auto m_host = random_floats(total, 5, 0.0f, 0.1f), v_host = random_floats(total, 6, 0.0f, 0.1f);
-    auto m = dvec::from_host(dev, m_host), v = dvec::from_host(dev, v_host);
+    auto state_host = random_floats(2 * total, 5, 0.0f, 0.1f);  // m, then v (AdamW)
+    auto state = dvec::from_host(dev, state_host);
     INFO("variant ", variant);
     for (int step = 1; step <= 3; ++step) {
       if (variant < 3) {
         ddp::optim::sgd o{.lr = 0.1f, .momentum = variant == 0 ? 0.0f : 0.9f, .weight_decay = 1e-3f, .nesterov = variant == 2};
-        host.sgd_update(seg_host, grad.data(), m_host.data(), o);
-        dev.sgd_update(seg_dev, g.data(), m.data(), o);
+        host.elementwise<1>(seg_host, grad.data(), state_host.data(), total, o.at(step));
+        dev.elementwise<1>(seg_dev, g.data(), state.data(), total, o.at(step));
       } else {
         ddp::optim::adamw o{.lr = 1e-2f};
-        host.adamw_update(seg_host, grad.data(), m_host.data(), v_host.data(), o, step);
-        dev.adamw_update(seg_dev, g.data(), m.data(), v.data(), o, step);
+        host.elementwise<2>(seg_host, grad.data(), state_host.data(), total, o.at(step));
+        dev.elementwise<2>(seg_dev, g.data(), state.data(), total, o.at(step));
       }
     }
     for (std::size_t k = 0; k < counts.size(); ++k) check_close(p_dev[k].to_host(), p_host[k], 1e-5f);
-    check_close(m.to_host(), m_host, 1e-5f);
+    check_close(state.to_host(), state_host, 1e-5f);
   }
+}
+
+TEST_CASE("a user's optimizer (Lion, its kernel instantiated in tests/gpu/user_optimizer.cu) equals the host's") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  const std::size_t n = 1031;  // not a multiple of 4: the kernel's vector and scalar paths
+  auto p_host = random_floats(n, 41), m_host = random_floats(n, 42, 0.0f, 0.1f);
+  const auto grad = random_floats(n, 43);
+  auto p = dvec::from_host(dev, p_host), m = dvec::from_host(dev, m_host), g = dvec::from_host(dev, grad);
+  const user::lion lion{.lr = 1e-2f, .weight_decay = 0.1f};
+  const ddp::segment seg_host{p_host.data(), 0, n}, seg_dev{p.data(), 0, n};
+  for (int step = 1; step <= 3; ++step) {
+    host.elementwise<1>({&seg_host, 1}, grad.data(), m_host.data(), n, lion.at(step));
+    dev.elementwise<1>({&seg_dev, 1}, g.data(), m.data(), n, lion.at(step));
+  }
+  check_close(p.to_host(), p_host, 1e-5f);
+  check_close(m.to_host(), m_host, 1e-5f);
 }
 
 TEST_CASE("cuda pack, unpack and SGD over more segments than one launch holds, of very unequal sizes") {
@@ -191,8 +210,8 @@ TEST_CASE("cuda pack, unpack and SGD over more segments than one launch holds, o
   std::vector<float> host_m(total, 0.0f);
   const ddp::optim::sgd o{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f};
   for (int step = 0; step < 2; ++step) {
-    dev.sgd_update(segs, g.data(), m.data(), o);
-    host.sgd_update(host_segs, grad.data(), host_m.data(), o);
+    dev.elementwise<1>(segs, g.data(), m.data(), total, o.at(1));
+    host.elementwise<1>(host_segs, grad.data(), host_m.data(), total, o.at(1));
   }
   check_close(bucket.to_host(), host_bucket, 1e-5f);
   check_close(m.to_host(), host_m, 1e-5f);

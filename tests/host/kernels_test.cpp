@@ -8,6 +8,7 @@
 
 #include "ddp/host/device.hpp"
 #include "ddp/host/kernels.hpp"
+#include "ddp/optim/optimizer.hpp"
 
 TEST_CASE("f16 and bf16 casts round to nearest even and round-trip exactly representable values") {
   ddp::host::device dev;
@@ -45,7 +46,7 @@ TEST_CASE("sgd with momentum and nesterov follows PyTorch's rule") {
     ddp::segment s{p.data(), 0, 2};
     std::vector<double> rp{1.0, -2.0}, rm{0, 0};
     for (int step = 0; step < 3; ++step) {
-      dev.sgd_update({&s, 1}, g.data(), m.data(), o);
+      dev.elementwise<1>({&s, 1}, g.data(), m.data(), m.size(), o.at(step + 1));
       for (int i = 0; i < 2; ++i) {
         double d = g[i] + 0.01 * rp[i];
         rm[i] = 0.9 * rm[i] + d;
@@ -59,12 +60,12 @@ TEST_CASE("sgd with momentum and nesterov follows PyTorch's rule") {
 
 TEST_CASE("adamw follows PyTorch's rule with bias correction and decoupled decay") {
   ddp::host::device dev;
-  std::vector<float> p{1.0f}, g{0.3f}, m{0}, v{0};
+  std::vector<float> p{1.0f}, g{0.3f}, state{0, 0};  // m, then v
   ddp::optim::adamw o{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
   ddp::segment s{p.data(), 0, 1};
   double rp = 1.0, rm = 0, rv = 0;
   for (int t = 1; t <= 3; ++t) {
-    dev.adamw_update({&s, 1}, g.data(), m.data(), v.data(), o, t);
+    dev.elementwise<2>({&s, 1}, g.data(), state.data(), 1, o.at(t));
     rp *= 1 - 0.01 * 0.1;
     rm = 0.9 * rm + 0.1 * 0.3;
     rv = 0.999 * rv + 0.001 * 0.09;

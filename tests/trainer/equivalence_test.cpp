@@ -185,15 +185,20 @@ std::vector<std::vector<float>> two_steps(Core& trainer, test::mlp& model, int r
 }
 }  // namespace
 
-TEST_CASE("trainers that differ only in their sampler share one trainer_core, whatever the policy order") {
+TEST_CASE("trainers over one module, communicator and device share one trainer_core, whatever their policies") {
   using contiguous = ddp::trainer<test::mlp, ddp::sampler::contiguous, ddp::optim::adamw>;
   using shuffled = ddp::trainer<test::mlp, ddp::optim::adamw>;
   using reordered = ddp::trainer<test::mlp, ddp::optim::adamw, ddp::buffer_sync::broadcast_once_per_step,
                                  ddp::sampler::distributed<false, ddp::sampler::tail::drop>>;
+  using other = ddp::trainer<test::mlp, ddp::buffer_sync::average_once_per_step, ddp::unused_params::static_graph,
+                             ddp::update::sharded, ddp::bucket_cap<1024>>;
   static_assert(std::is_same_v<contiguous::core_type, shuffled::core_type>);
   static_assert(std::is_same_v<contiguous::core_type, reordered::core_type>);
+  static_assert(std::is_same_v<contiguous::core_type, other::core_type>);
   static_assert(std::is_base_of_v<shuffled::core_type, shuffled>);
-  CHECK(contiguous::describe_policies() == shuffled::core_type::describe_policies() + ", sampler=contiguous");
+  CHECK(contiguous::describe_policies() ==
+        "buffer_sync=broadcast_once_per_step, unused_params=forbid, bucket_cap=25600 KiB, optimizer=adamw, "
+        "update=replicated, communicator=inproc, sampler=contiguous");
   auto results = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
     ddp::host::device dev;
     auto a = test::make_mlp(seed), b = test::make_mlp(seed);

@@ -109,9 +109,10 @@ struct faulty_device : ddp::host::device {
     inj->event(where::buffer_sync);
     ddp::host::device::copy(dst, src, bytes);
   }
-  void sgd_update(std::span<const ddp::segment> p, const float* g, float* m, const ddp::optim::sgd& o) {
+  template <int S, class Rule>
+  void elementwise(std::span<const ddp::segment> p, const float* g, float* state, std::size_t stride, const Rule& r) {
     inj->event(where::update);
-    ddp::host::device::sgd_update(p, g, m, o);
+    ddp::host::device::elementwise<S>(p, g, state, stride, r);
   }
 };
 

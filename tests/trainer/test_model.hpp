@@ -172,7 +172,7 @@ class reference_sgd {
     for (auto& p : m_.parameters()) {
       auto v = p.value.template as<float>();
       auto g = p.grad.template as<float>();
-      ddp::host::sgd_segment(v.data(), g.data(), state_[i++].data(), v.size(), o_);
+      ddp::host::rule_segment(v.data(), g.data(), state_[i++].data(), v.size(), o_.at(1));
       std::fill(g.begin(), g.end(), 0.0f);
     }
   }

@@ -14,10 +14,11 @@
 //   void pack(std::span<const segment>, float* bucket);       bucket[offset..] = *tensor
 //   void unpack(std::span<const segment>, const float* bucket);  *tensor = bucket[offset..]
 //   void cast(ddp::const_buffer src, ddp::mutable_buffer dst);  f32 <-> f16 / bf16, same count
-//   void sgd_update(std::span<const segment> params, const float* grad, float* momentum,
-//                   const ddp::optim::sgd&);         grad/momentum indexed by segment offsets
-//   void adamw_update(std::span<const segment>, const float* grad, float* m, float* v,
-//                     const ddp::optim::adamw&, std::int64_t step);
+//   template <int S, class Rule>
+//   void elementwise(std::span<const segment> params, const float* grad, float* state,
+//                    std::size_t stride, const Rule&);
+//        an optimizer's element rule (ddp/optim/optimizer.hpp) over every parameter element:
+//        rule(p, grad[offset + i], s) with s[k] at state[k * stride + offset + i], k < S
 //   void synchronize();                                   host waits for the queue to drain
 //   std::optional<ddp::device_id> locate(const void*) const;  where memory really lives, when
 //                                                        the device can tell (P3 checks)
@@ -30,8 +31,6 @@
 #include "ddp/core/buffer.hpp"
 #include "ddp/core/device_id.hpp"
 #include "ddp/core/segment.hpp"
-#include "ddp/optim/adamw.hpp"
-#include "ddp/optim/sgd.hpp"
 
 namespace ddp {
 
@@ -60,13 +59,14 @@ concept has_bucket_kernels =
       d.unpack(segs, cx);
       d.cast(src, dst);
     };
+// A rule of the shape optimizers use, to check that the device runs one.
+struct probe_rule {
+  void operator()(float&, float, float*) const {}
+};
 template <class D>
-concept has_optimizer_kernels =
-    requires(D& d, std::span<const segment> segs, const float* g, float* s, const optim::sgd& sgd,
-             const optim::adamw& adamw, std::int64_t step) {
-      d.sgd_update(segs, g, s, sgd);
-      d.adamw_update(segs, g, s, s, adamw, step);
-    };
+concept has_elementwise = requires(D& d, std::span<const segment> segs, const float* g, float* s, std::size_t n) {
+  d.template elementwise<2>(segs, g, s, n, probe_rule{});
+};
 template <class D>
 concept has_queue = requires(D& d, const D& cd, const void* p) {
   d.synchronize();
@@ -78,7 +78,7 @@ concept has_queue = requires(D& d, const D& cd, const void* p) {
 template <class D>
 concept device = device_requirements::has_identity<D> && device_requirements::has_memory<D> &&
                  device_requirements::has_bucket_kernels<D> &&
-                 device_requirements::has_optimizer_kernels<D> && device_requirements::has_queue<D>;
+                 device_requirements::has_elementwise<D> && device_requirements::has_queue<D>;
 
 template <class D>
 consteval bool diagnose_device() {
@@ -91,8 +91,10 @@ consteval bool diagnose_device() {
                 "copy_to_host, fill_zero (see ddp/concepts/device.hpp)");
   static_assert(r::has_bucket_kernels<D>,
                 "ddp: the device lacks one of the bucket kernels scale, pack, unpack, cast");
-  static_assert(r::has_optimizer_kernels<D>,
-                "ddp: the device lacks `sgd_update` or `adamw_update`");
+  static_assert(r::has_elementwise<D>,
+                "ddp: the device lacks `template <int S, class Rule> void elementwise(std::span<const "
+                "ddp::segment>, const float* grad, float* state, std::size_t stride, const Rule&)` (runs an "
+                "optimizer's element rule)");
   static_assert(r::has_queue<D>,
                 "ddp: the device lacks `synchronize()` or `std::optional<ddp::device_id> "
                 "locate(const void*) const`");

@@ -103,15 +103,13 @@ class device {
     check(status, "cast kernel", site_);
   }
 
-  void sgd_update(std::span<const segment> p, const float* g, float* m, const optim::sgd& o) {
+  // An optimizer's element rule over a bucket (ddp/optim/optimizer.hpp); its kernel is
+  // instantiated by DDP_CUDA_OPTIMIZER in an nvcc translation unit (ddp's own for sgd and adamw).
+  template <int S, class Rule>
+  void elementwise(std::span<const segment> p, const float* g, float* state, std::size_t stride, const Rule& rule) {
     activate();
-    check(kernels::sgd_update(p.data(), p.size(), g, m, o, limits_, stream()), "sgd_update kernel", site_);
-  }
-  void adamw_update(std::span<const segment> p, const float* g, float* m, float* v, const optim::adamw& o,
-                    std::int64_t step) {
-    activate();
-    check(kernels::adamw_update(p.data(), p.size(), g, m, v, o, step, limits_, stream()), "adamw_update kernel",
-          site_);
+    check(kernels::elementwise<S, Rule>(p.data(), p.size(), g, state, stride, rule, limits_, stream()),
+          "elementwise kernel", site_);
   }
 
   void synchronize() { stream_.synchronize(); }

@@ -14,46 +14,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "ddp/cuda/grid.cuh"
 #include "ddp/cuda/kernels.hpp"
 #include "ddp/cuda/segment_table.hpp"
 
 namespace ddp::cuda::kernels {
 
 namespace device_code {
-
-constexpr int threads = 256;
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
-}
-
-__device__ __forceinline__ std::size_t first_thread() {
-  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::size_t grid_threads() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
-
-// vec(i) handles floats [4i, 4i+4) when `vectorized`, one(i) the single float i.
-template <class Vec, class One>
-__device__ __forceinline__ void grid_stride(std::size_t n, bool vectorized, Vec vec, One one) {
-  std::size_t tail = 0;
-  if (vectorized) {
-    const std::size_t n4 = n / 4;
-    for (std::size_t i = first_thread(); i < n4; i += grid_threads()) vec(i);
-    tail = n4 * 4;
-  }
-  for (std::size_t i = tail + first_thread(); i < n; i += grid_threads()) one(i);
-}
-
-// This thread's groups of the table (ddp/cuda/segment_table.hpp): f(segment, span) for each.
-template <class F>
-__device__ __forceinline__ void over_groups(const segment_table& t, F f) {
-  for_each_group(t, first_thread(), grid_threads(), [&](group_span g) { f(t.s[g.index], g); });
-}
-
-template <class F>
-__device__ __forceinline__ float4 map4(float4 a, F f) {
-  return {f(a.x), f(a.y), f(a.z), f(a.w)};
-}
 
 // The table is read in place from the launch's parameter memory (__grid_constant__): it is
 // indexed with a run-time segment number, which would otherwise copy it per thread.
@@ -112,108 +79,6 @@ __global__ void cast_kernel(const From* src, To* dst, std::size_t n) {
       [&](std::size_t i) { dst[i] = convert<From, To>(src[i]); });
 }
 
-struct sgd_args {
-  float lr, momentum, weight_decay;
-  bool nesterov;
-};
-
-__device__ __forceinline__ void sgd_one(float& p, float g, float& m, const sgd_args& o) {
-  const float d = g + o.weight_decay * p;
-  m = o.momentum * m + d;
-  p -= o.lr * (o.nesterov ? d + o.momentum * m : m);
-}
-__device__ __forceinline__ void sgd_plain(float& p, float g, const sgd_args& o) { p -= o.lr * (g + o.weight_decay * p); }
-
-// Momentum 0 neither reads nor writes the momentum state (as the host kernel).
-__global__ void sgd_kernel(const __grid_constant__ segment_table t, const float* grad, float* momentum, sgd_args o) {
-  const bool with_momentum = o.momentum != 0.0f;
-  over_groups(t, [&](const segment& s, group_span gs) {
-    float* p = s.tensor + gs.begin;
-    const float* g = grad + s.offset + gs.begin;
-    float* m = momentum + s.offset + gs.begin;
-    if (gs.full() && aligned16(p) && aligned16(g) && aligned16(m)) {
-      float4 p4 = *reinterpret_cast<float4*>(p);
-      const float4 g4 = *reinterpret_cast<const float4*>(g);
-      if (with_momentum) {
-        float4 m4 = *reinterpret_cast<float4*>(m);
-        sgd_one(p4.x, g4.x, m4.x, o);
-        sgd_one(p4.y, g4.y, m4.y, o);
-        sgd_one(p4.z, g4.z, m4.z, o);
-        sgd_one(p4.w, g4.w, m4.w, o);
-        *reinterpret_cast<float4*>(m) = m4;
-      } else {
-        sgd_plain(p4.x, g4.x, o);
-        sgd_plain(p4.y, g4.y, o);
-        sgd_plain(p4.z, g4.z, o);
-        sgd_plain(p4.w, g4.w, o);
-      }
-      *reinterpret_cast<float4*>(p) = p4;
-    } else {
-      for (std::size_t i = 0; i < gs.end - gs.begin; ++i) {
-        if (with_momentum)
-          sgd_one(p[i], g[i], m[i], o);
-        else
-          sgd_plain(p[i], g[i], o);
-      }
-    }
-  });
-}
-
-struct adamw_args {
-  float beta1, beta2, eps, decay, step_size, inv_sqrt_bc2;
-};
-
-__device__ __forceinline__ void adamw_one(float& p, float g, float& m, float& v, const adamw_args& o) {
-  p *= o.decay;
-  m = o.beta1 * m + (1.0f - o.beta1) * g;
-  v = o.beta2 * v + (1.0f - o.beta2) * g * g;
-  p -= o.step_size * m / (sqrtf(v) * o.inv_sqrt_bc2 + o.eps);
-}
-
-__global__ void adamw_kernel(const __grid_constant__ segment_table t, const float* grad, float* m_all, float* v_all,
-                             adamw_args o) {
-  over_groups(t, [&](const segment& s, group_span gs) {
-    float* p = s.tensor + gs.begin;
-    const float* g = grad + s.offset + gs.begin;
-    float* m = m_all + s.offset + gs.begin;
-    float* v = v_all + s.offset + gs.begin;
-    if (gs.full() && aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v)) {
-      float4 p4 = *reinterpret_cast<float4*>(p);
-      const float4 g4 = *reinterpret_cast<const float4*>(g);
-      float4 m4 = *reinterpret_cast<float4*>(m);
-      float4 v4 = *reinterpret_cast<float4*>(v);
-      adamw_one(p4.x, g4.x, m4.x, v4.x, o);
-      adamw_one(p4.y, g4.y, m4.y, v4.y, o);
-      adamw_one(p4.z, g4.z, m4.z, v4.z, o);
-      adamw_one(p4.w, g4.w, m4.w, v4.w, o);
-      *reinterpret_cast<float4*>(p) = p4;
-      *reinterpret_cast<float4*>(m) = m4;
-      *reinterpret_cast<float4*>(v) = v4;
-    } else {
-      for (std::size_t i = 0; i < gs.end - gs.begin; ++i) adamw_one(p[i], g[i], m[i], v[i], o);
-    }
-  });
-}
-
-// Enough blocks for one group (4 floats) per thread, at most the device's limit.
-inline unsigned blocks_for_groups(std::size_t groups, launch_limits limits) {
-  const std::size_t wanted = (groups + threads - 1) / threads;
-  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, static_cast<std::size_t>(limits.max_blocks)));
-}
-inline unsigned blocks_for(std::size_t n, launch_limits limits) { return blocks_for_groups((n + 3) / 4, limits); }
-
-// Launches kernel(table, args...) over `segments`, segment_table::capacity at a time.
-template <class Kernel, class... Args>
-cudaError_t over_segments(const segment* segments, std::size_t count, launch_limits limits, cudaStream_t stream,
-                          Kernel kernel, Args... args) {
-  for (std::size_t begin = 0; begin < count; begin += segment_table::capacity) {
-    const segment_table t = segment_table::of(segments + begin, count - begin);
-    if (t.groups() == 0) continue;
-    kernel<<<blocks_for_groups(t.groups(), limits), threads, 0, stream>>>(t, args...);
-  }
-  return cudaGetLastError();
-}
-
 }  // namespace device_code
 
 cudaError_t copy_segments(const segment* segments, std::size_t count, float* bucket, direction d,
@@ -251,22 +116,6 @@ bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launc
     return false;
   status = cudaGetLastError();
   return true;
-}
-
-cudaError_t sgd_update(const segment* params, std::size_t count, const float* grad, float* momentum,
-                       const optim::sgd& o, launch_limits limits, cudaStream_t stream) {
-  return device_code::over_segments(params, count, limits, stream, device_code::sgd_kernel, grad, momentum,
-                                    device_code::sgd_args{o.lr, o.momentum, o.weight_decay, o.nesterov});
-}
-
-cudaError_t adamw_update(const segment* params, std::size_t count, const float* grad, float* m, float* v,
-                         const optim::adamw& o, std::int64_t step, launch_limits limits, cudaStream_t stream) {
-  // Step-dependent factors once on the host, as the host kernel computes them.
-  const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(step));
-  const float bc2 = 1.0f - std::pow(o.beta2, static_cast<float>(step));
-  const device_code::adamw_args args{o.beta1, o.beta2, o.eps, 1.0f - o.lr * o.weight_decay, o.lr / bc1,
-                                     1.0f / std::sqrt(bc2)};
-  return device_code::over_segments(params, count, limits, stream, device_code::adamw_kernel, grad, m, v, args);
 }
 
 }  // namespace ddp::cuda::kernels

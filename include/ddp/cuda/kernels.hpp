@@ -10,8 +10,6 @@
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/segment.hpp"
-#include "ddp/optim/adamw.hpp"
-#include "ddp/optim/sgd.hpp"
 
 namespace ddp::cuda::kernels {
 
@@ -30,11 +28,12 @@ cudaError_t scale(float* x, std::size_t n, float factor, launch_limits, cudaStre
 // f32 <-> f16 / bf16, n elements; false (nothing launched) for another pair of dtypes.
 bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launch_limits, cudaStream_t,
           cudaError_t& status);
-// The fused optimizer updates of ddp/host/kernels.hpp, per segment: parameter s.tensor, gradient
-// and state at s.offset of grad / state.
-cudaError_t sgd_update(const segment* params, std::size_t count, const float* grad, float* momentum,
-                       const optim::sgd&, launch_limits, cudaStream_t);
-cudaError_t adamw_update(const segment* params, std::size_t count, const float* grad, float* m, float* v,
-                         const optim::adamw&, std::int64_t step, launch_limits, cudaStream_t);
+// An optimizer's element rule (ddp/optim/optimizer.hpp) per segment: parameter s.tensor, gradient
+// at grad + s.offset, state slot k at state + k * stride + s.offset. Defined in
+// ddp/cuda/elementwise.cuh; DDP_CUDA_OPTIMIZER(Optimizer) instantiates it for one optimizer in an
+// nvcc translation unit (ddp's own does so for sgd and adamw).
+template <int S, class Rule>
+cudaError_t elementwise(const segment* params, std::size_t count, const float* grad, float* state,
+                        std::size_t stride, Rule rule, launch_limits, cudaStream_t);
 
 }  // namespace ddp::cuda::kernels

@@ -73,12 +73,10 @@ class device {
     }
   }
 
-  void sgd_update(std::span<const segment> p, const float* g, float* m, const optim::sgd& o) {
-    host::sgd_update(p, g, m, o);
-  }
-  void adamw_update(std::span<const segment> p, const float* g, float* m, float* v,
-                    const optim::adamw& o, std::int64_t step) {
-    host::adamw_update(p, g, m, v, o, step);
+  // An optimizer's element rule over a bucket (ddp/optim/optimizer.hpp).
+  template <int S, class Rule>
+  void elementwise(std::span<const segment> p, const float* g, float* state, std::size_t stride, const Rule& rule) {
+    host::elementwise<S>(p, g, state, stride, rule);
   }
 
   void synchronize() noexcept {}

@@ -12,8 +12,6 @@
 #include "ddp/core/reduce_op.hpp"
 #include "ddp/core/segment.hpp"
 #include "ddp/core/vectorize.hpp"
-#include "ddp/optim/adamw.hpp"
-#include "ddp/optim/sgd.hpp"
 
 namespace ddp::host {
 
@@ -102,52 +100,63 @@ inline void unpack(std::span<const segment> segments, const float* bucket) {
     if (bucket + s.offset != s.tensor) std::memcpy(s.tensor, bucket + s.offset, s.count * 4);
 }
 
-DDP_VECTORIZE inline void sgd_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g,
-                                      float* DDP_RESTRICT m, std::size_t n, const optim::sgd& o) {
-  const float lr = o.lr, mu = o.momentum, wd = o.weight_decay;
-  if (mu == 0.0f) {
-    for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-  } else if (o.nesterov) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const float d = g[i] + wd * p[i];
-      m[i] = mu * m[i] + d;
-      p[i] -= lr * (d + mu * m[i]);
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      m[i] = mu * m[i] + (g[i] + wd * p[i]);
-      p[i] -= lr * m[i];
-    }
-  }
+// One optimizer rule (ddp/optim/optimizer.hpp) over n elements with S state slots, each its own
+// array: restrict pointers let the loop vectorise.
+template <class Rule>
+DDP_VECTORIZE inline void rule_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g, std::size_t n,
+                                       const Rule& rule) {
+  const Rule r = rule;
+  float none[1] = {0.0f};
+  for (std::size_t i = 0; i < n; ++i) r(p[i], g[i], none);
 }
-
-inline void sgd_update(std::span<const segment> params, const float* grad, float* momentum,
-                       const optim::sgd& o) {
-  for (const auto& s : params)
-    sgd_segment(s.tensor, grad + s.offset, momentum + s.offset, s.count, o);
-}
-
-DDP_VECTORIZE inline void adamw_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g,
-                                        float* DDP_RESTRICT m, float* DDP_RESTRICT v,
-                                        std::size_t n, const optim::adamw& o, std::int64_t step) {
-  const float b1 = o.beta1, b2 = o.beta2, eps = o.eps;
-  const float decay = 1.0f - o.lr * o.weight_decay;
-  const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step));
-  const float bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
-  const float step_size = o.lr / bc1;
-  const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+template <class Rule>
+DDP_VECTORIZE inline void rule_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g, float* DDP_RESTRICT s0,
+                                       std::size_t n, const Rule& rule) {
+  const Rule r = rule;
   for (std::size_t i = 0; i < n; ++i) {
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+    float s[1] = {s0[i]};
+    r(p[i], g[i], s);
+    s0[i] = s[0];
+  }
+}
+template <class Rule>
+DDP_VECTORIZE inline void rule_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g, float* DDP_RESTRICT s0,
+                                       float* DDP_RESTRICT s1, std::size_t n, const Rule& rule) {
+  const Rule r = rule;
+  for (std::size_t i = 0; i < n; ++i) {
+    float s[2] = {s0[i], s1[i]};
+    r(p[i], g[i], s);
+    s0[i] = s[0];
+    s1[i] = s[1];
+  }
+}
+template <class Rule>
+DDP_VECTORIZE inline void rule_segment(float* DDP_RESTRICT p, const float* DDP_RESTRICT g, float* DDP_RESTRICT s0,
+                                       float* DDP_RESTRICT s1, float* DDP_RESTRICT s2, std::size_t n,
+                                       const Rule& rule) {
+  const Rule r = rule;
+  for (std::size_t i = 0; i < n; ++i) {
+    float s[3] = {s0[i], s1[i], s2[i]};
+    r(p[i], g[i], s);
+    s0[i] = s[0];
+    s1[i] = s[1];
+    s2[i] = s[2];
   }
 }
 
-inline void adamw_update(std::span<const segment> params, const float* grad, float* m, float* v,
-                         const optim::adamw& o, std::int64_t step) {
-  for (const auto& s : params)
-    adamw_segment(s.tensor, grad + s.offset, m + s.offset, v + s.offset, s.count, o, step);
+// The rule over every segment: parameter s.tensor, its gradient at grad + s.offset, state slot k
+// at state + k * stride + s.offset.
+template <int S, class Rule>
+void elementwise(std::span<const segment> segments, const float* grad, float* state, std::size_t stride,
+                 const Rule& rule) {
+  static_assert(S >= 0 && S <= 3, "ddp: the host device runs rules with 0 to 3 state slots");
+  for (const auto& s : segments) {
+    float* st = state + s.offset;
+    if constexpr (S == 0) rule_segment(s.tensor, grad + s.offset, s.count, rule);
+    else if constexpr (S == 1) rule_segment(s.tensor, grad + s.offset, st, s.count, rule);
+    else if constexpr (S == 2) rule_segment(s.tensor, grad + s.offset, st, st + stride, s.count, rule);
+    else rule_segment(s.tensor, grad + s.offset, st, st + stride, st + 2 * stride, s.count, rule);
+  }
 }
 
 // IEEE binary16 and bfloat16 conversions, round to nearest even.

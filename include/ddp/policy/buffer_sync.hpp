@@ -9,6 +9,29 @@
 //                             forward. Any number of forwards per step is safe. The default.
 //   average_once_per_step     before the first forward, floating buffers are averaged over the
 //                             ranks and integer buffers broadcast from rank 0.
+//
+// A policy of this slot is a type with
+//   using slot = ddp::buffer_sync::slot;  static constexpr std::string_view name;
+//   void before_forward(ddp::buffer_sync::context&);  // before every forward of a step
+//   void synchronize(ddp::buffer_sync::context&);     // trainer.synchronize_buffers(), e.g.
+//                                                      // before evaluating
+// and optionally `void prepare(ddp::buffer_sync::context&)`, run once at construction (check the
+// buffers suit the policy there). The context's operations are collectives: every rank must make
+// the same calls, so decide from what every rank knows alike (the step, the forward's index).
+// The trainer bumps the version of every buffer an operation overwrites; the P1 check then
+// names a buffer a pending backward still needed.
+//
+//   struct every_k_steps {                       // written outside the library
+//     using slot = ddp::buffer_sync::slot;
+//     static constexpr std::string_view name = "every_k_steps";
+//     std::uint64_t k = 4;
+//     void before_forward(ddp::buffer_sync::context& c) {
+//       if (c.forward_index() == 0 && c.step() % k == 0) c.broadcast_buffers(0);
+//     }
+//     void synchronize(ddp::buffer_sync::context& c) { c.broadcast_buffers(0); }
+//   };
+#include <concepts>
+#include <cstdint>
 #include <string_view>
 
 #include "ddp/policy/slots.hpp"
@@ -17,26 +40,84 @@ namespace ddp::buffer_sync {
 
 struct slot;
 
+// What a buffer-sync policy may do; the trainer provides it.
+class context {
+ public:
+  // Steps the trainer finished before the current one.
+  virtual std::uint64_t step() const noexcept = 0;
+  // Forwards run since the last update, accumulate() micro-batches included (0 before the
+  // step's first forward).
+  virtual std::size_t forward_index() const noexcept = 0;
+  // Collective: every buffer takes `root`'s value.
+  virtual void broadcast_buffers(int root) = 0;
+  // Collective: floating buffers (f32, f64) take the mean over the ranks, the others rank 0's.
+  virtual void average_buffers() = 0;
+  // Construction: throws, naming the buffer, unless average_buffers() can average every
+  // floating buffer.
+  virtual void require_averageable() = 0;
+
+ protected:
+  ~context() = default;
+};
+
+template <class P>
+concept policy = requires(P& p, context& c) {
+  requires std::same_as<typename P::slot, slot>;
+  { P::name } -> std::convertible_to<std::string_view>;
+  p.before_forward(c);
+  p.synchronize(c);
+};
+
 struct none {
   using slot = buffer_sync::slot;
   static constexpr std::string_view name = "none";
+  void before_forward(context&) {}
+  void synchronize(context&) {}
 };
+
 struct broadcast_each_forward {
   using slot = buffer_sync::slot;
   static constexpr std::string_view name = "broadcast_each_forward";
+  void before_forward(context& c) { c.broadcast_buffers(0); }
+  void synchronize(context& c) { c.broadcast_buffers(0); }
 };
+
 struct broadcast_once_per_step {
   using slot = buffer_sync::slot;
   static constexpr std::string_view name = "broadcast_once_per_step";
+  void before_forward(context& c) {
+    if (c.forward_index() == 0) c.broadcast_buffers(0);
+  }
+  void synchronize(context& c) { c.broadcast_buffers(0); }
 };
+
 struct average_once_per_step {
   using slot = buffer_sync::slot;
   static constexpr std::string_view name = "average_once_per_step";
+  void prepare(context& c) { c.require_averageable(); }
+  void before_forward(context& c) {
+    if (c.forward_index() == 0) c.average_buffers();
+  }
+  void synchronize(context& c) { c.average_buffers(); }
 };
 
 struct slot {
   static constexpr std::string_view name = "buffer_sync";
   using default_policy = broadcast_once_per_step;
 };
+
+// The slot's check, with one message per missing member (the trainer calls it).
+template <class P>
+consteval bool diagnose() {
+  static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; },
+                "ddp: a policy in the buffer_sync slot lacks `static constexpr std::string_view name`");
+  static_assert(requires(P& p, context& c) { p.before_forward(c); },
+                "ddp: a policy in the buffer_sync slot lacks `void before_forward(ddp::buffer_sync::context&)` "
+                "(what to do before each forward; see ddp/policy/buffer_sync.hpp)");
+  static_assert(requires(P& p, context& c) { p.synchronize(c); },
+                "ddp: a policy in the buffer_sync slot lacks `void synchronize(ddp::buffer_sync::context&)` "
+                "(what trainer.synchronize_buffers() does; see ddp/policy/buffer_sync.hpp)");
+  return policy<P>;
+}
 
 }  // namespace ddp::buffer_sync

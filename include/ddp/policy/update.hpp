@@ -12,6 +12,19 @@
 //               move the bytes of one all_reduce. A module that binds parameter storage
 //               (`bind_parameter`) keeps its parameters in the gathered memory; otherwise the
 //               trainer copies them in and out once per step.
+//
+// A policy of this slot is a type with
+//   using slot = ddp::update::slot;  static constexpr std::string_view name;
+//   static constexpr bool gathers_parameters;  // the buckets keep a gathered copy of the
+//                                              // parameters (all_gather_parameters needs it)
+//   ddp::update::layout plan(std::size_t numel, int rank, int ranks) const;
+//        // the part of a bucket of numel floats that `rank` updates
+//   void reduce(ddp::update::bucket_ops&);        // the bucket's gradients are ready
+//   void after_update(ddp::update::bucket_ops&);  // this rank updated its part of the bucket
+//   void finish(ddp::update::bucket_ops&);        // every bucket is updated; before step() returns
+// Collectives are issued in bucket order on every rank; each operation of bucket_ops is one.
+#include <concepts>
+#include <cstddef>
 #include <string_view>
 
 #include "ddp/policy/slots.hpp"
@@ -20,18 +33,89 @@ namespace ddp::update {
 
 struct slot;
 
+// The floats [begin, begin + shard) of a bucket are this rank's to update; the bucket's gradient
+// (and gathered parameter) memory holds `padded` floats, at least the bucket's own.
+struct layout {
+  std::size_t shard = 0;
+  std::size_t begin = 0;
+  std::size_t padded = 0;
+};
+
+// One bucket's collectives, offered by the trainer. Each starts asynchronously; the trainer
+// waits for the gradients before the optimizer runs.
+class bucket_ops {
+ public:
+  // The bucket's gradients (and control floats) averaged over the ranks, everywhere.
+  virtual void all_reduce_gradients() = 0;
+  // This rank's shard of the averaged gradients (the control floats averaged beside it).
+  virtual void reduce_scatter_gradients() = 0;
+  // Every rank's updated shard of the parameters to every rank.
+  virtual void all_gather_parameters() = 0;
+  // Waits for all_gather_parameters and leaves the parameters where the module reads them.
+  virtual void finish_parameters() = 0;
+
+ protected:
+  ~bucket_ops() = default;
+};
+
+template <class P>
+concept policy = requires(P& p, const P& cp, bucket_ops& b, std::size_t n, int r) {
+  requires std::same_as<typename P::slot, slot>;
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::gathers_parameters } -> std::convertible_to<bool>;
+  { cp.plan(n, r, r) } -> std::same_as<layout>;
+  p.reduce(b);
+  p.after_update(b);
+  p.finish(b);
+};
+
 struct replicated {
   using slot = update::slot;
   static constexpr std::string_view name = "replicated";
+  static constexpr bool gathers_parameters = false;
+  layout plan(std::size_t numel, int, int) const { return {numel, 0, numel}; }
+  void reduce(bucket_ops& b) { b.all_reduce_gradients(); }
+  void after_update(bucket_ops&) {}
+  void finish(bucket_ops&) {}
 };
+
 struct sharded {
   using slot = update::slot;
   static constexpr std::string_view name = "sharded";
+  static constexpr bool gathers_parameters = true;
+  static constexpr std::size_t alignment = 16;  // floats: every shard starts on a cache line
+  layout plan(std::size_t numel, int rank, int ranks) const {
+    const auto n = static_cast<std::size_t>(ranks);
+    const std::size_t shard = (numel + n * alignment - 1) / (n * alignment) * alignment;
+    return {shard, static_cast<std::size_t>(rank) * shard, shard * n};
+  }
+  void reduce(bucket_ops& b) { b.reduce_scatter_gradients(); }
+  void after_update(bucket_ops& b) { b.all_gather_parameters(); }
+  void finish(bucket_ops& b) { b.finish_parameters(); }
 };
 
 struct slot {
   static constexpr std::string_view name = "update";
   using default_policy = replicated;
 };
+
+template <class P>
+consteval bool diagnose() {
+  static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; },
+                "ddp: a policy in the update slot lacks `static constexpr std::string_view name`");
+  static_assert(requires { { P::gathers_parameters } -> std::convertible_to<bool>; },
+                "ddp: a policy in the update slot lacks `static constexpr bool gathers_parameters`");
+  static_assert(requires(const P& p, std::size_t n, int r) { { p.plan(n, r, r) } -> std::same_as<layout>; },
+                "ddp: a policy in the update slot lacks `ddp::update::layout plan(std::size_t numel, int rank, "
+                "int ranks) const` (see ddp/policy/update.hpp)");
+  static_assert(requires(P& p, bucket_ops& b) {
+                  p.reduce(b);
+                  p.after_update(b);
+                  p.finish(b);
+                },
+                "ddp: a policy in the update slot lacks one of `reduce`, `after_update`, `finish` "
+                "(each taking ddp::update::bucket_ops&; see ddp/policy/update.hpp)");
+  return policy<P>;
+}
 
 }  // namespace ddp::update

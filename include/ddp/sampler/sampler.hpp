@@ -12,6 +12,14 @@
 //
 // The trainer owns the epoch counter and passes it in (pitfall P4): the order changes every
 // epoch, and is identical on every run with the same seed.
+//
+// A policy of this slot is a type with
+//   using slot = ddp::sampler::slot;  static constexpr std::string_view name;
+//   static constexpr bool is_distributed;   // orders the data per epoch (no loader shuffle beside it)
+//   static std::size_t per_rank(std::size_t n, int world);   // indices each rank gets
+//   static std::vector<std::size_t> indices(std::size_t n, int rank, int world,
+//                                           std::uint64_t seed, std::uint64_t epoch);
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <range/v3/range/conversion.hpp>
@@ -88,5 +96,30 @@ struct slot {
   static constexpr std::string_view name = "sampler";
   using default_policy = distributed<true, tail::pad>;
 };
+
+template <class P>
+concept policy = requires(std::size_t n, int r, std::uint64_t u) {
+  requires std::same_as<typename P::slot, slot>;
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::is_distributed } -> std::convertible_to<bool>;
+  { P::per_rank(n, r) } -> std::convertible_to<std::size_t>;
+  { P::indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
+};
+
+template <class P>
+consteval bool diagnose() {
+  static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; },
+                "ddp: a policy in the sampler slot lacks `static constexpr std::string_view name`");
+  static_assert(requires { { P::is_distributed } -> std::convertible_to<bool>; },
+                "ddp: a policy in the sampler slot lacks `static constexpr bool is_distributed`");
+  static_assert(requires(std::size_t n, int w) { { P::per_rank(n, w) } -> std::convertible_to<std::size_t>; },
+                "ddp: a policy in the sampler slot lacks `static std::size_t per_rank(std::size_t n, int world)`");
+  static_assert(requires(std::size_t n, int r, std::uint64_t u) {
+                  { P::indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
+                },
+                "ddp: a policy in the sampler slot lacks `static std::vector<std::size_t> indices(std::size_t n, "
+                "int rank, int world, std::uint64_t seed, std::uint64_t epoch)`");
+  return policy<P>;
+}
 
 }  // namespace ddp::sampler

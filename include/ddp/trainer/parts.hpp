@@ -1,0 +1,144 @@
+#pragma once
+// The trainer's policies as its core sees them: one small interface per slot, implemented once
+// per policy by an adapter that forwards to the policy's own code. The core (trainer_core.hpp)
+// is compiled once per module, communicator and device, whatever the policies: a program with
+// three buffer-sync policies and two optimizers instantiates 3 + 2 adapters and one core, not
+// 3 x 2 trainers. The per-element work (an optimizer's rule) stays a template inside its
+// adapter; what crosses the interface is a call per bucket or per step.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ddp/core/segment.hpp"
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/policy/bucket_cap.hpp"
+#include "ddp/policy/buffer_sync.hpp"
+#include "ddp/policy/unused_params.hpp"
+#include "ddp/policy/update.hpp"
+
+namespace ddp::detail {
+
+struct buffer_sync_part {
+  virtual std::string_view name() const noexcept = 0;
+  virtual void prepare(buffer_sync::context&) = 0;
+  virtual void before_forward(buffer_sync::context&) = 0;
+  virtual void synchronize(buffer_sync::context&) = 0;
+
+ protected:
+  ~buffer_sync_part() = default;
+};
+
+template <buffer_sync::policy P>
+struct buffer_sync_adapter final : buffer_sync_part {
+  P policy;
+  std::string_view name() const noexcept override { return P::name; }
+  void prepare(buffer_sync::context& c) override {
+    if constexpr (requires { policy.prepare(c); }) policy.prepare(c);
+  }
+  void before_forward(buffer_sync::context& c) override { policy.before_forward(c); }
+  void synchronize(buffer_sync::context& c) override { policy.synchronize(c); }
+};
+
+struct unused_params_part {
+  virtual std::string_view name() const noexcept = 0;
+  virtual std::size_t control_floats(std::size_t parameters) const = 0;
+  virtual void write_control(const unused_params::step_view&, std::span<float>) = 0;
+  virtual void after_reduction(unused_params::step_view&, std::span<const float>, std::span<char>) = 0;
+  virtual bool expects_gradient(std::size_t i) const = 0;
+  virtual void on_unexpected_gradient(unused_params::step_view&, std::size_t i) = 0;
+
+ protected:
+  ~unused_params_part() = default;
+};
+
+template <unused_params::policy P>
+struct unused_params_adapter final : unused_params_part {
+  P policy;
+  std::string_view name() const noexcept override { return P::name; }
+  std::size_t control_floats(std::size_t n) const override { return policy.control_floats(n); }
+  void write_control(const unused_params::step_view& v, std::span<float> c) override { policy.write_control(v, c); }
+  void after_reduction(unused_params::step_view& v, std::span<const float> a, std::span<char> u) override {
+    policy.after_reduction(v, a, u);
+  }
+  bool expects_gradient(std::size_t i) const override {
+    if constexpr (requires { policy.expects_gradient(i); }) return policy.expects_gradient(i);
+    else return true;
+  }
+  void on_unexpected_gradient(unused_params::step_view& v, std::size_t i) override {
+    if constexpr (requires { policy.on_unexpected_gradient(v, i); }) policy.on_unexpected_gradient(v, i);
+  }
+};
+
+struct update_part {
+  virtual std::string_view name() const noexcept = 0;
+  virtual bool gathers_parameters() const noexcept = 0;
+  virtual update::layout plan(std::size_t numel, int rank, int ranks) const = 0;
+  virtual void reduce(update::bucket_ops&) = 0;
+  virtual void after_update(update::bucket_ops&) = 0;
+  virtual void finish(update::bucket_ops&) = 0;
+
+ protected:
+  ~update_part() = default;
+};
+
+template <update::policy P>
+struct update_adapter final : update_part {
+  P policy;
+  std::string_view name() const noexcept override { return P::name; }
+  bool gathers_parameters() const noexcept override { return P::gathers_parameters; }
+  update::layout plan(std::size_t numel, int rank, int ranks) const override { return policy.plan(numel, rank, ranks); }
+  void reduce(update::bucket_ops& b) override { policy.reduce(b); }
+  void after_update(update::bucket_ops& b) override { policy.after_update(b); }
+  void finish(update::bucket_ops& b) override { policy.finish(b); }
+};
+
+struct bucket_part {
+  virtual bucket_plan plan(std::span<const std::size_t> numels) const = 0;
+
+ protected:
+  ~bucket_part() = default;
+};
+
+template <bucket_cap_detail::policy P>
+struct bucket_adapter final : bucket_part {
+  P policy;
+  bucket_plan plan(std::span<const std::size_t> numels) const override { return policy.plan(numels); }
+};
+
+template <class Device>
+struct optimizer_part {
+  virtual int state_slots() const noexcept = 0;
+  virtual float& learning_rate() noexcept = 0;
+  // The rule of each parameter's `step`-th update over `segments`; state slot k of an element at
+  // state + k * stride + its offset.
+  virtual void update(Device&, std::span<const segment> segments, const float* grad, float* state,
+                      std::size_t stride, std::int64_t step) = 0;
+
+ protected:
+  ~optimizer_part() = default;
+};
+
+template <optim::optimizer O, class Device>
+struct optimizer_adapter final : optimizer_part<Device> {
+  explicit optimizer_adapter(O o) : optimizer(o) {}
+  O optimizer;
+  int state_slots() const noexcept override { return O::state_slots; }
+  float& learning_rate() noexcept override { return optimizer.lr; }
+  void update(Device& dev, std::span<const segment> segments, const float* grad, float* state, std::size_t stride,
+              std::int64_t step) override {
+    dev.template elementwise<O::state_slots>(segments, grad, state, stride, optimizer.at(step));
+  }
+};
+
+// What a core is given: its parts, owned by the trainer that derives from it.
+template <class Device>
+struct trainer_parts_ref {
+  buffer_sync_part& buffer_sync;
+  unused_params_part& unused_params;
+  update_part& update;
+  const bucket_part& buckets;
+  optimizer_part<Device>& optimizer;
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,540 @@
+#pragma once
+// ddp::trainer_core<Module, Comm, Device>: the step's orchestration, compiled once per module,
+// communicator and device whatever the policies. The policies come in as parts
+// (trainer/parts.hpp) that ddp::trainer (trainer.hpp) owns; every decision a policy makes is in
+// the policy's own file.
+//
+//   step(): [buffer sync] -> forward(s) -> backward -> ready reports -> buckets -> reduce
+//           -> unused-parameter rule -> optimizer -> [gather]
+//
+// Construction checks that every tensor is on the rank's device (P3) and that every rank holds
+// the same model (P5), then broadcasts rank 0's parameters and buffers. A step may run any number
+// of forwards and backwards (each backward pops the innermost forward); gradients are averaged
+// over ranks and micro-batches, so the update equals one step on the concatenated global batch.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/concepts/device.hpp"
+#include "ddp/concepts/module.hpp"
+#include "ddp/trainer/bucket.hpp"
+#include "ddp/trainer/buffer_set.hpp"
+#include "ddp/trainer/consensus.hpp"
+#include "ddp/trainer/host_collectives.hpp"
+#include "ddp/trainer/metrics.hpp"
+#include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/signature.hpp"
+
+namespace ddp {
+
+template <class Module, class Comm, class Device>
+class trainer_core {
+  static_assert(diagnose_module<Module>());
+  static_assert(Comm::memory_kind == Device::kind,
+                "ddp: the communicator and the device disagree on where memory lives: an "
+                "in-process or MPI communicator moves host memory, NCCL moves CUDA memory. Pair "
+                "ddp::host::device with inproc/mpi, and ddp::cuda::device with nccl.");
+
+ public:
+  using module_type = Module;
+  using communicator_type = Comm;
+  using device_type = Device;
+  using input_type = typename Module::input_type;
+  using output_type = typename Module::output_type;
+  using parts_type = detail::trainer_parts_ref<Device>;
+
+  // What a step function works with: forward and backward of the module, with the trainer's
+  // buffer synchronisation, readiness tracking and P1 checks around them.
+  class replica {
+   public:
+    output_type forward(const input_type& x) { return t_.forward(x); }
+    void backward(const output_type& grad_output) { t_.backward(grad_output); }
+    Module& module() noexcept { return t_.module_; }
+    int rank() const noexcept { return t_.comm_.rank(); }
+
+   private:
+    friend class trainer_core;
+    explicit replica(trainer_core& t) : t_(t) {}
+    trainer_core& t_;
+  };
+
+  trainer_core(Module& module, Comm& comm, Device& dev, parts_type parts)
+      : module_(module), comm_(comm), device_(dev), parts_(parts), buffers_(comm, dev) {
+    collect_tensors();
+    check_devices();
+    detail::check_same_model(comm_, device_, signature());
+    build_buckets();
+    parts_.buffer_sync.prepare(sync_context_);
+    broadcast_state();
+    stage_values();
+    for (auto& bk : buckets_) zero_gradients(bk);
+  }
+
+  trainer_core(const trainer_core&) = delete;
+  trainer_core& operator=(const trainer_core&) = delete;
+
+  // Collectives still in flight (a step that failed half-way) finish before bucket memory goes;
+  // then the module gets its storage back (storage_return_).
+  ~trainer_core() {
+    for (auto& bk : buckets_) bk.drain();
+  }
+
+  // One micro-batch whose gradients accumulate without reduction (no communication).
+  template <class F>
+  decltype(auto) accumulate(F&& step_fn) {
+    return run_micro_batch(std::forward<F>(step_fn), /*final=*/false);
+  }
+
+  // The last (or only) micro-batch: gradients are reduced while backward runs, averaged over
+  // ranks and micro-batches, and the optimizer updates every parameter.
+  template <class F>
+  decltype(auto) step(F&& step_fn) {
+    return run_micro_batch(std::forward<F>(step_fn), /*final=*/true);
+  }
+
+  // Global sums of per-rank metrics (P6): every rank gets the same values.
+  template <std::size_t N>
+  std::array<metric, N> reduce(std::array<metric, N> local) {
+    std::array<double, 2 * N> flat;
+    for (std::size_t i = 0; i < N; ++i) flat[2 * i] = local[i].sum, flat[2 * i + 1] = local[i].count;
+    detail::host_all_reduce(comm_, device_, std::span<double>(flat), reduce_op::sum);
+    for (std::size_t i = 0; i < N; ++i) local[i] = {flat[2 * i], flat[2 * i + 1]};
+    return local;
+  }
+  metric reduce(metric m) { return reduce(std::array<metric, 1>{m})[0]; }
+
+  // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
+  // same running statistics (buffer_sync::none leaves each rank's own). Collective.
+  void synchronize_buffers() { parts_.buffer_sync.synchronize(sync_context_); }
+
+  Module& module() noexcept { return module_; }
+  Comm& communicator() noexcept { return comm_; }
+  const Comm& communicator() const noexcept { return comm_; }
+  Device& device() noexcept { return device_; }
+  // The optimizer's learning rate, for schedules (ddp::trainer::optimizer() has the rest).
+  float& learning_rate() noexcept { return parts_.optimizer.learning_rate(); }
+  std::uint64_t steps() const noexcept { return steps_; }
+  std::size_t bucket_count() const noexcept { return buckets_.size(); }
+  std::vector<std::size_t> bucket_sizes() const {
+    std::vector<std::size_t> s;
+    for (const auto& b : buckets_) s.push_back(b.numel);
+    return s;
+  }
+  const overlap_timing& last_step_overlap() const noexcept { return overlap_; }
+  // Parameters the last step left to the optimizer unchanged because no rank used them.
+  std::vector<std::string> skipped_parameters() const {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!update_[i]) names.push_back(params_[i].name);
+    return names;
+  }
+
+ private:
+  static constexpr bool reports = reports_gradient_ready<Module>;
+  static constexpr bool binds = binds_gradient_storage<Module>;
+  using bucket = detail::bucket<Comm, Device>;
+  using clock = std::chrono::steady_clock;
+
+  struct param_info {
+    std::string name;
+    float* value = nullptr;
+    float* grad = nullptr;  // where backward accumulates (bucket memory when bound)
+    std::size_t numel = 0;
+    bucket_slot slot;
+  };
+
+  // The trainer points the module's gradients (and, when the update policy gathers parameters,
+  // its values) into bucket memory; this hands the storage back to the module before the
+  // buckets go, also when construction fails.
+  struct storage_return {
+    Module* module = nullptr;
+    std::size_t gradients = 0;  // parameters [0, gradients) have bound gradients
+    std::size_t values = 0;     // parameters [0, values) have bound values
+    storage_return() = default;
+    storage_return(const storage_return&) = delete;
+    storage_return& operator=(const storage_return&) = delete;
+    ~storage_return() {
+      try {
+        if constexpr (binds)
+          for (std::size_t i = 0; i < gradients; ++i) module->bind_gradient(i, nullptr);
+        if constexpr (binds_parameter_storage<Module>)
+          for (std::size_t i = 0; i < values; ++i) module->bind_parameter(i, nullptr);
+      } catch (...) {  // a module that cannot take storage back keeps dangling views; nothing else to do here
+      }
+    }
+  };
+
+  // ---- construction -------------------------------------------------------------------
+
+  void collect_tensors() {
+    for (auto&& p : module_.parameters()) {
+      parameter_ref ref = p;
+      if (ref.value.type != dtype::f32 || ref.grad.type != dtype::f32)
+        fail_construct("parameter '" + ref.name + "' is " + std::string(name_of(ref.value.type)) +
+                       " with a " + std::string(name_of(ref.grad.type)) +
+                       " gradient; the trainer keeps f32 parameters and gradients (cast the "
+                       "module to f32, or keep the other dtype as a buffer)");
+      if (ref.grad.numel() != ref.value.numel())
+        fail_construct("parameter '" + ref.name + "' has " + std::to_string(ref.value.numel()) +
+                       " elements but its gradient " + std::to_string(ref.grad.numel()));
+      params_.push_back({ref.name, static_cast<float*>(ref.value.data), static_cast<float*>(ref.grad.data),
+                         ref.value.numel(), {}});
+      param_refs_.push_back(std::move(ref));
+    }
+    if (params_.empty()) fail_construct("the module has no parameters: there is nothing to train");
+    for (auto&& b : module_.buffers()) buffers_.add(b);
+    update_.assign(params_.size(), 1);
+    used_.assign(params_.size(), 0);
+    reported_.assign(params_.size(), 0);
+    update_counts_.assign(params_.size(), 0);
+  }
+
+  [[noreturn]] void fail_construct(const std::string& what) const {
+    throw error("trainer", "construct", comm_.rank(), what);
+  }
+
+  // P3: every tensor must live on this rank's device; checked on every rank before any
+  // collective touches a tensor, and reported on every rank.
+  void check_devices() {
+    const device_id mine = device_.id();
+    std::optional<std::string> problem;
+    auto check = [&](const std::string& what, const tensor_ref& t) {
+      if (problem || t.numel() == 0) return;
+      const device_id declared = t.device;
+      const device_id actual = device_.locate(t.data).value_or(declared);
+      if (declared != mine || actual != mine)
+        problem = what + " lives on " + actual.to_string() + " but this rank's device is " +
+                  mine.to_string() + "; move the module to the rank's device before building "
+                  "the trainer (rank r uses the device its launcher binds, see docs/backends.md)";
+    };
+    for (const auto& p : param_refs_) {
+      check("parameter '" + p.name + "'", p.value);
+      check("the gradient of parameter '" + p.name + "'", p.grad);
+    }
+    for (const auto& b : buffers_.entries()) check("buffer '" + b.name + "'", b.value);
+    detail::agree_or_throw(comm_, device_, problem, "construct",
+                           "a tensor is not on its rank's device (pitfall P3)");
+  }
+
+  std::vector<detail::signature_entry> signature() const {
+    std::vector<detail::signature_entry> s;
+    for (const auto& p : param_refs_) s.push_back({"parameter", p.name, p.value.type, p.value.shape});
+    for (const auto& b : buffers_.entries()) s.push_back({"buffer", b.name, b.value.type, b.value.shape});
+    return s;
+  }
+
+  void build_buckets() {
+    std::vector<std::size_t> numels;
+    for (const auto& p : params_) numels.push_back(p.numel);
+    const auto plan = parts_.buckets.plan(numels);
+    const bool gathers = parts_.update.gathers_parameters();
+    const bool binds_values = gathers && binds_parameter_storage<Module>;
+    const auto slots = static_cast<std::size_t>(parts_.optimizer.state_slots());
+    auto zeroed = [&](std::size_t n) {
+      device_array<Device, float> a(device_, n);
+      device_.fill_zero(a.data(), n * sizeof(float));  // and the padding stays 0
+      return a;
+    };
+    buckets_.resize(plan.buckets.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto& bk = buckets_[b];
+      bk.comm = &comm_;
+      bk.device = &device_;
+      bk.binds_values = binds_values;
+      bk.params = plan.buckets[b];
+      bk.numel = plan.sizes[b];
+      const auto layout = parts_.update.plan(bk.numel, comm_.rank(), comm_.size());
+      bk.shard = layout.shard;
+      bk.shard_begin = layout.begin;
+      bk.padded = layout.padded;
+      if (b + 1 == buckets_.size() && reports) bk.control = parts_.unused_params.control_floats(params_.size());
+      bk.grads = zeroed(bk.padded + bk.control);
+      bk.state = zeroed(bk.shard * slots);
+      if (gathers) bk.values = zeroed(bk.padded);
+    }
+    storage_return_.module = &module_;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
+      p.slot = plan.slots[i];
+      auto& bk = buckets_[p.slot.bucket];
+      if constexpr (binds) {
+        p.grad = bk.grads.data() + p.slot.offset;
+        module_.bind_gradient(i, p.grad);
+        storage_return_.gradients = i + 1;
+      }
+      if constexpr (binds_parameter_storage<Module>) {
+        if (binds_values) {
+          p.value = bk.values.data() + p.slot.offset;
+          module_.bind_parameter(i, p.value);
+          storage_return_.values = i + 1;
+        }
+      }
+      bk.segments.push_back({p.grad, p.slot.offset, p.numel});
+      bk.value_segments.push_back({p.value, p.slot.offset, p.numel});
+    }
+  }
+
+  // Parameters the module keeps itself, under an update policy that gathers: the gathered copy
+  // starts from rank 0's values.
+  void stage_values() {
+    if (parts_.update.gathers_parameters() && !(binds_parameter_storage<Module>))
+      for (auto& bk : buckets_) device_.pack(bk.value_segments, bk.values.data());
+  }
+
+  void broadcast_state() {
+    for (auto& p : params_) comm_.broadcast(mutable_buffer{p.value, p.numel, dtype::f32}, 0).wait();
+    buffers_.broadcast(0);
+  }
+
+  // ---- what the policies see ----------------------------------------------------------
+
+  struct sync_context final : buffer_sync::context {
+    explicit sync_context(trainer_core& t) : t(t) {}
+    trainer_core& t;
+    std::uint64_t step() const noexcept override { return t.steps_; }
+    std::size_t forward_index() const noexcept override { return t.forwards_; }
+    void broadcast_buffers(int root) override { t.buffers_.broadcast(root); }
+    void average_buffers() override { t.buffers_.average(); }
+    void require_averageable() override { t.buffers_.require_averageable(); }
+  };
+
+  struct unused_view final : unused_params::step_view {
+    explicit unused_view(trainer_core& t) : t(t) {}
+    trainer_core& t;
+    std::size_t parameter_count() const noexcept override { return t.params_.size(); }
+    const std::string& parameter_name(std::size_t i) const override { return t.params_[i].name; }
+    bool used(std::size_t i) const noexcept override { return t.used_[i] != 0; }
+    bool all_buckets_sent() const noexcept override { return t.next_launch_ == t.buckets_.size(); }
+    int rank() const noexcept override { return t.comm_.rank(); }
+    int size() const noexcept override { return t.comm_.size(); }
+    std::vector<std::uint8_t> all_gather(std::span<const std::uint8_t> mine) override {
+      return detail::host_all_gather(t.comm_, t.device_, mine);
+    }
+  };
+
+  // ---- the step -----------------------------------------------------------------------
+
+  template <class F>
+  decltype(auto) run_micro_batch(F&& step_fn, bool final) {
+    if (broken_) throw error("trainer", "step", comm_.rank(), "the trainer is unusable after a "
+                             "failed step: " + *broken_);
+    final_ = final;
+    replica r(*this);
+    try {
+      if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
+        step_fn(r);
+        end_micro_batch();
+      } else {
+        decltype(auto) result = step_fn(r);
+        end_micro_batch();
+        return result;
+      }
+    } catch (const collective_error& e) {
+      broken_ = e.what();  // every rank raises this one: nobody waits
+      throw;
+    } catch (const std::exception& e) {
+      // Peers may be waiting in a collective this rank will never issue: release them now.
+      broken_ = e.what();
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+
+  output_type forward(const input_type& x) {
+    parts_.buffer_sync.before_forward(sync_context_);
+    ++forwards_;
+    ++tape_depth_;
+    return module_.forward(x);
+  }
+
+  void backward(const output_type& grad_output) {
+    if (tape_depth_ == 0)
+      throw error("trainer", "backward", comm_.rank(),
+                  "backward without a pending forward in this step: call replica.forward "
+                  "before each replica.backward");
+    buffers_.check_saved(parts_.buffer_sync.name());
+    const bool last = tape_depth_ == 1 && final_;
+    if (last) begin_final_backward();
+    active_ = last;
+    auto on_ready = [this](std::size_t i) { this->on_ready(i); };
+    module_.backward(grad_output, ready_sink(on_ready));
+    active_ = false;
+    --tape_depth_;
+    if (last) backward_done_ = clock::now();
+  }
+
+  void on_ready(std::size_t i) {
+    if (i >= params_.size())
+      throw error("trainer", "backward", comm_.rank(),
+                  "the module reported parameter index " + std::to_string(i) + " ready, but it has " +
+                      std::to_string(params_.size()) + " parameters");
+    used_[i] = 1;
+    if (!active_) return;
+    if (reported_[i])
+      throw error("trainer", "backward", comm_.rank(),
+                  "parameter '" + params_[i].name + "' was reported ready twice in one backward; "
+                  "report each parameter once, when its gradient is final");
+    reported_[i] = 1;
+    if (!parts_.unused_params.expects_gradient(i)) {
+      parts_.unused_params.on_unexpected_gradient(unused_view_, i);
+      return;
+    }
+    auto& bk = buckets_[params_[i].slot.bucket];
+    if (--bk.pending == 0) launch_ready_buckets();
+  }
+
+  void begin_final_backward() {
+    for (auto& bk : buckets_) bk.pending = bk.params.size();
+    std::fill(reported_.begin(), reported_.end(), 0);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!parts_.unused_params.expects_gradient(i)) --buckets_[params_[i].slot.bucket].pending;
+    if constexpr (reports) launch_ready_buckets();
+  }
+
+  // Buckets go strictly in index order, so every rank issues the same collectives in the same
+  // order whatever order its backward finishes parameters in.
+  void launch_ready_buckets() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  }
+
+  void launch(std::size_t b) {
+    auto& bk = buckets_[b];
+    if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
+    if (bk.control) {
+      std::vector<float> control(bk.control, 0.0f);
+      parts_.unused_params.write_control(unused_view_, control);
+      device_.copy_from_host(bk.grads.data() + bk.padded, control.data(), control.size() * sizeof(float));
+    }
+    parts_.update.reduce(bk);
+  }
+
+  void end_micro_batch() {
+    if (tape_depth_ != 0) {
+      const auto n = tape_depth_;
+      tape_depth_ = 0;
+      throw error("trainer", "step", comm_.rank(),
+                  std::to_string(n) + " forward(s) in this step had no backward; call "
+                  "replica.backward once per forward, innermost first");
+    }
+    ++micro_batches_;
+    if (!final_) return;
+    if (!reports) std::fill(used_.begin(), used_.end(), 1);
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
+    next_launch_ = buckets_.size();
+    for (auto& bk : buckets_) {
+      bk.work->wait();
+      if (bk.control_work) bk.control_work->wait();
+    }
+    measure_overlap();
+    if constexpr (reports) apply_unused_rule();
+    finish_update();
+  }
+
+  void measure_overlap() {
+    overlap_ = {};
+    if constexpr (requires(typename bucket::work_type w) { w.started(); w.finished(); }) {
+      for (auto& bk : buckets_) {
+        const auto start = bk.work->started(), finish = bk.work->finished();
+        overlap_.reduction_seconds += std::chrono::duration<double>(finish - start).count();
+        const auto cut = std::min(finish, backward_done_);
+        if (cut > start) overlap_.overlapped_seconds += std::chrono::duration<double>(cut - start).count();
+      }
+    }
+  }
+
+  // The averaged control floats are equal on every rank: the policy decides alike everywhere.
+  void apply_unused_rule() {
+    auto& last = buckets_.back();
+    std::vector<float> control(last.control);
+    device_.copy_to_host(control.data(), last.grads.data() + last.padded, control.size() * sizeof(float));
+    parts_.unused_params.after_reduction(unused_view_, control, update_);
+  }
+
+  void finish_update() {
+    const float inv_micro = 1.0f / static_cast<float>(micro_batches_);
+    for (auto& bk : buckets_) {
+      if (micro_batches_ > 1) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
+      apply_optimizer(bk);
+      zero_gradients(bk);
+      parts_.update.after_update(bk);
+    }
+    for (auto& bk : buckets_) parts_.update.finish(bk);
+    for (auto& bk : buckets_) bk.work.reset(), bk.control_work.reset(), bk.gather.reset();
+    next_launch_ = 0;
+    micro_batches_ = 0;
+    forwards_ = 0;
+    std::fill(used_.begin(), used_.end(), 0);
+    ++steps_;
+  }
+
+  // Updates this rank's shard of the bucket (all of it when replicated); segment offsets, and
+  // the gradient and state pointers, count from the shard's start. Parameters with the same
+  // update count share one call (AdamW's bias correction counts per parameter, as PyTorch).
+  void apply_optimizer(bucket& bk) {
+    std::vector<segment> segs;
+    std::vector<std::int64_t> counts;
+    for (const auto i : bk.params) {
+      if (!update_[i]) continue;
+      const auto count = ++update_counts_[i];
+      const auto& p = params_[i];
+      const segment part = bk.shard_part({p.value, p.slot.offset, p.numel});
+      if (part.count == 0) continue;
+      segs.push_back(part);
+      counts.push_back(count);
+    }
+    const float* grad = bk.grads.data() + bk.shard_begin;
+    for (std::size_t begin = 0, end; begin < segs.size(); begin = end) {
+      for (end = begin + 1; end < segs.size() && counts[end] == counts[begin];) ++end;
+      parts_.optimizer.update(device_, std::span(segs).subspan(begin, end - begin), grad, bk.state.data(), bk.shard,
+                              counts[begin]);
+    }
+  }
+
+  void zero_gradients(bucket& bk) {
+    if constexpr (binds)
+      device_.fill_zero(bk.grads.data(), bk.numel * sizeof(float));
+    else
+      for (const auto i : bk.params) device_.fill_zero(params_[i].grad, params_[i].numel * sizeof(float));
+  }
+
+  Module& module_;
+  Comm& comm_;
+  Device& device_;
+  parts_type parts_;
+
+  std::vector<parameter_ref> param_refs_;
+  std::vector<param_info> params_;
+  detail::buffer_set<Comm, Device> buffers_;
+  std::vector<bucket> buckets_;
+  storage_return storage_return_;  // after buckets_: destroyed first
+
+  // Per step.
+  int tape_depth_ = 0;
+  bool final_ = false;
+  bool active_ = false;
+  std::size_t next_launch_ = 0;
+  std::size_t micro_batches_ = 0;
+  std::size_t forwards_ = 0;    // since the last update
+  std::vector<char> used_;      // reported in any backward of this step
+  std::vector<char> reported_;  // reported in the final backward
+  clock::time_point backward_done_{};
+
+  // Across steps.
+  std::vector<char> update_;  // the optimizer updates parameter i (the unused-parameter rule's say)
+  std::vector<std::int64_t> update_counts_;
+  std::uint64_t steps_ = 0;
+  overlap_timing overlap_;
+  std::optional<std::string> broken_;
+
+  sync_context sync_context_{*this};
+  unused_view unused_view_{*this};
+};
+
+}  // namespace ddp

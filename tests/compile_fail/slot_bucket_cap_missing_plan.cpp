@@ -1,0 +1,13 @@
+// expect: a policy in the bucket_cap slot lacks `ddp::bucket_plan plan
+#include <ddp/trainer/trainer.hpp>
+
+#include "support/minimal_module.hpp"
+
+struct cap_only {
+  using slot = ddp::bucket_cap_detail::slot;
+  static constexpr std::string_view name = "cap_only";
+  static constexpr std::size_t bytes = 1 << 20;
+  std::string describe() const { return "1 MiB"; }
+};
+static_assert(sizeof(ddp::trainer<test::minimal_module, cap_only>) > 0);
+int main() {}

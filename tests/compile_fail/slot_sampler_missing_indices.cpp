@@ -1,0 +1,13 @@
+// expect: a policy in the sampler slot lacks `static std::vector<std::size_t> indices
+#include <ddp/trainer/trainer.hpp>
+
+#include "support/minimal_module.hpp"
+
+struct no_indices {
+  using slot = ddp::sampler::slot;
+  static constexpr std::string_view name = "no_indices";
+  static constexpr bool is_distributed = false;
+  static std::size_t per_rank(std::size_t n, int world) { return n / static_cast<std::size_t>(world); }
+};
+static_assert(sizeof(ddp::trainer<test::minimal_module, no_indices>) > 0);
+int main() {}

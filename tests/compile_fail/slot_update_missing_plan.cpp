@@ -1,0 +1,15 @@
+// expect: a policy in the update slot lacks `ddp::update::layout plan\(std::size_t numel, int rank
+#include <ddp/trainer/trainer.hpp>
+
+#include "support/minimal_module.hpp"
+
+struct no_plan {
+  using slot = ddp::update::slot;
+  static constexpr std::string_view name = "no_plan";
+  static constexpr bool gathers_parameters = false;
+  void reduce(ddp::update::bucket_ops& b) { b.all_reduce_gradients(); }
+  void after_update(ddp::update::bucket_ops&) {}
+  void finish(ddp::update::bucket_ops&) {}
+};
+static_assert(sizeof(ddp::trainer<test::minimal_module, no_plan>) > 0);
+int main() {}

@@ -1,0 +1,87 @@
+#pragma once
+// Policies written the way a user writes them: outside the library, against the slot concepts
+// alone. tests/trainer/user_policies_test.cpp runs each; docs/policies.md shows them.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ddp/policy/bucket_cap.hpp"
+#include "ddp/policy/buffer_sync.hpp"
+#include "ddp/policy/unused_params.hpp"
+#include "ddp/policy/update.hpp"
+#include "ddp/sampler/sampler.hpp"
+#include "support/user_optimizer.hpp"
+
+namespace user {
+
+// BufferSync: rank 0's buffers before the first forward of every k-th step.
+struct every_k_steps {
+  using slot = ddp::buffer_sync::slot;
+  static constexpr std::string_view name = "every_k_steps";
+  std::uint64_t k = 4;
+  int syncs = 0;
+  void before_forward(ddp::buffer_sync::context& c) {
+    if (c.forward_index() == 0 && c.step() % k == 0) synchronize(c);
+  }
+  void synchronize(ddp::buffer_sync::context& c) {
+    c.broadcast_buffers(0);
+    ++syncs;
+  }
+};
+
+// UnusedParamDetection: detect_each_step's rule, and a log of what no rank used.
+struct log_unused : ddp::unused_params::detect_each_step {
+  static constexpr std::string_view name = "log_unused";
+  std::vector<std::string> log;
+  void after_reduction(ddp::unused_params::step_view& v, std::span<const float> averaged, std::span<char> update) {
+    detect_each_step::after_reduction(v, averaged, update);
+    for (std::size_t i = 0; i < update.size(); ++i)
+      if (!update[i]) log.push_back(v.parameter_name(i));
+  }
+};
+
+// Buckets: a small first bucket, so the first reduction starts early in backward (PyTorch does
+// this with 1 MiB), then the usual cap.
+template <std::size_t First, std::size_t Rest>
+struct small_first_bucket {
+  using slot = ddp::bucket_cap_detail::slot;
+  static constexpr std::string_view name = "small_first_bucket";
+  ddp::bucket_plan plan(std::span<const std::size_t> numels) const {
+    return ddp::plan_buckets(numels, [](std::size_t bucket) { return bucket == 0 ? First : Rest; });
+  }
+  std::string describe() const { return std::to_string(First) + " B, then " + std::to_string(Rest) + " B"; }
+};
+
+// Update: sharded, each shard starting on a 4 KiB page instead of a cache line.
+struct page_sharded {
+  using slot = ddp::update::slot;
+  static constexpr std::string_view name = "page_sharded";
+  static constexpr bool gathers_parameters = true;
+  ddp::update::layout plan(std::size_t numel, int rank, int ranks) const {
+    constexpr std::size_t page = 1024;  // floats
+    const auto n = static_cast<std::size_t>(ranks);
+    const std::size_t shard = (numel + n * page - 1) / (n * page) * page;
+    return {shard, static_cast<std::size_t>(rank) * shard, shard * n};
+  }
+  void reduce(ddp::update::bucket_ops& b) { b.reduce_scatter_gradients(); }
+  void after_update(ddp::update::bucket_ops& b) { b.all_gather_parameters(); }
+  void finish(ddp::update::bucket_ops& b) { b.finish_parameters(); }
+};
+
+// Sampler: rank r takes the r-th block of the data, newest last-first (no shuffle, drops the tail).
+struct reversed_blocks {
+  using slot = ddp::sampler::slot;
+  static constexpr std::string_view name = "reversed_blocks";
+  static constexpr bool is_distributed = false;
+  static std::size_t per_rank(std::size_t n, int world) { return n / static_cast<std::size_t>(world); }
+  static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t, std::uint64_t) {
+    const std::size_t m = per_rank(n, world);
+    std::vector<std::size_t> out;
+    for (std::size_t k = 0; k < m; ++k) out.push_back(n - 1 - (static_cast<std::size_t>(rank) * m + k));
+    return out;
+  }
+};
+
+}  // namespace user

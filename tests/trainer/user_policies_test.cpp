@@ -1,0 +1,184 @@
+// Every slot takes a policy written outside the library (tests/support/user_policies.hpp), and
+// the trainer runs it: each test checks that the policy does what it says.
+#include <doctest/doctest.h>
+
+#include "ddp/inproc/launch.hpp"
+#include "ddp/trainer/trainer.hpp"
+#include "support/user_policies.hpp"
+#include "trainer/test_model.hpp"
+
+namespace {
+
+struct rank_state {
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<float>> buffers;  // f32 buffers' values
+};
+
+template <class Module>
+rank_state state_of(Module& m) {
+  rank_state s{test::parameter_values(m), {}};
+  for (auto& b : m.buffers()) {
+    ddp::buffer_ref r = b;
+    if (r.value.type != ddp::dtype::f32) continue;
+    auto v = r.value.template as<float>();
+    s.buffers.emplace_back(v.begin(), v.end());
+  }
+  return s;
+}
+
+const auto nothing = [](auto&) {};
+
+// `steps` steps of test::mlp on `world` ranks, each rank with its own batch; `setup(trainer)` runs
+// on every rank before them, `inspect(trainer)` after. Returns every rank's state.
+template <class... Policies, class Optimizer = ddp::optim::sgd, class Setup = decltype(nothing),
+          class Inspect = decltype(nothing)>
+std::vector<rank_state> train(int world, int steps, Setup setup = nothing, Inspect inspect = nothing,
+                              Optimizer opt = {.lr = 0.05f, .momentum = 0.9f}) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(11);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, Policies...> trainer(model, comm, dev, opt);
+    setup(trainer);
+    for (int s = 0; s < steps; ++s) {
+      const auto b = test::make_batch(8, 300 + static_cast<std::uint64_t>(10 * s + comm.rank()));
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    }
+    inspect(trainer);
+    return state_of(model);
+  });
+}
+
+void check_same(const std::vector<rank_state>& a, const std::vector<rank_state>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    CAPTURE(r);
+    CHECK(a[r].params == b[r].params);
+    CHECK(a[r].buffers == b[r].buffers);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a user's BufferSync (every k steps) syncs on the steps it says, and only then") {
+  // k = 1 is broadcast_once_per_step, bit for bit.
+  check_same(train<user::every_k_steps>(2, 3, [](auto& t) { t.template policy<ddp::buffer_sync::slot>().k = 1; }),
+             train<ddp::buffer_sync::broadcast_once_per_step>(2, 3));
+  // Over 3 steps, k = 3 syncs only before step 0, when the buffers are still rank 0's from
+  // construction: the same as no sync at all.
+  check_same(train<user::every_k_steps>(2, 3, [](auto& t) { t.template policy<ddp::buffer_sync::slot>().k = 3; }),
+             train<ddp::buffer_sync::none>(2, 3));
+  // k = 2 over 5 steps: steps 0, 2, 4; then synchronize_buffers() once more.
+  auto syncs = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(11);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, user::every_k_steps> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
+    trainer.policy<ddp::buffer_sync::slot>().k = 2;
+    for (int s = 0; s < 5; ++s) {
+      const auto b = test::make_batch(8, 7 + static_cast<std::uint64_t>(s));
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    }
+    const int during_steps = trainer.policy<ddp::buffer_sync::slot>().syncs;
+    trainer.synchronize_buffers();
+    return std::pair{during_steps, trainer.policy<ddp::buffer_sync::slot>().syncs};
+  });
+  for (const auto& [during, after] : syncs) {
+    CHECK(during == 3);
+    CHECK(after == 4);
+  }
+  CHECK(std::string(ddp::trainer<test::mlp, user::every_k_steps>::describe_policies()).find("buffer_sync=every_k_steps") !=
+        std::string::npos);
+}
+
+TEST_CASE("a user's UnusedParamDetection (log and continue) logs what no rank used and trains as detect_each_step") {
+  auto run = [&]<class Unused>() {
+    return ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+      test::branchy model(5);
+      ddp::host::device dev;
+      ddp::trainer<test::branchy, Unused> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f});
+      for (int s = 0; s < 3; ++s) {
+        model.use_aux = s == 0 || (s == 1 && comm.rank() == 1);  // step 2: no rank uses aux
+        const auto b = test::make_batch(6, 20 + static_cast<std::uint64_t>(s * 2 + comm.rank()));
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      std::vector<std::string> log;
+      if constexpr (std::is_same_v<Unused, user::log_unused>) log = trainer.template policy<ddp::unused_params::slot>().log;
+      return std::pair{test::parameter_values(model), log};
+    });
+  };
+  const auto logged = run.template operator()<user::log_unused>();
+  const auto detected = run.template operator()<ddp::unused_params::detect_each_step>();
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(logged[r].first == detected[r].first);
+    CHECK(logged[r].second == std::vector<std::string>{"aux.weight", "aux.bias"});
+  }
+}
+
+TEST_CASE("a user's optimizer (Lion) runs on the host device: one rank equals Lion by hand, two ranks the global batch") {
+  const user::lion lion{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.99f, .weight_decay = 0.1f};
+  constexpr int steps = 3;
+  // By hand: one process, the whole batch, Lion written out per element.
+  auto model = test::make_mlp(11);
+  std::vector<std::vector<float>> momentum;
+  for (auto& p : model.parameters()) momentum.emplace_back(p.value.numel(), 0.0f);
+  for (int s = 0; s < steps; ++s) {
+    auto b = test::make_batch(16, 900 + static_cast<std::uint64_t>(s));
+    model.backward(ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y).grad, ddp::ready_sink{});
+    std::size_t i = 0;
+    for (auto& p : model.parameters()) {
+      auto v = p.value.as<float>();
+      auto g = p.grad.as<float>();
+      auto& m = momentum[i++];
+      for (std::size_t k = 0; k < v.size(); ++k) {
+        const float c = lion.beta1 * m[k] + (1.0f - lion.beta1) * g[k];
+        v[k] = v[k] * (1.0f - lion.lr * lion.weight_decay) - lion.lr * static_cast<float>((c > 0.0f) - (c < 0.0f));
+        m[k] = lion.beta2 * m[k] + (1.0f - lion.beta2) * g[k];
+        g[k] = 0.0f;
+      }
+    }
+  }
+  const auto by_hand = test::parameter_values(model);
+  auto on = [&](int world) {
+    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      auto m = test::make_mlp(11);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, user::lion, ddp::bucket_cap<512>> trainer(m, comm, dev, lion);
+      const std::size_t per = 16 / static_cast<std::size_t>(world), r = static_cast<std::size_t>(comm.rank());
+      for (int s = 0; s < steps; ++s) {
+        const auto b = test::make_batch(16, 900 + static_cast<std::uint64_t>(s)).rows(r * per, (r + 1) * per);
+        trainer.step([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+      }
+      CHECK(trainer.optimizer().lr == lion.lr);
+      return test::parameter_values(m);
+    });
+  };
+  CHECK(on(1)[0] == by_hand);
+  for (const auto& rank : on(2)) CHECK(test::max_relative_error(rank, by_hand) <= 1e-4);
+}
+
+TEST_CASE("a user's bucket policy (small first bucket) shapes the buckets and leaves the numbers alone") {
+  std::vector<std::size_t> sizes;
+  const auto small = train<user::small_first_bucket<64, 2048>>(2, 2, [&](auto& t) { sizes = t.bucket_sizes(); });
+  // Last parameters first: 5.bias (3 floats) alone would fit 16 floats, 5.weight (36) does not.
+  REQUIRE(sizes.size() >= 2);
+  CHECK(sizes[0] <= 16);
+  CHECK(sizes[1] > 16);
+  check_same(small, train<ddp::bucket_cap<std::size_t{25} << 20>>(2, 2));
+}
+
+TEST_CASE("a user's update policy (page-aligned shards) gives the bits of update::replicated") {
+  check_same(train<user::page_sharded>(3, 3), train<ddp::update::replicated>(3, 3));
+  const ddp::optim::adamw adamw{.lr = 1e-2f};
+  check_same(train<user::page_sharded, ddp::optim::adamw>(2, 3, nothing, nothing, adamw),
+             train<ddp::update::replicated, ddp::optim::adamw>(2, 3, nothing, nothing, adamw));
+}
+
+TEST_CASE("a user's sampler hands each rank the indices it says") {
+  auto indices = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, user::reversed_blocks> trainer(model, comm, dev);
+    return trainer.next_epoch_indices(11);
+  });
+  CHECK(indices[0] == std::vector<std::size_t>{10, 9, 8, 7, 6});
+  CHECK(indices[1] == std::vector<std::size_t>{5, 4, 3, 2, 1});
+}
