@@ -5,7 +5,7 @@
 #include <span>
 
 #include "collective_sweep.hpp"
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/inproc/launch.hpp"
 
 int main(int argc, char** argv) {

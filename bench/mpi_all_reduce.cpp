@@ -6,7 +6,7 @@
 #include <span>
 
 #include "collective_sweep.hpp"
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/mpi/communicator.hpp"
 
 int main(int argc, char** argv) {

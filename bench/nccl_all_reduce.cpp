@@ -7,7 +7,7 @@
 
 
 #include "collective_sweep.hpp"
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/cuda/device_vector.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nccl/communicator.hpp"

@@ -25,8 +25,8 @@
 #include "collective_sweep.hpp"
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
+#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "model.hpp"
 
 namespace {

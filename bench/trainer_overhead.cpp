@@ -11,13 +11,13 @@
 
 #include "collective_sweep.hpp"
 #include "ddp/core/random.hpp"
+#include "ddp/ddp.hpp"
 #include "ddp/host/kernels.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/relu.hpp"
 #include "ddp/nn/sequential.hpp"
-#include "ddp/trainer/trainer.hpp"
 
 namespace {
 

@@ -33,14 +33,19 @@ if(DDP_WITH_MPI)
   find_package(MPI COMPONENTS CXX QUIET)
   if(MPI_CXX_FOUND)
     ddp_component(mpi MPI::MPI_CXX)
+  elseif(DDP_REQUIRE_MPI)
+    message(FATAL_ERROR "ddp: DDP_REQUIRE_MPI is ON but MPI was not found, so the MPI tests would not run "
+                        "(Debian: apt-get install libopenmpi-dev openmpi-bin)")
   else()
     message(STATUS "ddp: MPI not found (Debian: libopenmpi-dev); ddp::mpi is not built")
   endif()
 endif()
 
 #   ddp::cuda   the CUDA device and reference layers (include/ddp/cuda): CUDA runtime, cuBLAS, and
-#               the one nvcc translation unit of kernels (src/cuda/kernels.cu), which ddp's own tree
-#               builds once and an installed package adds to each consumer target.
+#               ddp's kernels, compiled once by nvcc into a static library (ddp::cuda_kernels,
+#               libddp_cuda_kernels.a, installed with the package): a consumer needs no nvcc to
+#               use them. An optimizer of the user's own adds its kernel in a .cu of its own
+#               (DDP_CUDA_OPTIMIZER, docs/cuda.md).
 #   ddp::nccl   the NCCL communicator (include/ddp/nccl), on top of ddp::cuda.
 if(DDP_WITH_CUDA)
   find_package(CUDAToolkit QUIET)
@@ -61,11 +66,10 @@ if(DDP_WITH_CUDA)
     # CMake 3.25 does not know nvcc 13's C++20 feature names; the flag says it directly.
     target_compile_options(ddp_cuda_kernels PRIVATE -std=c++20)
     set_target_properties(ddp_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
-    ddp_component(cuda CUDA::cudart CUDA::cublas $<BUILD_INTERFACE:ddp_cuda_kernels>)
-    target_sources(ddp_cuda INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_DATADIR}/ddp/cuda/kernels.cu>)
-    if(DDP_INSTALL)
-      install(FILES src/cuda/kernels.cu DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp/cuda)
-    endif()
+    target_link_libraries(ddp_cuda_kernels PUBLIC CUDA::cudart)
+    set_target_properties(ddp_cuda_kernels PROPERTIES EXPORT_NAME cuda_kernels)
+    list(APPEND ddp_installed_targets ddp_cuda_kernels)
+    ddp_component(cuda CUDA::cudart CUDA::cublas ddp_cuda_kernels)
     find_library(DDP_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
     find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
     if(DDP_NCCL_LIBRARY AND DDP_NCCL_INCLUDE_DIR)

@@ -4,8 +4,15 @@
 
 #include <cstdio>
 
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
 #include "ddp/nn/blas.hpp"
-#include "train.hpp"
+#if DDP_EXAMPLE_WITH_MPI
+#include "ddp/mpi/environment.hpp"
+#endif
+#include "run.hpp"
 
 namespace {
 
@@ -124,8 +131,10 @@ int main(int argc, char** argv) {
       run.template operator()<ddp::mpi::communicator>();
 #endif
     } else {
+#if !DDP_EXAMPLE_WITH_MPI || DDP_EXAMPLE_WITH_CUDA  // the CPU MPI binary has no in-process path
       print_banner(c);
       run.template operator()<ddp::inproc::communicator>();
+#endif
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -7,10 +7,9 @@ template void run_with<ddp::inproc::communicator, gpu_platform>(const config&, r
 #if DDP_EXAMPLE_WITH_MPI
 template void run_with<ddp::mpi::communicator, gpu_platform>(const config&, report&);
 #endif
+#elif DDP_EXAMPLE_WITH_MPI  // under mpirun only
+template void run_with<ddp::mpi::communicator, host_platform>(const config&, report&);
 #else
 template void run_with<ddp::inproc::communicator, host_platform>(const config&, report&);
-#if DDP_EXAMPLE_WITH_MPI
-template void run_with<ddp::mpi::communicator, host_platform>(const config&, report&);
-#endif
 #endif
 }  // namespace fmnist

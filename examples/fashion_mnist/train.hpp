@@ -12,6 +12,7 @@
 
 #include "config.hpp"
 #include "model.hpp"
+#include "run.hpp"
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/inproc/launch.hpp"
@@ -21,7 +22,7 @@
 #if DDP_EXAMPLE_WITH_CUDA
 #include "gpu_platform.hpp"
 #endif
-#include "ddp/trainer/trainer.hpp"
+#include "ddp/ddp.hpp"
 
 namespace fmnist {
 
@@ -218,8 +219,6 @@ void train_with_flags(Comm& comm, typename Platform::device& dev, const config& 
   });
 }
 
-// The launcher starts the ranks (in-process threads, or this process under mpirun); the platform
-// picks device, model and communicator for each rank.
 template <class Launcher, class Platform>
 void run_with(const config& c, report& out) {
   using Comm = typename Platform::template communicator<Launcher>;
@@ -235,17 +234,5 @@ void run_with(const config& c, report& out) {
     Platform::on_rank(launcher, rank);
   }
 }
-
-#if DDP_EXAMPLE_WITH_CUDA
-extern template void run_with<ddp::inproc::communicator, gpu_platform>(const config&, report&);
-#if DDP_EXAMPLE_WITH_MPI
-extern template void run_with<ddp::mpi::communicator, gpu_platform>(const config&, report&);
-#endif
-#else
-extern template void run_with<ddp::inproc::communicator, host_platform>(const config&, report&);
-#if DDP_EXAMPLE_WITH_MPI
-extern template void run_with<ddp::mpi::communicator, host_platform>(const config&, report&);
-#endif
-#endif
 
 }  // namespace fmnist

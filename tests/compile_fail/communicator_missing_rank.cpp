@@ -1,6 +1,6 @@
 // expect: the communicator lacks `int rank\(\) const`
 #include <ddp/concepts/communicator.hpp>
-#include <ddp/core/progress_thread.hpp>
+#include <ddp/comm/progress_thread.hpp>
 
 struct no_rank {
   static constexpr ddp::device_kind memory_kind = ddp::device_kind::cpu;

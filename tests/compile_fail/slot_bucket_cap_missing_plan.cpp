@@ -1,5 +1,5 @@
 // expect: a policy in the bucket_cap slot lacks `ddp::bucket_plan plan
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

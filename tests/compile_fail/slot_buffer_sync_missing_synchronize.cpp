@@ -1,5 +1,5 @@
 // expect: a policy in the buffer_sync slot lacks `void synchronize\(ddp::buffer_sync::context&\)`
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

@@ -1,5 +1,5 @@
 // expect: the optimizer lacks `Rule at\(std::int64_t step\) const`
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

@@ -1,5 +1,5 @@
 // expect: a policy in the sampler slot lacks `static std::vector<std::size_t> indices
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

@@ -1,5 +1,5 @@
 // expect: a policy in the unused_params slot lacks `void after_reduction
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

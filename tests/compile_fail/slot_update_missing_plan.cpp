@@ -1,5 +1,5 @@
 // expect: a policy in the update slot lacks `ddp::update::layout plan\(std::size_t numel, int rank
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

@@ -1,5 +1,5 @@
 // expect: need a module that reports ready gradients
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

@@ -1,5 +1,5 @@
 // expect: the communicator and the device disagree on where memory lives
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

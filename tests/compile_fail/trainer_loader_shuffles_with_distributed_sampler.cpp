@@ -1,5 +1,5 @@
 // expect: this loader shuffles on its own, but the trainer's distributed sampler
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

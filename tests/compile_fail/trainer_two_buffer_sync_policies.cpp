@@ -1,5 +1,5 @@
 // expect: two policies were given for one slot
-#include <ddp/trainer/trainer.hpp>
+#include <ddp/ddp.hpp>
 
 #include "support/minimal_module.hpp"
 

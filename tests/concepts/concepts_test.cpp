@@ -53,6 +53,16 @@ struct device_without_locate : ddp::host::device {
 
 }  // namespace
 
+TEST_CASE("host work handles carry timing; a handle without it is still a work handle") {
+  static_assert(ddp::timed_work_handle<ddp::work>);
+  struct untimed {
+    void wait() {}
+    bool test() { return true; }
+  };
+  static_assert(ddp::work_handle<untimed> && !ddp::timed_work_handle<untimed>);
+  CHECK(ddp::timed_work_handle<ddp::work>);
+}
+
 TEST_CASE("communicator concept") {
   static_assert(ddp::communicator<ddp::inproc::communicator>);
   static_assert(ddp::communicator<complete_comm>);

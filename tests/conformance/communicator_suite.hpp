@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 
 namespace conformance {
 

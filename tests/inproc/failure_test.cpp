@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/inproc/launch.hpp"
 
 using namespace std::chrono_literals;

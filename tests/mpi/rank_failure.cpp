@@ -1,8 +1,8 @@
 // Run under mpirun: rank 1 fails inside a training step while the others wait in a collective.
 // Expected: the job ends (no hang) and the output names rank 1 and the failure.
+#include "ddp/ddp.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/mpi/communicator.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "trainer/test_model.hpp"
 
 int main(int argc, char** argv) {

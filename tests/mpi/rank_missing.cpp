@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/mpi/communicator.hpp"
 
 int main(int argc, char** argv) {

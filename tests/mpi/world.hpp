@@ -1,5 +1,5 @@
 #pragma once
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/mpi/communicator.hpp"
 
 namespace mpi_test {

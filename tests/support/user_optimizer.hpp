@@ -1,6 +1,6 @@
 #pragma once
 // An optimizer written the way a user writes one, outside the library: free of range-v3, so an
-// nvcc translation unit can include it (tests/gpu/user_optimizer.cu instantiates its kernel).
+// nvcc translation unit can include it (tests/cuda/user_optimizer.cu instantiates its kernel).
 #include <cstdint>
 #include <string>
 #include <string_view>

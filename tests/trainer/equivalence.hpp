@@ -1,8 +1,8 @@
 #pragma once
 // The equivalence run shared by the in-process and MPI tests: one process on the global batch
 // (the reference) and one rank's part of the data-parallel run.
+#include "ddp/ddp.hpp"
 #include "ddp/host/device.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "trainer/test_model.hpp"
 
 namespace equivalence {

@@ -3,8 +3,8 @@
 // forwards per step.
 #include <doctest/doctest.h>
 
+#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 

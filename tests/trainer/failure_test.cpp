@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "trainer/test_model.hpp"
 
 namespace {

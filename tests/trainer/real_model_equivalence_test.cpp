@@ -3,10 +3,10 @@
 #include <doctest/doctest.h>
 
 #include "ddp/data/fashion_mnist.hpp"
+#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/sync.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "fashion_mnist/model.hpp"
 #include "trainer/test_model.hpp"
 

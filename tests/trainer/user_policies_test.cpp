@@ -2,8 +2,8 @@
 // the trainer runs it: each test checks that the policy does what it says.
 #include <doctest/doctest.h>
 
+#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "ddp/trainer/trainer.hpp"
 #include "support/user_policies.hpp"
 #include "trainer/test_model.hpp"
 

@@ -1,4 +1,5 @@
 #pragma once
+#include <chrono>
 #include <concepts>
 
 namespace ddp {
@@ -12,6 +13,15 @@ template <class W>
 concept work_handle = std::movable<W> && requires(W& w) {
   w.wait();
   { w.test() } -> std::same_as<bool>;
+};
+
+// Optional capability: when the collective started and finished running (valid once test()).
+// Host backends have it; a stream backend (NCCL) does not, and the trainer then reports its
+// overlap as unavailable rather than as zero.
+template <class W>
+concept timed_work_handle = work_handle<W> && requires(const W& w) {
+  { w.started() } -> std::convertible_to<std::chrono::steady_clock::time_point>;
+  { w.finished() } -> std::convertible_to<std::chrono::steady_clock::time_point>;
 };
 
 }  // namespace ddp

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/progress_thread.hpp"
 #include "ddp/concepts/communicator.hpp"
-#include "ddp/core/progress_thread.hpp"
 #include "ddp/host/kernels.hpp"
 #include "ddp/inproc/world.hpp"
 

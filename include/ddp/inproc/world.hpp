@@ -18,6 +18,7 @@
 #include <vector>
 #include <utility>
 
+#include "ddp/comm/failure.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/spin_wait.hpp"
@@ -99,7 +100,7 @@ class world {
     while (generation_ == generation) {
       throw_if_failed(rank, call);
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation &&
-          !failure_) {
+          !failure_.failed()) {
         std::string missing;
         int first_missing = -1;
         for (int r = 0; r < size_; ++r)
@@ -107,10 +108,10 @@ class world {
             missing += (missing.empty() ? "" : ", ") + std::to_string(r);
             if (first_missing < 0) first_missing = r;
           }
-        failure_ = failure{first_missing, call.describe() + " timed out after " +
-                                              std::to_string(options_.timeout.count()) +
-                                              " ms: rank(s) " + missing + " never arrived",
-                           true};
+        failure_.set({first_missing,
+                      call.describe() + " timed out after " + std::to_string(options_.timeout.count()) +
+                          " ms: rank(s) " + missing + " never arrived",
+                      true});
         cv_.notify_all();
       }
     }
@@ -163,34 +164,23 @@ class world {
   // The rank at fault and what happened, once the world failed (watchdogs of device
   // communicators bootstrapped from this world poll it).
   std::optional<std::pair<int, std::string>> failure_report() const {
-    std::lock_guard lock(mutex_);
-    if (!failure_) return std::nullopt;
-    return std::pair{failure_->origin, failure_->what};
+    const auto f = failure_.get();
+    if (!f) return std::nullopt;
+    return std::pair{f->origin, f->what};
   }
 
   std::optional<int> failed_rank() const {
-    std::lock_guard lock(mutex_);
-    if (!failure_) return std::nullopt;
-    return failure_->origin;
+    const auto f = failure_.get();
+    if (!f) return std::nullopt;
+    return f->origin;
   }
 
  private:
-  struct failure {
-    int origin;
-    std::string what;
-    bool timed_out;
-  };
-
-  void set_failure(int origin, std::string what) {
-    if (!failure_) failure_ = failure{origin, std::move(what), false};
-  }
+  // Caller holds mutex_ (the barrier reads the failure and its own state together).
+  void set_failure(int origin, std::string what) { failure_.set({origin, std::move(what), false}); }
 
   void throw_if_failed(int rank, const collective_call& call) const {
-    if (!failure_) return;
-    if (failure_->timed_out)
-      throw timeout_error("inproc", call.name, rank, failure_->origin, failure_->what);
-    throw peer_error("inproc", call.name, rank, failure_->origin,
-                     "cannot complete " + call.describe() + " because " + failure_->what);
+    failure_.throw_if_failed("inproc", call.name, rank, call.describe());
   }
 
   const int size_;
@@ -208,7 +198,7 @@ class world {
   std::atomic<std::uint64_t> departures_released_{0};
   int departed_ = 0;
   std::vector<bool> left_;
-  std::optional<failure> failure_;
+  comm::failure_latch failure_;
 };
 
 }  // namespace ddp::inproc

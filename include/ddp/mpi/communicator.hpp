@@ -13,17 +13,16 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "ddp/comm/progress_thread.hpp"
+#include "ddp/comm/watchdog.hpp"
 #include "ddp/concepts/communicator.hpp"
-#include "ddp/core/progress_thread.hpp"
 #include "ddp/host/kernels.hpp"
 #include "ddp/mpi/check.hpp"
 #include "ddp/mpi/environment.hpp"
@@ -75,7 +74,8 @@ class communicator {
     MPI_Comm_size(comm_, &size_);
     const auto env = placement_from_environment();
     local_rank_ = env ? env->local_rank : 0;
-    watchdog_ = std::thread([this] { watch(); });
+    watchdog_.emplace(std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1)),
+                      [this] { return watch(); });
     progress_.emplace();
   }
   communicator(const communicator&) = delete;
@@ -83,12 +83,7 @@ class communicator {
 
   ~communicator() {
     progress_.reset();  // finishes queued collectives, then joins
-    {
-      std::lock_guard lock(watch_mutex_);
-      stopping_ = true;
-    }
-    watch_cv_.notify_all();
-    watchdog_.join();
+    watchdog_.reset();
     MPI_Comm_free(&comm_);
   }
 
@@ -189,20 +184,16 @@ class communicator {
     visit_host_dtype(b.type, [&]<class T>(T) { host::divide(static_cast<T*>(b.data), b.count, static_cast<T>(size_)); });
   }
 
-  void watch() {
+  // The watchdog's look: a collective past the timeout ends the job (MPI cannot tell the peers).
+  bool watch() {
     std::unique_lock lock(watch_mutex_);
-    const auto poll = std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1));
-    while (!stopping_) {
-      watch_cv_.wait_for(lock, poll);
-      if (current_ && std::chrono::steady_clock::now() - current_->started > options_.timeout) {
-        const std::string what = std::string(current_->name) + " #" + std::to_string(current_->sequence) +
-                                 " made no progress for " + std::to_string(options_.timeout.count()) +
-                                 " ms: a peer never joined it, or died";
-        lock.unlock();
-        abort(what);
-        return;
-      }
-    }
+    if (!current_ || std::chrono::steady_clock::now() - current_->started <= options_.timeout) return true;
+    const std::string what = std::string(current_->name) + " #" + std::to_string(current_->sequence) +
+                             " made no progress for " + std::to_string(options_.timeout.count()) +
+                             " ms: a peer never joined it, or died";
+    lock.unlock();
+    abort(what);
+    return false;
   }
 
   struct running {
@@ -220,10 +211,8 @@ class communicator {
   std::vector<std::uint8_t> scratch_;
 
   std::mutex watch_mutex_;
-  std::condition_variable watch_cv_;
   std::optional<running> current_;
-  bool stopping_ = false;
-  std::thread watchdog_;
+  std::optional<comm::watchdog> watchdog_;
   std::optional<progress_thread> progress_;
 };
 

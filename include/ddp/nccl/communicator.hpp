@@ -23,7 +23,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -34,6 +33,8 @@
 #include <thread>
 #include <utility>
 
+#include "ddp/comm/failure.hpp"
+#include "ddp/comm/watchdog.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/cuda/device.hpp"
 #include "ddp/nccl/check.hpp"
@@ -66,11 +67,7 @@ struct pending {
   clock::time_point issued = clock::now();
 };
 
-struct failure {
-  int origin;
-  std::string what;
-  bool timed_out;
-};
+using comm::failure;
 
 // Everything a communicator and its work handles share; the watchdog thread works on it too.
 class core {
@@ -89,20 +86,17 @@ class core {
       dev.deallocate(scratch_, sizeof(float));
       throw;
     }
-    watchdog_ = std::thread([this] { watch(); });
+    const auto poll = std::clamp<std::chrono::milliseconds>(options_.timeout / 10, std::chrono::milliseconds(1),
+                                                           std::chrono::milliseconds(100));
+    watchdog_.emplace(poll, [this] { return watch(); }, [this] { cudaSetDevice(device_->ordinal()); });
   }
   core(const core&) = delete;
   core& operator=(const core&) = delete;
 
   ~core() {
-    {
-      std::lock_guard lock(watch_mutex_);
-      stopping_ = true;
-    }
-    watch_cv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
+    watchdog_.reset();
     std::lock_guard lock(nccl_mutex_);
-    if (comm_ && !failed_.load()) {
+    if (comm_ && !failure_.failed()) {
       // Finish what is queued, then take the communicator down; abort if that cannot finish.
       ncclResult_t r = ncclCommFinalize(comm_);
       const auto deadline = clock::now() + options_.timeout;
@@ -165,7 +159,7 @@ class core {
 
   // True once wait() would return at once: done, or failed (then wait() throws).
   bool test(const pending& p) const noexcept {
-    if (failed_.load(std::memory_order_acquire)) return true;
+    if (failure_.failed()) return true;
     try {
       return p.done.done();
     } catch (...) {
@@ -177,13 +171,7 @@ class core {
     fail({rank_, "rank " + std::to_string(rank_) + " failed: " + reason, false}, /*tell_peers=*/true);
   }
 
-  void throw_if_failed(const char* operation) const {
-    if (!failed_.load(std::memory_order_acquire)) return;
-    std::lock_guard lock(failure_mutex_);
-    if (failure_->timed_out) throw timeout_error("nccl", operation, rank_, failure_->origin, failure_->what);
-    throw peer_error("nccl", operation, rank_, failure_->origin,
-                     "cannot complete " + std::string(operation) + " because " + failure_->what);
-  }
+  void throw_if_failed(const char* operation) const { failure_.throw_if_failed("nccl", operation, rank_, operation); }
 
  private:
   void initialise(const ncclUniqueId& id) {
@@ -247,63 +235,50 @@ class core {
       std::lock_guard lock(nccl_mutex_);
       first = fail_locked(std::move(f));
     }
-    if (first && tell_peers) {
-      std::lock_guard lock(failure_mutex_);
-      channel_.abort(failure_->what);
-    }
+    if (first && tell_peers) channel_.abort(failure_.get()->what);
   }
 
   // Caller holds nccl_mutex_. True when this was the first failure.
   bool fail_locked(failure f) {
-    {
-      std::lock_guard lock(failure_mutex_);
-      if (failure_) return false;
-      failure_ = std::move(f);
-    }
-    failed_.store(true, std::memory_order_release);
+    if (!failure_.set(std::move(f))) return false;
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
     return true;
   }
 
-  void watch() {
-    cudaSetDevice(device_->ordinal());
-    const auto poll = std::clamp<std::chrono::milliseconds>(options_.timeout / 10, std::chrono::milliseconds(1),
-                                                           std::chrono::milliseconds(100));
+  // The watchdog's look: a finished collective leaves the in-flight list; the oldest one past the
+  // timeout, a GPU or NCCL error, or a peer's failure fails every rank. False once failed.
+  bool watch() {
+    if (failure_.failed()) return false;
     std::unique_lock lock(watch_mutex_);
-    while (!stopping_ && !failed_.load()) {
-      watch_cv_.wait_for(lock, poll);
-      try {
-        while (!in_flight_.empty() && in_flight_.front()->done.done()) in_flight_.pop_front();
-      } catch (const std::exception& e) {  // a device error: nothing on this GPU completes any more
-        lock.unlock();
-        fail({rank_, std::string("the GPU reported an error: ") + e.what(), false}, true);
-        return;
-      }
-      std::optional<failure> found;
-      if (!in_flight_.empty() && clock::now() - in_flight_.front()->issued > options_.timeout)
-        found = failure{rank_, describe_timeout(*in_flight_.front()), true};
+    try {
+      while (!in_flight_.empty() && in_flight_.front()->done.done()) in_flight_.pop_front();
+    } catch (const std::exception& e) {  // a device error: nothing on this GPU completes any more
       lock.unlock();
-      bool tell = true;
-      if (!found) {
-        std::lock_guard nccl_lock(nccl_mutex_);
-        ncclResult_t state = ncclSuccess;
-        if (comm_) ncclCommGetAsyncError(comm_, &state);
-        if (state != ncclSuccess && state != ncclInProgress)
-          found = failure{rank_, "NCCL reported an asynchronous error on rank " + std::to_string(rank_) + ": " +
-                                     describe(state, comm_), false};
-      }
-      if (!found)
-        if (auto peer = channel_.poll()) {
-          found = failure{peer->first, peer->second, false};
-          tell = false;
-        }
-      if (found) {
-        fail(std::move(*found), tell);
-        return;
-      }
-      lock.lock();
+      fail({rank_, std::string("the GPU reported an error: ") + e.what(), false}, true);
+      return false;
     }
+    std::optional<failure> found;
+    if (!in_flight_.empty() && clock::now() - in_flight_.front()->issued > options_.timeout)
+      found = failure{rank_, describe_timeout(*in_flight_.front()), true};
+    lock.unlock();
+    bool tell = true;
+    if (!found) {
+      std::lock_guard nccl_lock(nccl_mutex_);
+      ncclResult_t state = ncclSuccess;
+      if (comm_) ncclCommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess && state != ncclInProgress)
+        found = failure{rank_, "NCCL reported an asynchronous error on rank " + std::to_string(rank_) + ": " +
+                                   describe(state, comm_), false};
+    }
+    if (!found)
+      if (auto peer = channel_.poll()) {
+        found = failure{peer->first, peer->second, false};
+        tell = false;
+      }
+    if (!found) return true;
+    fail(std::move(*found), tell);
+    return false;
   }
 
   cuda::device* device_;
@@ -318,15 +293,11 @@ class core {
   std::mutex nccl_mutex_;  // NCCL calls on comm_, and aborting it
   ncclComm_t comm_ = nullptr;
 
-  std::atomic<bool> failed_{false};
-  mutable std::mutex failure_mutex_;
-  std::optional<failure> failure_;
+  comm::failure_latch failure_;
 
   std::mutex watch_mutex_;
-  std::condition_variable watch_cv_;
   std::deque<std::shared_ptr<pending>> in_flight_;
-  bool stopping_ = false;
-  std::thread watchdog_;
+  std::optional<comm::watchdog> watchdog_;  // last: stopped first
 };
 
 }  // namespace detail

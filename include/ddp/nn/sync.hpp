@@ -2,7 +2,7 @@
 // Reductions a layer can run across ranks (synchronised batch statistics).
 #include <span>
 
-#include "ddp/core/collectives.hpp"
+#include "ddp/comm/collectives.hpp"
 
 namespace ddp::nn {
 

@@ -1,16 +1,24 @@
 #pragma once
-// Engine slots: which communicator and which device the trainer runs on. The defaults are the
-// embedded host path (in-process ranks, CPU memory).
+// Engine slots: which communicator and which device the trainer runs on.
 //   ddp::trainer<Model, ddp::use_communicator<ddp::mpi::communicator>>
+// The defaults are the embedded host path: in-process ranks (ddp::inproc::communicator) and CPU
+// memory (ddp::host::device). They are only named here; <ddp/ddp.hpp> brings them in, so a
+// program on MPI or NCCL compiles no thread rendezvous or host kernels it does not use.
 #include <string_view>
+#include <type_traits>
 
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
-#include "ddp/host/device.hpp"
-#include "ddp/inproc/communicator.hpp"
 #include "ddp/policy/slots.hpp"
 
 namespace ddp {
+
+namespace inproc {
+class communicator;
+}
+namespace host {
+class device;
+}
 
 namespace engine_detail {
 struct communicator_slot;
@@ -19,15 +27,12 @@ struct device_slot;
 
 template <class C>
 struct use_communicator {
-  static_assert(diagnose_communicator<C>());
   using slot = engine_detail::communicator_slot;
   using type = C;
-  static constexpr std::string_view name = C::backend_name;
 };
 
 template <class D>
 struct use_device {
-  static_assert(diagnose_device<D>());
   using slot = engine_detail::device_slot;
   using type = D;
 };
@@ -41,6 +46,30 @@ struct device_slot {
   static constexpr std::string_view name = "device";
   using default_policy = use_device<host::device>;
 };
+
+template <class T>
+concept complete = requires { sizeof(T); };
+
+// The engine slots' checks: a default engine whose header is missing, then the concept.
+template <class C>
+consteval bool diagnose_communicator_slot() {
+  static_assert(complete<C>,
+                "ddp: the trainer's communicator is not defined here. The default, "
+                "ddp::inproc::communicator, comes with #include <ddp/ddp.hpp> (or "
+                "<ddp/inproc/communicator.hpp>); another one is named with "
+                "ddp::use_communicator<C> and its header.");
+  if constexpr (complete<C>) return diagnose_communicator<C>();
+  else return false;
+}
+template <class D>
+consteval bool diagnose_device_slot() {
+  static_assert(complete<D>,
+                "ddp: the trainer's device is not defined here. The default, ddp::host::device, "
+                "comes with #include <ddp/ddp.hpp> (or <ddp/host/device.hpp>); another one is "
+                "named with ddp::use_device<D> and its header.");
+  if constexpr (complete<D>) return diagnose_device<D>();
+  else return false;
+}
 }  // namespace engine_detail
 
 }  // namespace ddp

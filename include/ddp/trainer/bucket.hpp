@@ -11,7 +11,7 @@
 
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
-#include "ddp/core/device_array.hpp"
+#include "ddp/concepts/device_array.hpp"
 #include "ddp/core/segment.hpp"
 #include "ddp/policy/update.hpp"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ddp/concepts/device.hpp"
-#include "ddp/core/device_array.hpp"
+#include "ddp/concepts/device_array.hpp"
 #include "ddp/core/tensor.hpp"
 
 namespace ddp::detail {

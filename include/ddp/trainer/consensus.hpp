@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/core/error.hpp"
-#include "ddp/trainer/host_collectives.hpp"
 
 namespace ddp::detail {
 

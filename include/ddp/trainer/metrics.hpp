@@ -16,8 +16,11 @@ struct metric {
   double mean() const { return count > 0 ? sum / count : 0.0; }
 };
 
-// How much of one step's gradient reduction ran while backward was still computing.
+// How much of one step's gradient reduction ran while backward was still computing. `measured` is
+// false when the communicator's work handles carry no timing (ddp::timed_work_handle: NCCL's run
+// on a stream and do not), and the figures are then meaningless, not zero.
 struct overlap_timing {
+  bool measured = false;
   double reduction_seconds = 0.0;   // sum over buckets of (finish - start)
   double overlapped_seconds = 0.0;  // the part of it before the last backward returned
   double fraction() const {

@@ -64,6 +64,14 @@ struct slot_check<optim::slot, P> : std::bool_constant<optim::diagnose<P>()> {};
 template <class P>
 struct slot_check<sampler::slot, P> : std::bool_constant<sampler::diagnose<P>()> {};
 
+// Stands in for the core of a policy list that already failed with its slot's message.
+struct invalid_core {
+  using communicator_type = invalid_core;
+  using device_type = invalid_core;
+  template <class... Args>
+  invalid_core(Args&&...) {}
+};
+
 // Sorts the policies into their slots and checks each; the core is instantiated only for a
 // valid list.
 template <class Module, class... Policies>
@@ -83,6 +91,7 @@ struct trainer_policies {
   using device = typename get<engine_detail::device_slot>::type;
 
   static constexpr bool valid =
+      engine_detail::diagnose_communicator_slot<communicator>() && engine_detail::diagnose_device_slot<device>() &&
       slot_check<ddp::buffer_sync::slot, buffer_sync>::value && slot_check<ddp::unused_params::slot, unused_params>::value &&
       slot_check<ddp::update::slot, update>::value && slot_check<bucket_cap_detail::slot, buckets>::value &&
       slot_check<optim::slot, optimizer>::value && slot_check<ddp::sampler::slot, sampler>::value;
@@ -95,7 +104,7 @@ struct trainer_policies {
                 "needs_ready_reports) and others like it need a module that reports ready gradients: declare "
                 "`static constexpr bool reports_gradient_ready = true;` and call ready(i) in backward for every "
                 "parameter that got a gradient; or use unused_params::forbid.");
-  using core = trainer_core<Module, communicator, device>;
+  using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core>;
 };
 
 // "slot=name, slot=name, ...", written once for every trainer type.

@@ -21,13 +21,13 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/module.hpp"
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/buffer_set.hpp"
 #include "ddp/trainer/consensus.hpp"
-#include "ddp/trainer/host_collectives.hpp"
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/signature.hpp"
@@ -439,7 +439,8 @@ class trainer_core {
 
   void measure_overlap() {
     overlap_ = {};
-    if constexpr (requires(typename bucket::work_type w) { w.started(); w.finished(); }) {
+    if constexpr (timed_work_handle<typename bucket::work_type>) {
+      overlap_.measured = true;
       for (auto& bk : buckets_) {
         const auto start = bk.work->started(), finish = bk.work->finished();
         overlap_.reduction_seconds += std::chrono::duration<double>(finish - start).count();

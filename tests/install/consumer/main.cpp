@@ -1,9 +1,17 @@
-// A program that knows ddp only through its installed package.
-#include <ddp/core/collectives.hpp>
-#include <ddp/inproc/launch.hpp>
+// A program that knows ddp only through its installed package: the core, and each component
+// the package provides (uses_<component>.cpp).
+#include <ddp/ddp.hpp>
 
 #include <cstdio>
+#include <string>
 #include <vector>
+
+#define CONSUMER_DECLARE(name) std::string uses_##name();
+CONSUMER_DECLARE(nn)
+CONSUMER_DECLARE(data)
+CONSUMER_DECLARE(mpi)
+CONSUMER_DECLARE(cuda)
+CONSUMER_DECLARE(nccl)
 
 int main() {
   auto sums = ddp::inproc::launch(3, [](ddp::inproc::communicator& comm) {
@@ -14,5 +22,28 @@ int main() {
   for (int s : sums)
     if (s != 6) return 1;
   std::puts("consumer: all_reduce over 3 in-process ranks gave 6 on every rank");
+  std::vector<std::string> lines;
+#if CONSUMER_WITH_NN
+  lines.push_back(uses_nn());
+#endif
+#if CONSUMER_WITH_DATA
+  lines.push_back(uses_data());
+#endif
+#if CONSUMER_WITH_MPI
+  lines.push_back(uses_mpi());
+#endif
+#if CONSUMER_WITH_CUDA
+  lines.push_back(uses_cuda());
+#endif
+#if CONSUMER_WITH_NCCL
+  lines.push_back(uses_nccl());
+#endif
+  for (const auto& l : lines) {
+    if (l.rfind("ok", 0) != 0) {
+      std::printf("consumer: %s\n", l.c_str());
+      return 1;
+    }
+    std::printf("consumer: %s\n", l.c_str());
+  }
   return 0;
 }

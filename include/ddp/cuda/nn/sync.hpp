@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/cuda/device.hpp"
-#include "ddp/trainer/host_collectives.hpp"
 
 namespace ddp::cuda::nn {
 

@@ -7,7 +7,7 @@
 
 #include "conformance/communicator_suite.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "gpu/staged.hpp"
+#include "nccl/staged.hpp"
 
 namespace {
 

@@ -139,7 +139,7 @@ TEST_CASE("cuda fused SGD and AdamW updates equal the host's") {
   }
 }
 
-TEST_CASE("a user's optimizer (Lion, its kernel instantiated in tests/gpu/user_optimizer.cu) equals the host's") {
+TEST_CASE("a user's optimizer (Lion, its kernel instantiated in tests/cuda/user_optimizer.cu) equals the host's") {
   ddp::cuda::device dev(0);
   ddp::host::device host;
   const std::size_t n = 1031;  // not a multiple of 4: the kernel's vector and scalar paths

@@ -6,7 +6,7 @@
 
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
-#include "ddp/core/device_array.hpp"
+#include "ddp/concepts/device_array.hpp"
 
 namespace ddp::detail {
 
