@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "ddp/host/device.hpp"
@@ -129,4 +130,23 @@ TEST_CASE("reduce_to_all: every op over one, two and three sources, written to e
       }
       CHECK(bad == 0);
     }
+}
+
+TEST_CASE("reduce_to_all avg keeps a finite average finite where the sum overflows, and the other bits as they were") {
+  const float big = std::ldexp(1.0f, 127);  // two of them sum past FLT_MAX
+  for (std::size_t world : {2u, 3u}) {
+    CAPTURE(world);
+    std::vector<std::vector<float>> in(world, std::vector<float>{big, 1.0f, 3.0f, -big});
+    in[0][2] = std::numeric_limits<float>::infinity();  // an infinite input stays infinite
+    std::vector<const float*> sources;
+    for (auto& v : in) sources.push_back(v.data());
+    std::vector<float> out(4);
+    std::vector<float*> targets{out.data()};
+    ddp::host::reduce_to_all<float>(sources, targets, 4, ddp::reduce_op::avg, world);
+    CHECK(std::isfinite(out[0]));
+    CHECK(out[0] == doctest::Approx(big).epsilon(1e-6));
+    CHECK(out[3] == doctest::Approx(-big).epsilon(1e-6));
+    CHECK(out[1] == 1.0f);  // sum then divide, as before
+    CHECK(std::isinf(out[2]));
+  }
 }

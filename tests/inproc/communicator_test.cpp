@@ -1,9 +1,12 @@
 // The conformance suite on in-process ranks, for every world size the contract names.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <thread>
+#include <vector>
 
 #include "../conformance/communicator_suite.hpp"
+#include "ddp/comm/collectives.hpp"
 #include "ddp/inproc/launch.hpp"
 
 namespace {
@@ -54,4 +57,14 @@ TEST_CASE("inproc waiting threads spin long only when every rank has a core of i
   CHECK(spin_budget_for(cores + 1) == ddp::detail::spin_budget);  // ranks share cores
   if (cores >= 2) CHECK(spin_budget_for(2) == ddp::detail::dedicated_core_spin_budget);
   CHECK(ddp::detail::dedicated_core_spin_budget > ddp::detail::spin_budget);
+}
+
+TEST_CASE("inproc all_reduce avg: two ranks at 2^127 average to 2^127, not inf (the sum would overflow)") {
+  const auto out = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    std::vector<float> v(37, std::ldexp(1.0f, 127));
+    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::avg);
+    return v;
+  });
+  for (const auto& v : out)
+    for (float x : v) CHECK(x == std::ldexp(1.0f, 127));
 }

@@ -21,6 +21,8 @@ struct outcome {
   std::vector<std::string> rank_errors;
   std::vector<int> origin;
   std::string rethrown;
+  std::string nested;  // the failing rank's own exception, nested in the launch_error
+  int cause = -2;  // launch_error::origin_rank()
   double seconds = 0;
 };
 
@@ -46,6 +48,14 @@ outcome run(int world, F fn, ddp::inproc::options opts = {}) {
           }
         },
         opts);
+  } catch (const ddp::inproc::launch_error& e) {
+    o.rethrown = e.what();
+    o.cause = e.origin_rank();
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const std::exception& inner) {
+      o.nested = inner.what();
+    }
   } catch (const std::exception& e) {
     o.rethrown = e.what();
   }
@@ -61,7 +71,11 @@ TEST_CASE("a rank that throws makes every other rank's collective throw, naming 
     if (comm.rank() == 2) throw std::runtime_error("loss is NaN on rank 2");
     ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
   });
-  CHECK(o.rethrown == "loss is NaN on rank 2");
+  // launch reports every rank's error, the cause first; the cause's own exception is nested.
+  CHECK(o.rethrown.starts_with("ddp[inproc] launch on rank 2: loss is NaN on rank 2\n"));
+  for (int r : {0, 1, 3}) CHECK(o.rethrown.find("\n  rank " + std::to_string(r) + ": ") != std::string::npos);
+  CHECK(o.nested == "loss is NaN on rank 2");
+  CHECK(o.cause == 2);
   for (int r : {0, 1, 3}) {
     CAPTURE(r);
     CHECK(o.origin[r] == 2);
@@ -139,7 +153,8 @@ TEST_CASE("a failed asynchronous collective rethrows on every wait") {
     CHECK(w.test());
     w.wait();
   });
-  CHECK(o.rethrown == "bad batch");
+  CHECK(o.nested == "bad batch");
+  CHECK(o.rethrown.find("rank 0: ") != std::string::npos);
   CHECK(o.rank_errors[0].find("rank 1 failed: bad batch") != std::string::npos);
 }
 

@@ -45,3 +45,23 @@ TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)"
       trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); }),
       doctest::Contains("'aux.weight' (no gradient on rank(s) 1)"), ddp::collective_error);
 }
+
+TEST_CASE("mpi: Join: processes with unequal numbers of batches finish together, equal to one process over the union") {
+  using ddp::mpi::communicator;
+  auto& comm = mpi_test::comm();
+  const auto reference = join_reference(comm.size());
+  const std::size_t expected = static_cast<std::size_t>(join_steps_of(comm.size() - 1) - join_steps_of(comm.rank()));
+  {
+    const auto [params, shadowed] = run_join_rank<ddp::buffer_sync::broadcast_once_per_step, ddp::unused_params::forbid,
+                                                  communicator>(comm);
+    CHECK(test::max_relative_error(params, reference) <= 1e-5);
+    CHECK(shadowed == expected);
+  }
+  {
+    const auto [params, shadowed] = run_join_rank<ddp::buffer_sync::average_once_per_step,
+                                                  ddp::unused_params::detect_each_step, communicator,
+                                                  ddp::update::sharded>(comm);
+    CHECK(test::max_relative_error(params, reference) <= 1e-5);
+    CHECK(shadowed == expected);
+  }
+}

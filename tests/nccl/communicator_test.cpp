@@ -21,8 +21,12 @@ void on_one_gpu(F f, ddp::nccl::options opts = {}, bool aborts = false) {
       auto comm = ddp::nccl::bootstrap(host, dev, opts);
       f(host, comm, dev);
     });
-  } catch (const ddp::peer_error&) {
+  } catch (const ddp::inproc::launch_error& e) {  // the rank's own error is nested in it
     if (!aborts) throw;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const ddp::peer_error&) {  // the abort, reported by the launch's closing barrier
+    }
   }
 }
 

@@ -81,4 +81,45 @@ run_result run_rank(Comm& comm, shape how) {
   return run_result{test::parameter_values(model), {rm.begin(), rm.end()}};
 }
 
+// Join: rank r has 2 + r batches of its own, then joins; in step k the ranks that still have a
+// batch train on it. The reference is one process on the concatenation of step k's batches.
+inline test::batch join_batch(int rank, int step) {
+  return test::make_batch(per_rank_batch, 5000 + static_cast<std::uint64_t>(100 * step + rank));
+}
+inline int join_steps_of(int rank) { return 2 + rank; }
+
+inline std::vector<std::vector<float>> join_reference(int world) {
+  auto model = test::make_mlp(seed);
+  test::reference_sgd opt(model, sgd);
+  for (int k = 0; k < join_steps_of(world - 1); ++k) {
+    std::vector<test::batch> parts;
+    for (int r = 0; r < world; ++r)
+      if (k < join_steps_of(r)) parts.push_back(join_batch(r, k));
+    test::batch all{ddp::nn::matrix(per_rank_batch * parts.size(), test::in_features), {}};
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      std::copy(parts[p].x.data.begin(), parts[p].x.data.end(),
+                all.x.data.begin() + static_cast<std::ptrdiff_t>(p * parts[p].x.data.size()));
+      all.y.insert(all.y.end(), parts[p].y.begin(), parts[p].y.end());
+    }
+    model.backward(ddp::nn::softmax_cross_entropy(model.forward(all.x), all.y).grad, ddp::ready_sink{});
+    opt.step();
+  }
+  return test::parameter_values(model);
+}
+
+// One rank of the join run: its parameters and how many steps it shadowed.
+template <class Sync, class Unused, class Comm, class Update = ddp::update::replicated>
+std::pair<std::vector<std::vector<float>>, std::size_t> run_join_rank(Comm& comm) {
+  auto model = test::make_mlp(seed + static_cast<std::uint64_t>(comm.rank()));
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, Sync, Unused, Update, ddp::bucket_cap<256>, ddp::use_communicator<Comm>> trainer(
+      model, comm, dev, sgd);
+  for (int k = 0; k < join_steps_of(comm.rank()); ++k) {
+    const auto b = join_batch(comm.rank(), k);
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  }
+  const std::size_t shadowed = trainer.join();
+  return {test::parameter_values(model), shadowed};
+}
+
 }  // namespace equivalence

@@ -208,3 +208,69 @@ TEST_CASE("trainers over one module, communicator and device share one trainer_c
   });
   for (const auto& [a, b] : results) CHECK(a == b);  // the same core, the same steps: the same bits
 }
+
+TEST_CASE("ranks with different numbers of micro-batches in a step equal one process over all of them") {
+  // Rank r runs r + 1 micro-batches of 4 samples (worlds 2 and 3); the reference averages the
+  // gradients of all the micro-batches, as one process accumulating them would.
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    constexpr std::size_t rows = 4;
+    auto batch_of = [](int rank, int k, int step) {
+      return test::make_batch(rows, 7000 + static_cast<std::uint64_t>(100 * step + 10 * rank + k));
+    };
+    auto model = test::make_mlp(seed);
+    test::reference_sgd opt(model, sgd);
+    for (int s = 0; s < 2; ++s) {
+      int count = 0;
+      for (int r = 0; r < world; ++r)
+        for (int k = 0; k <= r; ++k, ++count) {
+          const auto b = batch_of(r, k, s);
+          model.backward(ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y).grad, ddp::ready_sink{});
+        }
+      for (auto& p : model.parameters())
+        for (auto& g : p.grad.as<float>()) g /= static_cast<float>(count);
+      opt.step();
+    }
+    const auto reference = test::parameter_values(model);
+    auto ranks = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      auto m = test::make_mlp(seed);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::bucket_cap<256>, ddp::buffer_sync::none> trainer(m, comm, dev, sgd);
+      for (int s = 0; s < 2; ++s) {
+        for (int k = 0; k <= comm.rank(); ++k) {
+          const auto b = batch_of(comm.rank(), k, s);
+          auto body = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
+          if (k < comm.rank()) trainer.accumulate(body);
+          else trainer.step(body);
+        }
+      }
+      return test::parameter_values(m);
+    });
+    for (const auto& rank : ranks) CHECK(test::max_relative_error(rank, reference) <= 1e-5);
+  }
+}
+
+TEST_CASE_TEMPLATE("Join: ranks with unequal numbers of batches finish together, equal to one process over the union",
+                   Unused, ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
+                   ddp::unused_params::static_graph) {
+  auto check = [&]<class Sync, class Update = ddp::update::replicated>() {
+    for (int world : {2, 3, 4}) {
+      CAPTURE(world);
+      INFO("buffer_sync::", Sync::name, " unused_params::", Unused::name, " update::", Update::name);
+      const auto reference = join_reference(world);
+      const auto ranks = ddp::inproc::launch(
+          world, [](ddp::inproc::communicator& comm) { return run_join_rank<Sync, Unused, ddp::inproc::communicator, Update>(comm); });
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        const auto& [params, shadowed] = ranks[static_cast<std::size_t>(r)];
+        CHECK(test::max_relative_error(params, reference) <= 1e-5);
+        CHECK(shadowed == static_cast<std::size_t>(join_steps_of(world - 1) - join_steps_of(r)));
+      }
+    }
+  };
+  check.template operator()<ddp::buffer_sync::none>();
+  check.template operator()<ddp::buffer_sync::broadcast_each_forward>();
+  check.template operator()<ddp::buffer_sync::broadcast_once_per_step>();
+  check.template operator()<ddp::buffer_sync::average_once_per_step>();
+  check.template operator()<ddp::buffer_sync::broadcast_once_per_step, ddp::update::sharded>();
+}

@@ -285,6 +285,44 @@ TEST_CASE("P4: the trainer sets the epoch; orders differ per epoch, repeat per s
   CHECK(ddp::sampler::contiguous::indices(10, 1, 3, 0, 0) == std::vector<std::size_t>{3, 4, 5});
 }
 
+TEST_CASE("the samplers reject a rank outside the world and an empty world, saying which") {
+  using shuffled = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
+  CHECK_THROWS_WITH_AS(shuffled::indices(10, 2, 2, 0, 0), doctest::Contains("rank 2 is outside a world of size 2"),
+                       ddp::error);
+  CHECK_THROWS_WITH_AS(shuffled::indices(10, -1, 2, 0, 0), doctest::Contains("rank -1 is outside a world of size 2"),
+                       ddp::error);
+  CHECK_THROWS_WITH_AS(shuffled::indices(10, 0, 0, 0, 0), doctest::Contains("the world size is 0; it must be at least 1"),
+                       ddp::error);
+  CHECK_THROWS_WITH_AS(shuffled::per_rank(10, 0), doctest::Contains("must be at least 1"), ddp::error);
+  CHECK_THROWS_WITH_AS(ddp::sampler::contiguous::indices(10, 3, 3, 0, 0), doctest::Contains("rank 3 is outside"),
+                       ddp::error);
+  CHECK(shuffled::indices(10, 1, 2, 0, 0).size() == 5);
+}
+
+TEST_CASE("a parameter listed twice (a tied weight under two names) is an error on every rank naming both") {
+  struct tied : test::unbound_mlp {
+    using test::unbound_mlp::unbound_mlp;
+    std::vector<ddp::parameter_ref> parameters() {
+      auto refs = test::unbound_mlp::parameters();
+      auto again = refs.back();
+      again.name = "head.weight_tied";
+      refs.push_back(again);
+      return refs;
+    }
+  };
+  auto o = on_ranks(2, [](auto& comm) {
+    tied model(test::make_mlp(3));
+    ddp::host::device dev;
+    ddp::trainer<tied> trainer(model, comm, dev, sgd);
+  });
+  REQUIRE(o.all_threw());
+  for (const auto& e : o.errors) {
+    CHECK(contains(e, "the module lists one storage under two names"));
+    CHECK(contains(e, "'5.bias' and 'head.weight_tied' share storage"));
+    CHECK(contains(e, "list a shared (tied) parameter once"));
+  }
+}
+
 TEST_CASE("P5: ranks with different models fail on every rank, naming the first difference") {
   auto o = on_ranks(3, [](auto& comm) {
     auto hidden = comm.rank() == 2 ? 17u : 16u;

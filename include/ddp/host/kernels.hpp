@@ -69,9 +69,43 @@ DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
   for (std::size_t i = 0; i < n; ++i) x[i] /= divisor;
 }
 
+template <class T>
+void divide_first_where_overflowed(std::span<const T* const> sources, T* acc, std::size_t begin, std::size_t len,
+                                   T world) {
+  for (std::size_t i = 0; i < len; ++i) {
+    if (std::isfinite(acc[i])) continue;
+    T sum = 0;
+    bool finite_inputs = true;
+    for (const T* s : sources) {
+      finite_inputs = finite_inputs && std::isfinite(s[begin + i]);
+      sum += s[begin + i] / world;
+    }
+    if (finite_inputs) acc[i] = sum;
+  }
+}
+
+// True when some x[i] is infinite or NaN (the exponent bits all set); a branch-free pass.
+template <class T>
+DDP_VECTORIZE inline bool has_nonfinite(const T* DDP_RESTRICT x, std::size_t n) {
+  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr bits_t exponent = static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  bits_t found = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bits_t b;
+    std::memcpy(&b, x + i, sizeof b);
+    found |= static_cast<bits_t>((b & exponent) == exponent);
+  }
+  return found != 0;
+}
+
 // Reduces `sources` (fixed order: index 0 first, so every rank computes the same bits)
 // elementwise and writes the result to every pointer in `targets`. Works in chunks that stay
 // in L1, so a target may alias a source.
+//
+// avg sums, then divides (a power-of-two world divides exactly). Where the sum of finite inputs
+// overflows, that element is computed again dividing each input first, which keeps a finite
+// average finite (two ranks at 2^127 average to 2^127, not inf); every other element keeps the
+// bits of the sum-then-divide.
 template <class T>
 void reduce_to_all(std::span<const T* const> sources, std::span<T* const> targets,
                    std::size_t n, reduce_op op, std::size_t world) {
@@ -85,7 +119,11 @@ void reduce_to_all(std::span<const T* const> sources, std::span<T* const> target
       combine(acc, sources[0] + begin, sources[1] + begin, len, op);
       for (std::size_t k = 2; k < sources.size(); ++k) accumulate(acc, sources[k] + begin, len, op);
     }
-    if (op == reduce_op::avg) divide(acc, len, static_cast<T>(world));
+    if (op == reduce_op::avg) {
+      divide(acc, len, static_cast<T>(world));
+      if constexpr (std::is_floating_point_v<T>)
+        if (has_nonfinite(acc, len)) divide_first_where_overflowed(sources, acc, begin, len, static_cast<T>(world));
+    }
     for (T* t : targets) std::memcpy(t + begin, acc, len * sizeof(T));
   }
 }

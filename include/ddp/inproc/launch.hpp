@@ -1,10 +1,11 @@
 #pragma once
-// Runs a function on N in-process ranks, one thread each, and returns what each returned
-// (or rethrows the failure of the rank that failed first).
+// Runs a function on N in-process ranks, one thread each, and returns what each returned, or
+// throws a ddp::inproc::launch_error that reports every rank's error.
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -13,8 +14,35 @@
 
 namespace ddp::inproc {
 
+// What launch throws when ranks failed: the rank at fault and its error first, then every other
+// rank's error, one line each (a peer's is usually "cannot complete ... because rank r failed").
+// The failing rank's own exception is nested in it: std::rethrow_if_nested(e) throws it again
+// with its own type.
+class launch_error : public error {
+ public:
+  launch_error(int origin, std::vector<std::string> rank_errors)
+      : error("inproc", "launch", origin, summary(origin, rank_errors)),
+        origin_(origin),
+        rank_errors_(std::move(rank_errors)) {}
+  // The rank whose failure made the others fail.
+  int origin_rank() const noexcept { return origin_; }
+  // Each rank's error message, by rank (empty for a rank that returned normally).
+  const std::vector<std::string>& rank_errors() const noexcept { return rank_errors_; }
+
+ private:
+  static std::string summary(int origin, const std::vector<std::string>& errors) {
+    std::string s = errors[static_cast<std::size_t>(origin)];
+    for (std::size_t r = 0; r < errors.size(); ++r)
+      if (static_cast<int>(r) != origin && !errors[r].empty()) s += "\n  rank " + std::to_string(r) + ": " + errors[r];
+    return s;
+  }
+  int origin_;
+  std::vector<std::string> rank_errors_;
+};
+
 // fn(communicator&) runs on every rank. When a rank throws, every other rank's pending and
-// later collectives throw ddp::peer_error; launch then rethrows the first rank's exception.
+// later collectives throw ddp::peer_error; launch then throws a launch_error naming every
+// rank's error, with the failing rank's own exception nested.
 template <class F>
 auto launch(int world_size, F&& fn, options opts = {}) {
   using result = std::invoke_result_t<F&, communicator&>;
@@ -57,8 +85,24 @@ auto launch(int world_size, F&& fn, options opts = {}) {
 
   if (!failure_order.empty()) {
     // The root cause: the rank the world blames, else the first to fail.
-    const int origin = w->failed_rank().value_or(failure_order.front());
-    std::rethrow_exception(failures[origin] ? failures[origin] : failures[failure_order.front()]);
+    int origin = w->failed_rank().value_or(failure_order.front());
+    if (!failures[static_cast<std::size_t>(origin)]) origin = failure_order.front();
+    std::vector<std::string> messages(static_cast<std::size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) {
+      if (!failures[static_cast<std::size_t>(r)]) continue;
+      try {
+        std::rethrow_exception(failures[static_cast<std::size_t>(r)]);
+      } catch (const std::exception& e) {
+        messages[static_cast<std::size_t>(r)] = e.what();
+      } catch (...) {
+        messages[static_cast<std::size_t>(r)] = "unknown exception";
+      }
+    }
+    try {
+      std::rethrow_exception(failures[static_cast<std::size_t>(origin)]);
+    } catch (...) {
+      std::throw_with_nested(launch_error(origin, std::move(messages)));
+    }
   }
   if constexpr (!std::is_void_v<result>) {
     std::vector<result> out;

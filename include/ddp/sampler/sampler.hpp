@@ -32,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/core/error.hpp"
 #include "ddp/core/random.hpp"
 #include "ddp/policy/slots.hpp"
 
@@ -40,6 +41,18 @@ namespace ddp::sampler {
 enum class tail { pad, drop };
 
 struct slot;
+
+// Throws unless 0 <= rank < world: an out-of-range rank would get another rank's indices, or
+// none, and a world of 0 divides by zero.
+inline void check_placement(const char* sampler, int rank, int world) {
+  if (world < 1)
+    throw error("sampler", sampler, rank,
+                "the world size is " + std::to_string(world) + "; it must be at least 1 (pass comm.size())");
+  if (rank < 0 || rank >= world)
+    throw error("sampler", sampler, rank,
+                "rank " + std::to_string(rank) + " is outside a world of size " + std::to_string(world) +
+                    " (pass comm.rank(), 0 to " + std::to_string(world - 1) + ")");
+}
 
 // The permutation of 0..n-1 for (seed, epoch): Fisher-Yates with an unbiased bounded draw.
 inline std::vector<std::size_t> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
@@ -61,12 +74,14 @@ struct distributed {
                                                                         : "distributed(in order, drop)");
 
   static std::size_t per_rank(std::size_t n, int world) {
+    check_placement("distributed", 0, world);
     const auto w = static_cast<std::size_t>(world);
     return Tail == tail::pad ? (n + w - 1) / w : n / w;
   }
 
   static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t seed,
                                           std::uint64_t epoch) {
+    check_placement("distributed", rank, world);
     if (n == 0) return {};
     auto order = Shuffle ? permutation(n, seed, epoch)
                          : ranges::views::iota(std::size_t{0}, n) | ranges::to<std::vector>();
@@ -83,10 +98,14 @@ struct contiguous {
   static constexpr bool is_distributed = false;
   static constexpr std::string_view name = "contiguous";
 
-  static std::size_t per_rank(std::size_t n, int world) { return n / static_cast<std::size_t>(world); }
+  static std::size_t per_rank(std::size_t n, int world) {
+    check_placement("contiguous", 0, world);
+    return n / static_cast<std::size_t>(world);
+  }
 
   static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t,
                                           std::uint64_t) {
+    check_placement("contiguous", rank, world);
     const std::size_t m = per_rank(n, world), begin = m * static_cast<std::size_t>(rank);
     return ranges::views::iota(begin, begin + m) | ranges::to<std::vector>();
   }

@@ -69,6 +69,7 @@ class trainer_core {
       : module_(module), comm_(comm), device_(dev), parts_(parts), buffers_(comm, dev) {
     collect_tensors();
     check_devices();
+    check_shared_storage();
     detail::check_same_model(comm_, device_, signature());
     build_buckets();
     parts_.buffer_sync.prepare(sync_context_);
@@ -97,6 +98,20 @@ class trainer_core {
   template <class F>
   decltype(auto) step(F&& step_fn) {
     return run_micro_batch(std::forward<F>(step_fn), /*final=*/true);
+  }
+
+  // Join, for uneven inputs: a rank that has run out of batches calls join(), and so does every
+  // other rank after its last batch. Until every rank has joined, a joined rank shadows the steps
+  // the others still take: it issues their collectives (buffer sync, every bucket) with nothing of
+  // its own — zero gradients, no micro-batches — and applies the same update, so its replica stays
+  // equal to theirs and each step equals one process over the batches of the ranks still active.
+  // join() returns, on every rank in the same step, once a step finds no rank active; it returns
+  // how many steps this rank shadowed. Collective. The peers' steps must issue the collectives of
+  // one forward: every buffer-sync policy but broadcast_each_forward with several forwards.
+  std::size_t join() {
+    std::size_t shadowed = 0;
+    while (shadow_step()) ++shadowed;
+    return shadowed;
   }
 
   // Global sums of per-rank metrics (P6): every rank gets the same values.
@@ -223,6 +238,26 @@ class trainer_core {
                            "a tensor is not on its rank's device (pitfall P3)");
   }
 
+  // Two names over one storage (a tied weight listed twice) would be reduced and updated twice,
+  // weight decay included: the same error on every rank, naming both.
+  void check_shared_storage() {
+    std::vector<std::size_t> order(params_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) {
+      return std::pair{params_[a].value, a} < std::pair{params_[b].value, b};
+    });
+    std::optional<std::string> problem;
+    for (std::size_t k = 1; k < order.size() && !problem; ++k) {
+      const auto& a = params_[order[k - 1]];
+      const auto& b = params_[order[k]];
+      if (b.value < a.value + a.numel)
+        problem = "parameters '" + a.name + "' and '" + b.name + "' share storage, so the trainer would reduce and " +
+                  "update it twice (weight decay too); list a shared (tied) parameter once in parameters(), " +
+                  "under one name, as PyTorch's DistributedDataParallel does";
+    }
+    detail::agree_or_throw(comm_, device_, problem, "construct", "the module lists one storage under two names");
+  }
+
   std::vector<detail::signature_entry> signature() const {
     std::vector<detail::signature_entry> s;
     for (const auto& p : param_refs_) s.push_back({"parameter", p.name, p.value.type, p.value.shape});
@@ -254,7 +289,9 @@ class trainer_core {
       bk.shard = layout.shard;
       bk.shard_begin = layout.begin;
       bk.padded = layout.padded;
-      if (b + 1 == buckets_.size() && reports) bk.control = parts_.unused_params.control_floats(params_.size());
+      // The last bucket carries this rank's micro-batch count, then the unused-parameter policy's floats.
+      if (b + 1 == buckets_.size())
+        bk.control = 1 + (reports ? parts_.unused_params.control_floats(params_.size()) : 0);
       bk.grads = zeroed(bk.padded + bk.control);
       bk.state = zeroed(bk.shard * slots);
       if (gathers) bk.values = zeroed(bk.padded);
@@ -326,6 +363,7 @@ class trainer_core {
     if (broken_) throw error("trainer", "step", comm_.rank(), "the trainer is unusable after a "
                              "failed step: " + *broken_);
     final_ = final;
+    ++micro_batches_;  // this one included, from its start: the control floats may go during its backward
     replica r(*this);
     try {
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
@@ -409,7 +447,10 @@ class trainer_core {
     if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
     if (bk.control) {
       std::vector<float> control(bk.control, 0.0f);
-      parts_.unused_params.write_control(unused_view_, control);
+      control[0] = static_cast<float>(micro_batches_);
+      // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
+      if constexpr (reports)
+        if (!shadowing_) parts_.unused_params.write_control(unused_view_, std::span(control).subspan(1));
       device_.copy_from_host(bk.grads.data() + bk.padded, control.data(), control.size() * sizeof(float));
     }
     parts_.update.reduce(bk);
@@ -423,7 +464,6 @@ class trainer_core {
                   std::to_string(n) + " forward(s) in this step had no backward; call "
                   "replica.backward once per forward, innermost first");
     }
-    ++micro_batches_;
     if (!final_) return;
     if (!reports) std::fill(used_.begin(), used_.end(), 1);
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
@@ -433,8 +473,39 @@ class trainer_core {
       if (bk.control_work) bk.control_work->wait();
     }
     measure_overlap();
-    if constexpr (reports) apply_unused_rule();
+    read_control();
     finish_update();
+  }
+
+  // One step with nothing of this rank's own; false (and no update) when no rank was active.
+  bool shadow_step() {
+    if (broken_) throw error("trainer", "join", comm_.rank(), "the trainer is unusable after a failed step: " + *broken_);
+    try {
+      shadowing_ = true;
+      parts_.buffer_sync.before_forward(sync_context_);  // as the active ranks' first forward
+      final_ = true;
+      micro_batches_ = 0;
+      std::fill(used_.begin(), used_.end(), 0);
+      for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
+      next_launch_ = buckets_.size();
+      for (auto& bk : buckets_) {
+        bk.work->wait();
+        if (bk.control_work) bk.control_work->wait();
+      }
+      read_control();
+      const bool active = mean_micro_batches_ > 0.0f;
+      if (active) finish_update();
+      else end_step();
+      shadowing_ = false;
+      return active;
+    } catch (const collective_error& e) {
+      broken_ = e.what();
+      throw;
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+      comm_.abort(e.what());
+      throw;
+    }
   }
 
   void measure_overlap() {
@@ -450,29 +521,39 @@ class trainer_core {
     }
   }
 
-  // The averaged control floats are equal on every rank: the policy decides alike everywhere.
-  void apply_unused_rule() {
+  // The averaged control floats are equal on every rank, so every rank decides alike: the mean
+  // micro-batch count divides the averaged gradients (ranks may run different numbers of
+  // micro-batches: the result is one process over all of them), and the unused-parameter policy
+  // rules on what was used.
+  void read_control() {
     auto& last = buckets_.back();
     std::vector<float> control(last.control);
     device_.copy_to_host(control.data(), last.grads.data() + last.padded, control.size() * sizeof(float));
-    parts_.unused_params.after_reduction(unused_view_, control, update_);
+    mean_micro_batches_ = control[0];
+    if constexpr (reports)
+      if (mean_micro_batches_ > 0.0f)  // else every rank shadowed: no step to rule on
+        parts_.unused_params.after_reduction(unused_view_, std::span<const float>(control).subspan(1), update_);
   }
 
   void finish_update() {
-    const float inv_micro = 1.0f / static_cast<float>(micro_batches_);
+    const float inv_micro = 1.0f / mean_micro_batches_;
     for (auto& bk : buckets_) {
-      if (micro_batches_ > 1) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
+      if (mean_micro_batches_ != 1.0f) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
       apply_optimizer(bk);
       zero_gradients(bk);
       parts_.update.after_update(bk);
     }
     for (auto& bk : buckets_) parts_.update.finish(bk);
+    end_step();
+    ++steps_;
+  }
+
+  void end_step() {
     for (auto& bk : buckets_) bk.work.reset(), bk.control_work.reset(), bk.gather.reset();
     next_launch_ = 0;
     micro_batches_ = 0;
     forwards_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
-    ++steps_;
   }
 
   // Updates this rank's shard of the bucket (all of it when replicated); segment offsets, and
@@ -522,6 +603,8 @@ class trainer_core {
   bool active_ = false;
   std::size_t next_launch_ = 0;
   std::size_t micro_batches_ = 0;
+  float mean_micro_batches_ = 1.0f;  // over the ranks, from the last bucket's control floats
+  bool shadowing_ = false;           // in join(): this step is the peers', not this rank's
   std::size_t forwards_ = 0;    // since the last update
   std::vector<char> used_;      // reported in any backward of this step
   std::vector<char> reported_;  // reported in the final backward
