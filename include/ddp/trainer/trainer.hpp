@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/concepts/loader.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/buffer_sync.hpp"
@@ -178,11 +179,7 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
   // combined with a distributed sampler, which already shuffles per epoch: P4).
   template <class Loader>
   auto epoch(Loader& loader) {
-    static_assert(!(Loader::shuffles_itself && sampler_policy::is_distributed),
-                  "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
-                  "already orders the data per epoch (pitfall P4); use a loader without a "
-                  "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
-    return loader.batches(next_epoch_indices(loader.dataset_size()));
+    if constexpr (diagnose_loader<Loader>()) return epoch_checked(loader);
   }
   std::uint64_t epochs_started() const noexcept { return epoch_; }
   // Steps this rank takes per epoch, equal on every rank.
@@ -201,6 +198,15 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
   }
 
  private:
+  template <class Loader>
+  auto epoch_checked(Loader& loader) {
+    static_assert(!(Loader::shuffles_itself && sampler_policy::is_distributed),
+                  "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
+                  "already orders the data per epoch (pitfall P4); use a loader without a "
+                  "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
+    return loader.batches(next_epoch_indices(loader.dataset_size()));
+  }
+
   trainer_options options_;
   std::uint64_t epoch_ = 0;
 };
