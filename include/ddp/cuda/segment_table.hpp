@@ -11,13 +11,8 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "ddp/core/host_device.hpp"
 #include "ddp/core/segment.hpp"
-
-#if defined(__CUDACC__)
-#define DDP_HOST_DEVICE __host__ __device__
-#else
-#define DDP_HOST_DEVICE
-#endif
 
 namespace ddp::cuda::kernels {
 

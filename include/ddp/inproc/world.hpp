@@ -83,23 +83,14 @@ class world {
                        "; every rank must issue the same collectives");
         throw_if_failed(rank, call);
       }
-    const std::uint64_t generation = generation_;
+    const std::uint64_t generation = entry_.generation;
     arrived_at_[rank] = generation + 1;
-    if (++arrived_ == size_) {
-      arrived_ = 0;
-      ++generation_;
-      released_.store(generation_, std::memory_order_release);
-      lock.unlock();
-      cv_.notify_all();
-      return;
-    }
-    lock.unlock();
-    if (detail::spin_until([&] { return released_.load(std::memory_order_acquire) != generation; }, spin_)) return;
+    if (arrive(entry_, lock)) return;
     lock.lock();
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    while (generation_ == generation) {
+    while (entry_.generation == generation) {
       throw_if_failed(rank, call);
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == generation &&
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && entry_.generation == generation &&
           !failure_.failed()) {
         std::string missing;
         int first_missing = -1;
@@ -122,21 +113,10 @@ class world {
   // purpose: see the top of this file.
   void depart() {
     std::unique_lock lock(mutex_);
-    const std::uint64_t generation = departures_;
-    if (++departed_ == size_) {
-      departed_ = 0;
-      ++departures_;
-      departures_released_.store(departures_, std::memory_order_release);
-      lock.unlock();
-      cv_.notify_all();
-      return;
-    }
-    lock.unlock();
-    if (detail::spin_until([&] { return departures_released_.load(std::memory_order_acquire) != generation; },
-                           spin_))
-      return;
+    const std::uint64_t generation = exit_.generation;
+    if (arrive(exit_, lock)) return;
     lock.lock();
-    cv_.wait(lock, [&] { return departures_ != generation; });
+    cv_.wait(lock, [&] { return exit_.generation != generation; });
   }
 
   // Marks the world failed because of `rank`; every pending and later collective throws.
@@ -153,7 +133,7 @@ class world {
     {
       std::lock_guard lock(mutex_);
       left_[rank] = true;
-      if (arrived_ > 0 && arrived_at_[rank] != generation_ + 1)
+      if (entry_.arrived > 0 && arrived_at_[rank] != entry_.generation + 1)
         set_failure(rank, "rank " + std::to_string(rank) +
                               " returned from its function while other ranks wait for it in a "
                               "collective; every rank must issue the same collectives");
@@ -176,6 +156,30 @@ class world {
   }
 
  private:
+  // One barrier's count; its generation advances when the last of size_ ranks arrives.
+  struct phase {
+    int arrived = 0;
+    std::uint64_t generation = 0;
+    std::atomic<std::uint64_t> released{0};  // generation, readable without the lock
+  };
+
+  // Caller holds `lock`, which is released on return. True when this arrival completed the phase
+  // (the others are woken) or the phase completed while spinning; false when the caller must
+  // block on cv_ (with the lock taken again) until the generation moves.
+  bool arrive(phase& p, std::unique_lock<std::mutex>& lock) {
+    const std::uint64_t generation = p.generation;
+    if (++p.arrived == size_) {
+      p.arrived = 0;
+      ++p.generation;
+      p.released.store(p.generation, std::memory_order_release);
+      lock.unlock();
+      cv_.notify_all();
+      return true;
+    }
+    lock.unlock();
+    return detail::spin_until([&] { return p.released.load(std::memory_order_acquire) != generation; }, spin_);
+  }
+
   // Caller holds mutex_ (the barrier reads the failure and its own state together).
   void set_failure(int origin, std::string what) { failure_.set({origin, std::move(what), false}); }
 
@@ -190,13 +194,9 @@ class world {
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::uint64_t generation_ = 0;
-  std::atomic<std::uint64_t> released_{0};  // generation_, readable without the lock
-  int arrived_ = 0;
-  std::vector<std::uint64_t> arrived_at_;  // generation + 1 a rank last arrived at
-  std::uint64_t departures_ = 0;  // collectives every rank has departed from
-  std::atomic<std::uint64_t> departures_released_{0};
-  int departed_ = 0;
+  phase entry_;                            // arrive_and_wait
+  phase exit_;                             // depart
+  std::vector<std::uint64_t> arrived_at_;  // entry generation + 1 a rank last arrived at
   std::vector<bool> left_;
   comm::failure_latch failure_;
 };

@@ -466,12 +466,7 @@ class trainer_core {
     }
     if (!final_) return;
     if (!reports) std::fill(used_.begin(), used_.end(), 1);
-    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
-    next_launch_ = buckets_.size();
-    for (auto& bk : buckets_) {
-      bk.work->wait();
-      if (bk.control_work) bk.control_work->wait();
-    }
+    reduce_remaining();
     measure_overlap();
     read_control();
     finish_update();
@@ -486,12 +481,7 @@ class trainer_core {
       final_ = true;
       micro_batches_ = 0;
       std::fill(used_.begin(), used_.end(), 0);
-      for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
-      next_launch_ = buckets_.size();
-      for (auto& bk : buckets_) {
-        bk.work->wait();
-        if (bk.control_work) bk.control_work->wait();
-      }
+      reduce_remaining();
       read_control();
       const bool active = mean_micro_batches_ > 0.0f;
       if (active) finish_update();
@@ -505,6 +495,16 @@ class trainer_core {
       broken_ = e.what();
       comm_.abort(e.what());
       throw;
+    }
+  }
+
+  // Launches the buckets backward has not, then waits for every bucket's reduction.
+  void reduce_remaining() {
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
+    next_launch_ = buckets_.size();
+    for (auto& bk : buckets_) {
+      bk.work->wait();
+      if (bk.control_work) bk.control_work->wait();
     }
   }
 
