@@ -12,5 +12,5 @@ endfunction()
 run(${CMAKE_COMMAND} --install ${DDP_BINARY_DIR} --prefix ${prefix})
 run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE})
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build --parallel 2)
 run(${WORK_DIR}/build/consumer)
