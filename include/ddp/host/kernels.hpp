@@ -84,16 +84,24 @@ void divide_first_where_overflowed(std::span<const T* const> sources, T* acc, st
   }
 }
 
-// True when some x[i] is infinite or NaN (the exponent bits all set); a branch-free pass.
+// divide(x, n, divisor) for floating T, and whether some quotient is infinite or NaN (its exponent
+// bits all set): the check rides in the same pass, branch-free.
 template <class T>
-DDP_VECTORIZE inline bool has_nonfinite(const T* DDP_RESTRICT x, std::size_t n) {
+DDP_VECTORIZE inline bool divide_and_find_nonfinite(T* DDP_RESTRICT x, std::size_t n, T divisor) {
   using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   constexpr bits_t exponent = static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  bits_t found = 0;
-  for (std::size_t i = 0; i < n; ++i) {
+  auto nonfinite = [](T v) {
     bits_t b;
-    std::memcpy(&b, x + i, sizeof b);
-    found |= static_cast<bits_t>((b & exponent) == exponent);
+    std::memcpy(&b, &v, sizeof b);
+    return static_cast<bits_t>((b & exponent) == exponent);
+  };
+  bits_t found = 0;
+  int e = 0;
+  const T reciprocal = T(1) / divisor;
+  if (std::frexp(divisor, &e) == T(0.5) && std::isfinite(reciprocal)) {
+    for (std::size_t i = 0; i < n; ++i) found |= nonfinite(x[i] *= reciprocal);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) found |= nonfinite(x[i] /= divisor);
   }
   return found != 0;
 }
@@ -120,9 +128,12 @@ void reduce_to_all(std::span<const T* const> sources, std::span<T* const> target
       for (std::size_t k = 2; k < sources.size(); ++k) accumulate(acc, sources[k] + begin, len, op);
     }
     if (op == reduce_op::avg) {
-      divide(acc, len, static_cast<T>(world));
-      if constexpr (std::is_floating_point_v<T>)
-        if (has_nonfinite(acc, len)) divide_first_where_overflowed(sources, acc, begin, len, static_cast<T>(world));
+      if constexpr (std::is_floating_point_v<T>) {
+        if (divide_and_find_nonfinite(acc, len, static_cast<T>(world)))
+          divide_first_where_overflowed(sources, acc, begin, len, static_cast<T>(world));
+      } else {
+        divide(acc, len, static_cast<T>(world));
+      }
     }
     for (T* t : targets) std::memcpy(t + begin, acc, len * sizeof(T));
   }
