@@ -29,8 +29,10 @@
 #include "ddp/trainer/buffer_set.hpp"
 #include "ddp/trainer/consensus.hpp"
 #include "ddp/trainer/metrics.hpp"
+#include "ddp/trainer/model_checks.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/signature.hpp"
+#include "ddp/trainer/storage_return.hpp"
 
 namespace ddp {
 
@@ -68,9 +70,9 @@ class trainer_core {
   trainer_core(Module& module, Comm& comm, Device& dev, parts_type parts)
       : module_(module), comm_(comm), device_(dev), parts_(parts), buffers_(comm, dev) {
     collect_tensors();
-    check_devices();
-    check_shared_storage();
-    detail::check_same_model(comm_, device_, signature());
+    detail::check_devices(comm_, device_, param_refs_, buffer_refs_);
+    detail::check_shared_storage(comm_, device_, param_refs_);
+    detail::check_same_model(comm_, device_, detail::signature_of(param_refs_, buffer_refs_));
     build_buckets();
     parts_.buffer_sync.prepare(sync_context_);
     broadcast_state();
@@ -165,27 +167,6 @@ class trainer_core {
     bucket_slot slot;
   };
 
-  // The trainer points the module's gradients (and, when the update policy gathers parameters,
-  // its values) into bucket memory; this hands the storage back to the module before the
-  // buckets go, also when construction fails.
-  struct storage_return {
-    Module* module = nullptr;
-    std::size_t gradients = 0;  // parameters [0, gradients) have bound gradients
-    std::size_t values = 0;     // parameters [0, values) have bound values
-    storage_return() = default;
-    storage_return(const storage_return&) = delete;
-    storage_return& operator=(const storage_return&) = delete;
-    ~storage_return() {
-      try {
-        if constexpr (binds)
-          for (std::size_t i = 0; i < gradients; ++i) module->bind_gradient(i, nullptr);
-        if constexpr (binds_parameter_storage<Module>)
-          for (std::size_t i = 0; i < values; ++i) module->bind_parameter(i, nullptr);
-      } catch (...) {  // a module that cannot take storage back keeps dangling views; nothing else to do here
-      }
-    }
-  };
-
   // ---- construction -------------------------------------------------------------------
 
   void collect_tensors() {
@@ -204,7 +185,11 @@ class trainer_core {
       param_refs_.push_back(std::move(ref));
     }
     if (params_.empty()) fail_construct("the module has no parameters: there is nothing to train");
-    for (auto&& b : module_.buffers()) buffers_.add(b);
+    for (auto&& b : module_.buffers()) {
+      buffer_ref ref = b;
+      buffers_.add(ref);
+      buffer_refs_.push_back(std::move(ref));
+    }
     update_.assign(params_.size(), 1);
     used_.assign(params_.size(), 0);
     reported_.assign(params_.size(), 0);
@@ -213,56 +198,6 @@ class trainer_core {
 
   [[noreturn]] void fail_construct(const std::string& what) const {
     throw error("trainer", "construct", comm_.rank(), what);
-  }
-
-  // P3: every tensor must live on this rank's device; checked on every rank before any
-  // collective touches a tensor, and reported on every rank.
-  void check_devices() {
-    const device_id mine = device_.id();
-    std::optional<std::string> problem;
-    auto check = [&](const std::string& what, const tensor_ref& t) {
-      if (problem || t.numel() == 0) return;
-      const device_id declared = t.device;
-      const device_id actual = device_.locate(t.data).value_or(declared);
-      if (declared != mine || actual != mine)
-        problem = what + " lives on " + actual.to_string() + " but this rank's device is " +
-                  mine.to_string() + "; move the module to the rank's device before building "
-                  "the trainer (rank r uses the device its launcher binds, see docs/backends.md)";
-    };
-    for (const auto& p : param_refs_) {
-      check("parameter '" + p.name + "'", p.value);
-      check("the gradient of parameter '" + p.name + "'", p.grad);
-    }
-    for (const auto& b : buffers_.entries()) check("buffer '" + b.name + "'", b.value);
-    detail::agree_or_throw(comm_, device_, problem, "construct",
-                           "a tensor is not on its rank's device (pitfall P3)");
-  }
-
-  // Two names over one storage (a tied weight listed twice) would be reduced and updated twice,
-  // weight decay included: the same error on every rank, naming both.
-  void check_shared_storage() {
-    std::vector<std::size_t> order(params_.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](auto a, auto b) {
-      return std::pair{params_[a].value, a} < std::pair{params_[b].value, b};
-    });
-    std::optional<std::string> problem;
-    for (std::size_t k = 1; k < order.size() && !problem; ++k) {
-      const auto& a = params_[order[k - 1]];
-      const auto& b = params_[order[k]];
-      if (b.value < a.value + a.numel)
-        problem = "parameters '" + a.name + "' and '" + b.name + "' share storage, so the trainer would reduce and " +
-                  "update it twice (weight decay too); list a shared (tied) parameter once in parameters(), " +
-                  "under one name, as PyTorch's DistributedDataParallel does";
-    }
-    detail::agree_or_throw(comm_, device_, problem, "construct", "the module lists one storage under two names");
-  }
-
-  std::vector<detail::signature_entry> signature() const {
-    std::vector<detail::signature_entry> s;
-    for (const auto& p : param_refs_) s.push_back({"parameter", p.name, p.value.type, p.value.shape});
-    for (const auto& b : buffers_.entries()) s.push_back({"buffer", b.name, b.value.type, b.value.shape});
-    return s;
   }
 
   void build_buckets() {
@@ -592,10 +527,11 @@ class trainer_core {
   parts_type parts_;
 
   std::vector<parameter_ref> param_refs_;
+  std::vector<buffer_ref> buffer_refs_;
   std::vector<param_info> params_;
   detail::buffer_set<Comm, Device> buffers_;
   std::vector<bucket> buckets_;
-  storage_return storage_return_;  // after buckets_: destroyed first
+  detail::storage_return<Module> storage_return_;  // after buckets_: destroyed first
 
   // Per step.
   int tape_depth_ = 0;
