@@ -22,28 +22,27 @@ int main() {
   for (int s : sums)
     if (s != 6) return 1;
   std::puts("consumer: all_reduce over 3 in-process ranks gave 6 on every rank");
-  std::vector<std::string> lines;
+  std::vector<std::string (*)()> components{
 #if CONSUMER_WITH_NN
-  lines.push_back(uses_nn());
+      &uses_nn,
 #endif
 #if CONSUMER_WITH_DATA
-  lines.push_back(uses_data());
+      &uses_data,
 #endif
 #if CONSUMER_WITH_MPI
-  lines.push_back(uses_mpi());
+      &uses_mpi,
 #endif
 #if CONSUMER_WITH_CUDA
-  lines.push_back(uses_cuda());
+      &uses_cuda,
 #endif
 #if CONSUMER_WITH_NCCL
-  lines.push_back(uses_nccl());
+      &uses_nccl,
 #endif
-  for (const auto& l : lines) {
-    if (l.rfind("ok", 0) != 0) {
-      std::printf("consumer: %s\n", l.c_str());
-      return 1;
-    }
-    std::printf("consumer: %s\n", l.c_str());
+  };
+  for (auto* uses : components) {
+    const std::string line = uses();
+    std::printf("consumer: %s\n", line.c_str());
+    if (line.rfind("ok", 0) != 0) return 1;
   }
   return 0;
 }
