@@ -3,6 +3,8 @@
 
 #include "support/minimal_module.hpp"
 
-using silent_module = test::minimal_module;  // never reports ready gradients
+struct silent_module : test::minimal_module {  // never reports ready gradients
+  static constexpr bool reports_gradient_ready = false;
+};
 static_assert(sizeof(ddp::trainer<silent_module, ddp::unused_params::detect_each_step>) > 0);
 int main() {}

@@ -42,6 +42,9 @@ struct module_with_plain_backward : complete_module {
   void backward(const output_type&) {}
   void backward(const output_type&, const ddp::ready_sink&) = delete;
 };
+struct module_silent : complete_module {
+  static constexpr bool reports_gradient_ready = false;
+};
 struct module_reporting : complete_module {
   static constexpr bool reports_gradient_ready = true;
   void bind_gradient(std::size_t, float*) {}
@@ -79,7 +82,8 @@ TEST_CASE("module concept and its optional capabilities") {
   static_assert(!ddp::trainable_module<module_without_buffers>);
   static_assert(!ddp::module_requirements::has_buffers<module_without_buffers>);
   static_assert(!ddp::trainable_module<module_with_plain_backward>);
-  static_assert(!ddp::reports_gradient_ready<complete_module>);
+  static_assert(ddp::reports_gradient_ready<complete_module>);
+  static_assert(!ddp::reports_gradient_ready<module_silent>);  // the capability is declared, not inferred
   static_assert(ddp::reports_gradient_ready<module_reporting>);
   static_assert(!ddp::binds_gradient_storage<complete_module>);
   static_assert(ddp::binds_gradient_storage<module_reporting>);

@@ -153,6 +153,7 @@ namespace {
 struct misplaced_module {
   using input_type = int;
   using output_type = int;
+  static constexpr bool reports_gradient_ready = true;  // never stepped: P3 fails at construction
   std::vector<float> w = std::vector<float>(4, 1.0f), gw = std::vector<float>(4, 0.0f);
   std::vector<ddp::parameter_ref> parameters() {
     return {{"layer.weight", ddp::make_tensor_ref(std::span<float>(w), {4}, ddp::device_id::cuda(0)),

@@ -141,6 +141,36 @@ TEST_CASE("P2 forbid: a parameter skipped on one rank is one error on every rank
   }
 }
 
+namespace {
+// test::mlp behind a module that never reports ready gradients.
+struct silent_mlp : test::unbound_mlp {
+  using test::unbound_mlp::unbound_mlp;
+  static constexpr bool reports_gradient_ready = false;
+  void backward(const ddp::nn::matrix& g, const ddp::ready_sink&) { test::unbound_mlp::backward(g, ddp::ready_sink{}); }
+};
+}  // namespace
+
+TEST_CASE("P2 unchecked: a module that cannot report trains, every parameter counted as used") {
+  // The same model, once reporting (forbid) and once silent (unchecked): the same bits, since
+  // every parameter is used; a silent module under forbid does not compile
+  // (tests/compile_fail/trainer_forbid_needs_reporting.cpp).
+  auto run = [&]<class Module, class Unused>() {
+    return ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+      Module model(test::make_mlp(4));
+      ddp::host::device dev;
+      ddp::trainer<Module, Unused, ddp::bucket_cap<256>> trainer(model, comm, dev, sgd);
+      for (int s = 0; s < 2; ++s) {
+        const auto b = test::make_batch(6, 30 + static_cast<std::uint64_t>(2 * s + comm.rank()));
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      CHECK(trainer.skipped_parameters().empty());
+      return test::parameter_values(model);
+    });
+  };
+  CHECK(run.template operator()<silent_mlp, ddp::unused_params::unchecked>() ==
+        run.template operator()<test::unbound_mlp, ddp::unused_params::forbid>());
+}
+
 TEST_CASE("P2 detect_each_step: a parameter used on some ranks is averaged over all, as one process") {
   // Rank 0 uses aux, rank 1 does not: one process sees aux on the first half of the global batch.
   test::branchy ref(5);

@@ -11,9 +11,10 @@
 //
 // Optional, each opted into by the module:
 //   static constexpr bool reports_gradient_ready = true;
-//        // backward calls ready(i) for every parameter that received a gradient. Required by
-//        // the unused-parameter policies that detect; lets buckets reduce while backward runs.
-//        // A module without it is still correct: every bucket is reduced after backward.
+//        // backward calls ready(i) for every parameter that received a gradient; lets buckets
+//        // reduce while backward runs. Required by every unused-parameter policy but
+//        // unused_params::unchecked (the default, forbid, included): without it an unused
+//        // parameter cannot be told apart.
 //   void bind_gradient(std::size_t i, float* storage);
 //        // from now on parameter i's gradient lives at storage (numel floats, the current
 //        // gradient copied there); the trainer points gradients into bucket memory so nothing

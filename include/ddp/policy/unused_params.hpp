@@ -10,6 +10,11 @@
 //                      (a flag per parameter, carried in the last bucket).
 //   static_graph       the first step learns the used set as detect_each_step does; later steps
 //                      cost nothing extra, and a parameter whose use changes is an error naming it.
+//   unchecked          every parameter counts as used, nothing is checked: for a module that
+//                      cannot report ready gradients. A parameter no rank used is updated with a
+//                      zero gradient (weight decay and momentum still move it); no rank hangs.
+// Every policy but unchecked needs a module that reports ready gradients: without reports an
+// unused parameter cannot be told apart, so forbid would pass it silently.
 //
 // A policy of this slot is a type with
 //   using slot = ddp::unused_params::slot;  static constexpr std::string_view name;
@@ -112,7 +117,7 @@ inline std::vector<std::uint8_t> used_flags(const step_view& v) {
 struct forbid {
   using slot = unused_params::slot;
   static constexpr std::string_view name = "forbid";
-  static constexpr bool needs_ready_reports = false;
+  static constexpr bool needs_ready_reports = true;
 
   // One float: how many parameters this rank left without a gradient.
   std::size_t control_floats(std::size_t) const { return 1; }
@@ -206,6 +211,15 @@ struct static_graph {
 
   bool learned_ = false;
   std::vector<std::uint8_t> learned_used_;
+};
+
+struct unchecked {
+  using slot = unused_params::slot;
+  static constexpr std::string_view name = "unchecked";
+  static constexpr bool needs_ready_reports = false;
+  std::size_t control_floats(std::size_t) const { return 0; }
+  void write_control(const step_view&, std::span<float>) {}
+  void after_reduction(step_view&, std::span<const float>, std::span<char>) {}  // every parameter is updated
 };
 
 struct slot {

@@ -101,10 +101,11 @@ struct trainer_policies {
     else return false;
   }
   static_assert(!needs_reports() || reports_gradient_ready<Module>,
-                "ddp: this unused_params policy (detect_each_step, static_graph, or one that declares "
-                "needs_ready_reports) and others like it need a module that reports ready gradients: declare "
-                "`static constexpr bool reports_gradient_ready = true;` and call ready(i) in backward for every "
-                "parameter that got a gradient; or use unused_params::forbid.");
+                "ddp: this unused_params policy (forbid, the default; detect_each_step; static_graph; or one that "
+                "declares needs_ready_reports) and others like it need a module that reports ready gradients, "
+                "or an unused parameter would pass unseen: declare `static constexpr bool reports_gradient_ready = "
+                "true;` and call ready(i) in backward for every parameter that got a gradient; or, for a module "
+                "that cannot report, list ddp::unused_params::unchecked (every parameter counts as used).");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core>;
 };
 
