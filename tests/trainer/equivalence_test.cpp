@@ -174,7 +174,7 @@ TEST_CASE("broadcast policies leave every rank with rank 0's buffers at the star
 }
 
 namespace {
-// A step loop written once against the sampler-free core.
+// A step loop written once against the core, which every trainer over test::mlp shares.
 template <class Core>
 std::vector<std::vector<float>> two_steps(Core& trainer, test::mlp& model, int rank) {
   for (int s = 0; s < 2; ++s) {
