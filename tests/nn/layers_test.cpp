@@ -199,3 +199,16 @@ TEST_CASE("OpenBLAS runs the kernels the environment names, or the layers say ho
     CHECK_FALSE(warning);
   }
 }
+
+TEST_CASE("a buffer may have any number of dimensions; its shape travels in its ref") {
+  ddp::nn::buffer<float> cov("running_cov", ddp::shape_t{3, 4}, 0.5f);
+  CHECK(cov.data().size() == 12);
+  const auto ref = cov.ref("layer.");
+  CHECK(ref.name == "layer.running_cov");
+  CHECK(ref.value.shape == ddp::shape_t{3, 4});
+  CHECK(ref.value.numel() == 12);
+  CHECK(ref.version == &cov.version());
+  ddp::nn::buffer<std::int64_t> count("count", 1);
+  CHECK(count.ref("").value.shape == ddp::shape_t{1});
+  CHECK_THROWS_AS(ddp::nn::buffer<float>("bad", ddp::shape_t{2, -1}), std::invalid_argument);
+}

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -71,19 +72,34 @@ class parameter {
 template <class T>
 class buffer {
  public:
-  buffer(std::string name, std::size_t n, T fill = T{}) : name_(std::move(name)), data_(n, fill) {}
+  buffer(std::string name, std::size_t n, T fill = T{})
+      : buffer(std::move(name), shape_t{static_cast<std::int64_t>(n)}, fill) {}
+  // An N-dimensional buffer (a running covariance, a count per class and step, ...): its shape
+  // travels in the buffer_ref, so the P5 signature compares it across ranks.
+  buffer(std::string name, shape_t shape, T fill = T{})
+      : name_(std::move(name)), shape_(std::move(shape)), data_(numel_of(shape_), fill) {}
   std::span<T> data() noexcept { return data_; }
   std::span<const T> data() const noexcept { return data_; }
   buffer_version& version() noexcept { return version_; }
   const buffer_version& version() const noexcept { return version_; }
 
   buffer_ref ref(const std::string& prefix) {
-    return {prefix + name_, make_tensor_ref(std::span<T>(data_), {static_cast<std::int64_t>(data_.size())}),
-            &version_};
+    return {prefix + name_, make_tensor_ref(std::span<T>(data_), shape_), &version_};
   }
+  const shape_t& shape() const noexcept { return shape_; }
 
  private:
+  static std::size_t numel_of(const shape_t& shape) {
+    std::size_t n = 1;
+    for (const auto d : shape) {
+      if (d < 0) throw std::invalid_argument("ddp::nn::buffer: a dimension is negative");
+      n *= static_cast<std::size_t>(d);
+    }
+    return n;
+  }
+
   std::string name_;
+  shape_t shape_;
   std::vector<T> data_;
   buffer_version version_;
 };
