@@ -83,9 +83,12 @@ set(DDP_COMPILE_FAIL_PCH_DIR ${CMAKE_CURRENT_BINARY_DIR}/compile_fail_pch)
 function(ddp_add_compile_fail_pch)
   ddp_compile_fail_flags(flags)
   set(pch ${DDP_COMPILE_FAIL_PCH_DIR}/ddp/ddp.hpp.gch)
+  # Built from a file that includes the header (GCC warns about #pragma once in a main file).
+  set(source ${CMAKE_CURRENT_BINARY_DIR}/compile_fail_pch_source.hpp)
+  file(CONFIGURE OUTPUT ${source} CONTENT "#include <ddp/ddp.hpp>\n")
   add_custom_command(OUTPUT ${pch}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${DDP_COMPILE_FAIL_PCH_DIR}/ddp
-    COMMAND ${CMAKE_CXX_COMPILER} ${flags} -x c++-header ${PROJECT_SOURCE_DIR}/include/ddp/ddp.hpp -o ${pch}
+    COMMAND ${CMAKE_CXX_COMPILER} ${flags} -x c++-header ${source} -o ${pch}
             -MD -MF ${pch}.d -MT ${pch}
     DEPFILE ${pch}.d
     COMMENT "Precompiling <ddp/ddp.hpp> for the compile-fail cases"

@@ -410,6 +410,21 @@ TEST_CASE("no hang: a rank that throws in backward makes every rank raise, in bo
   for (int r : {0, 2, 3}) CHECK(contains(o.errors[static_cast<std::size_t>(r)], "rank 1 failed: NaN in backward of rank 1"));
 }
 
+TEST_CASE("join() after accumulate() without step() is an error that says so, on every rank") {
+  auto o = on_ranks(2, [](auto& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy> trainer(model, comm, dev, sgd);
+    auto b = test::make_batch(4, 1);
+    if (comm.rank() == 0)
+      trainer.accumulate([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    trainer.join();
+  });
+  REQUIRE(o.all_threw());
+  CHECK(contains(o.errors[0], "1 accumulate() micro-batch(es) have no step(); finish them with step() before join()"));
+  CHECK(contains(o.errors[1], "rank 0 failed"));
+}
+
 TEST_CASE("a forward without its backward is an error that says so") {
   auto o = on_ranks(1, [](auto& comm) {
     test::branchy model(5);

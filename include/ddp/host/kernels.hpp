@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <type_traits>
 
@@ -56,13 +57,22 @@ DDP_VECTORIZE inline void scale(float* DDP_RESTRICT x, std::size_t n, float fact
 
 // x /= divisor. A floating-point divisor that is a power of two has an exact reciprocal, and
 // multiplying by it gives the quotient's bits: a multiply costs a fraction of a divide.
+// 1 / divisor when it is exact: a power of two whose reciprocal is finite (not past the
+// exponent range), so multiplying by it gives the quotient's bits.
+template <class T>
+std::optional<T> exact_reciprocal(T divisor) {
+  int exponent = 0;
+  const T reciprocal = T(1) / divisor;
+  if (std::frexp(divisor, &exponent) == T(0.5) && std::isfinite(reciprocal)) return reciprocal;
+  return std::nullopt;
+}
+
 template <class T>
 DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
   if constexpr (std::is_floating_point_v<T>) {
-    int exponent = 0;
-    const T reciprocal = T(1) / divisor;
-    if (std::frexp(divisor, &exponent) == T(0.5) && std::isfinite(reciprocal)) {
-      for (std::size_t i = 0; i < n; ++i) x[i] *= reciprocal;
+    if (const auto reciprocal = exact_reciprocal(divisor)) {
+      const T r = *reciprocal;
+      for (std::size_t i = 0; i < n; ++i) x[i] *= r;
       return;
     }
   }
@@ -96,10 +106,9 @@ DDP_VECTORIZE inline bool divide_and_find_nonfinite(T* DDP_RESTRICT x, std::size
     return static_cast<bits_t>((b & exponent) == exponent);
   };
   bits_t found = 0;
-  int e = 0;
-  const T reciprocal = T(1) / divisor;
-  if (std::frexp(divisor, &e) == T(0.5) && std::isfinite(reciprocal)) {
-    for (std::size_t i = 0; i < n; ++i) found |= nonfinite(x[i] *= reciprocal);
+  if (const auto reciprocal = exact_reciprocal(divisor)) {
+    const T r = *reciprocal;
+    for (std::size_t i = 0; i < n; ++i) found |= nonfinite(x[i] *= r);
   } else {
     for (std::size_t i = 0; i < n; ++i) found |= nonfinite(x[i] /= divisor);
   }

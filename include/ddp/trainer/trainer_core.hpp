@@ -111,6 +111,12 @@ class trainer_core {
   // how many steps this rank shadowed. Collective. The peers' steps must issue the collectives of
   // one forward: every buffer-sync policy but broadcast_each_forward with several forwards.
   std::size_t join() {
+    if (micro_batches_ != 0)  // their gradients would go in with nothing to count them
+      guarded("join", [&] {
+        throw error("trainer", "join", comm_.rank(),
+                    std::to_string(micro_batches_) + " accumulate() micro-batch(es) have no step(); finish them "
+                    "with step() before join()");
+      });
     std::size_t shadowed = 0;
     while (shadow_step()) ++shadowed;
     return shadowed;
@@ -293,14 +299,31 @@ class trainer_core {
 
   // ---- the step -----------------------------------------------------------------------
 
+  // Runs one step's work (`operation` names it in errors). A failure leaves the trainer unusable
+  // and, unless every rank raised it alike, aborts the communicator: peers may be waiting in a
+  // collective this rank will never issue.
+  template <class F>
+  decltype(auto) guarded(const char* operation, F&& work) {
+    if (broken_)
+      throw error("trainer", operation, comm_.rank(), "the trainer is unusable after a failed step: " + *broken_);
+    try {
+      return work();
+    } catch (const collective_error& e) {
+      broken_ = e.what();  // every rank raises this one: nobody waits
+      throw;
+    } catch (const std::exception& e) {
+      broken_ = e.what();
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+
   template <class F>
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
-    if (broken_) throw error("trainer", "step", comm_.rank(), "the trainer is unusable after a "
-                             "failed step: " + *broken_);
-    final_ = final;
-    ++micro_batches_;  // this one included, from its start: the control floats may go during its backward
-    replica r(*this);
-    try {
+    return guarded("step", [&]() -> decltype(auto) {
+      final_ = final;
+      ++micro_batches_;  // this one included, from its start: the control floats may go during its backward
+      replica r(*this);
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
         step_fn(r);
         end_micro_batch();
@@ -309,15 +332,7 @@ class trainer_core {
         end_micro_batch();
         return result;
       }
-    } catch (const collective_error& e) {
-      broken_ = e.what();  // every rank raises this one: nobody waits
-      throw;
-    } catch (const std::exception& e) {
-      // Peers may be waiting in a collective this rank will never issue: release them now.
-      broken_ = e.what();
-      comm_.abort(e.what());
-      throw;
-    }
+    });
   }
 
   output_type forward(const input_type& x) {
@@ -407,15 +422,13 @@ class trainer_core {
     finish_update();
   }
 
-  // One step with nothing of this rank's own; false (and no update) when no rank was active.
+  // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
+  // and no update, when no rank was active.
   bool shadow_step() {
-    if (broken_) throw error("trainer", "join", comm_.rank(), "the trainer is unusable after a failed step: " + *broken_);
-    try {
+    return guarded("join", [&] {
       shadowing_ = true;
       parts_.buffer_sync.before_forward(sync_context_);  // as the active ranks' first forward
       final_ = true;
-      micro_batches_ = 0;
-      std::fill(used_.begin(), used_.end(), 0);
       reduce_remaining();
       read_control();
       const bool active = mean_micro_batches_ > 0.0f;
@@ -423,14 +436,7 @@ class trainer_core {
       else end_step();
       shadowing_ = false;
       return active;
-    } catch (const collective_error& e) {
-      broken_ = e.what();
-      throw;
-    } catch (const std::exception& e) {
-      broken_ = e.what();
-      comm_.abort(e.what());
-      throw;
-    }
+    });
   }
 
   // Launches the buckets backward has not, then waits for every bucket's reduction.
