@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
+
 namespace bench {
 
 using clock_type = std::chrono::steady_clock;
@@ -20,6 +22,12 @@ struct sweep_options {
   int warmup = 3;
   std::string csv;
 };
+
+inline void add_sweep_options(options& app, sweep_options& o) {
+  app.add("--min-bytes", o.min_bytes, "smallest message", 4);
+  app.add("--max-bytes", o.max_bytes, "largest message", 4);
+  app.add("--iterations", o.iterations, "timed iterations per size (scaled up for small sizes)", 1);
+}
 
 // Seconds per iteration of f, best of `repeats` batches (the least disturbed on a shared host).
 template <class F>

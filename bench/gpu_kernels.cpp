@@ -5,7 +5,6 @@
 // Bytes counted per element: copy, pack, unpack, scale 8; cast f32->bf16 6; sgd 20 (param and
 // momentum read and written, gradient read); adamw 28. "uneven" rows use a bucket of one large,
 // one medium and 62 small tensors instead of eight equal ones.
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "options.hpp"
 #include "ddp/cuda/device_vector.hpp"
 #include "ddp/optim/optimizer.hpp"
 
@@ -41,11 +41,11 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::vector<std::size_t> sizes_mib{64, 256};
   int repeats = 20, ordinal = 0;
-  CLI::App app{"CUDA kernels vs cudaMemcpy device-to-device, side by side"};
-  app.add_option("--sizes-mib", sizes_mib, "f32 buffer sizes in MiB")->delimiter(',')->capture_default_str();
-  app.add_option("--repeats", repeats, "timed runs of each kernel (median reported)")->check(CLI::Range(3, 1000))->capture_default_str();
-  app.add_option("--device", ordinal, "CUDA device ordinal")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  bench::options app{"CUDA kernels vs cudaMemcpy device-to-device, side by side"};
+  app.add("--sizes-mib", sizes_mib, "f32 buffer sizes in MiB");
+  app.add("--repeats", repeats, "timed runs of each kernel (median reported)", 3, 1000);
+  app.add("--device", ordinal, "CUDA device ordinal", 0);
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
 
   try {
     ddp::cuda::device dev(ordinal);

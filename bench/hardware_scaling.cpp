@@ -7,7 +7,6 @@
 //   hardware_scaling [--repeats 3]
 #include <cblas.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "options.hpp"
 #include "ddp/host/kernels.hpp"
 #include "ddp/optim/optimizer.hpp"
 
@@ -33,10 +33,10 @@ void measure(int threads, const std::function<void()>& work, double units_per_ru
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"GEMM and the SGD update on 1 and 2 threads: the hardware ceilings of data-parallel scaling"};
+  bench::options app{"GEMM and the SGD update on 1 and 2 threads: the hardware ceilings of data-parallel scaling"};
   int repeats = 3;
-  app.add_option("--repeats", repeats, "alternated measurements of each")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  app.add("--repeats", repeats, "alternated measurements of each", 1);
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
   openblas_set_num_threads(1);
 
   const int m = 64, n = 512, k = 784, calls = 300;

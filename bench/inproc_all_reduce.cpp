@@ -1,23 +1,20 @@
 // all_reduce sweep of the in-process communicator (float sum, in place).
 //   inproc_all_reduce --ranks 2 [--min-bytes 4096] [--max-bytes 268435456] [--csv out.csv]
-#include <CLI/CLI.hpp>
-
 #include <span>
 
 #include "collective_sweep.hpp"
+#include "options.hpp"
 #include "ddp/comm/collectives.hpp"
 #include "ddp/inproc/launch.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"all_reduce sweep of ddp's in-process communicator"};
+  bench::options app{"all_reduce sweep of ddp's in-process communicator"};
   bench::sweep_options o;
   int ranks = 2;
-  app.add_option("--ranks", ranks, "in-process ranks")->check(CLI::Range(1, 64));
-  app.add_option("--min-bytes", o.min_bytes, "smallest message");
-  app.add_option("--max-bytes", o.max_bytes, "largest message");
-  app.add_option("--iterations", o.iterations, "timed iterations per size (scaled up for small sizes)");
-  app.add_option("--csv", o.csv, "also write the table as CSV");
-  CLI11_PARSE(app, argc, argv);
+  app.add("--ranks", ranks, "in-process ranks", 1, 64);
+  bench::add_sweep_options(app, o);
+  app.add("--csv", o.csv, "also write the table as CSV");
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
 
   bench::print_header(("ddp::inproc all_reduce, float sum in place, " + std::to_string(ranks) +
                        " ranks").c_str(),

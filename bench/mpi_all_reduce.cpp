@@ -1,22 +1,20 @@
 // all_reduce through ddp::mpi::communicator against raw MPI_Allreduce on the same buffers,
 // alternated size by size in one run (float sum, in place). Run under mpirun:
 //   mpirun -np 2 build/bench/mpi_all_reduce [--min-bytes 4096] [--max-bytes 268435456]
-#include <CLI/CLI.hpp>
 
 #include <span>
 
 #include "collective_sweep.hpp"
+#include "options.hpp"
 #include "ddp/comm/collectives.hpp"
 #include "ddp/mpi/communicator.hpp"
 
 int main(int argc, char** argv) {
   ddp::mpi::environment env(&argc, &argv);
-  CLI::App app{"all_reduce: ddp's MPI communicator against raw MPI_Allreduce"};
+  bench::options app{"all_reduce: ddp's MPI communicator against raw MPI_Allreduce"};
   bench::sweep_options o;
-  app.add_option("--min-bytes", o.min_bytes, "smallest message");
-  app.add_option("--max-bytes", o.max_bytes, "largest message");
-  app.add_option("--iterations", o.iterations, "timed iterations per size (scaled up for small sizes)");
-  CLI11_PARSE(app, argc, argv);
+  bench::add_sweep_options(app, o);
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
 
   ddp::mpi::communicator comm;
   const int n = comm.size();

@@ -3,24 +3,22 @@
 //   nccl_all_reduce [--gpus N] [--min-bytes 4096] [--max-bytes 268435456]
 // Both sides are timed as the trainer uses them: launch, then wait for the result (ddp: wait()
 // and the compute stream; raw: cudaStreamSynchronize of NCCL's stream).
-#include <CLI/CLI.hpp>
 
 
 #include "collective_sweep.hpp"
+#include "options.hpp"
 #include "ddp/comm/collectives.hpp"
 #include "ddp/cuda/device_vector.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nccl/communicator.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"all_reduce: ddp's NCCL communicator against raw ncclAllReduce"};
+  bench::options app{"all_reduce: ddp's NCCL communicator against raw ncclAllReduce"};
   bench::sweep_options o;
   int gpus = 0;
-  app.add_option("--gpus", gpus, "ranks, one GPU each (default: every visible GPU)");
-  app.add_option("--min-bytes", o.min_bytes, "smallest message");
-  app.add_option("--max-bytes", o.max_bytes, "largest message");
-  app.add_option("--iterations", o.iterations, "timed iterations per size (scaled up for small sizes)");
-  CLI11_PARSE(app, argc, argv);
+  app.add("--gpus", gpus, "ranks, one GPU each (0: every visible GPU)", 0);
+  bench::add_sweep_options(app, o);
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
   try {
     if (gpus <= 0) gpus = ddp::cuda::device_count();
     const double bus = gpus > 1 ? 2.0 * (gpus - 1) / gpus : 1.0;

@@ -12,7 +12,6 @@
 // than an independent training). Medians over the rounds; only training steps are timed.
 //   rank_scaling [--ranks 2] [--rounds 15] [--steps 120] [--batch 64] [--optimizer sgd|adamw]
 //                [--data-dir DIR]
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <barrier>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "collective_sweep.hpp"
+#include "options.hpp"
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
@@ -159,18 +159,18 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"data-parallel scaling of the Fashion-MNIST model: N ranks against 1 rank and against N "
+  bench::options app{"data-parallel scaling of the Fashion-MNIST model: N ranks against 1 rank and against N "
                "independent single-rank runs, interleaved in one run"};
   int ranks = 2, rounds = 15, steps = 120;
   std::size_t batch = 64;
   std::string data_dir(fashion_mnist::default_directory), optimizer = "sgd";
-  app.add_option("--ranks", ranks, "ranks of the data-parallel set-up")->check(CLI::Range(2, 64));
-  app.add_option("--rounds", rounds, "rounds; each runs every set-up once, in rotating order")->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "training steps per rank in each set-up of a round")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "batch per rank")->check(CLI::Range(2, 60000));
-  app.add_option("--optimizer", optimizer, "optimizer: sgd (momentum 0.9) or adamw")->check(CLI::IsMember({"sgd", "adamw"}));
-  app.add_option("--data-dir", data_dir, "directory with the Fashion-MNIST .gz files");
-  CLI11_PARSE(app, argc, argv);
+  app.add("--ranks", ranks, "ranks of the data-parallel set-up", 2, 64);
+  app.add("--rounds", rounds, "rounds; each runs every set-up once, in rotating order", 1);
+  app.add("--steps", steps, "training steps per rank in each set-up of a round", 1);
+  app.add("--batch", batch, "batch per rank", 2, 60000);
+  app.add("--optimizer", optimizer, "optimizer: sgd (momentum 0.9) or adamw", {"sgd", "adamw"});
+  app.add("--data-dir", data_dir, "directory with the Fashion-MNIST .gz files");
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
   std::printf("# command: %s   (%u hardware threads)\n", bench::command_line(argc, argv).c_str(),
               std::thread::hardware_concurrency());
 

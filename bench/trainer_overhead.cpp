@@ -4,12 +4,12 @@
 //  2. world N (default 2): how much of the gradient reduction ran while backward was still
 //     computing, for the default bucket cap and a small one.
 //   trainer_overhead [--steps 50] [--repeats 5] [--ranks 2] [--batch 64]
-#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 
 #include "collective_sweep.hpp"
+#include "options.hpp"
 #include "ddp/core/random.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/host/kernels.hpp"
@@ -97,14 +97,14 @@ ddp::overlap_timing overlap_at(int ranks, int steps, std::size_t per_rank_batch)
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"per-step cost of ddp::trainer against the same module stepped by hand"};
+  bench::options app{"per-step cost of ddp::trainer against the same module stepped by hand"};
   int steps = 50, repeats = 5, ranks = 2;
   std::size_t per_rank_batch = 64;
-  app.add_option("--steps", steps, "steps per timed batch")->check(CLI::PositiveNumber);
-  app.add_option("--repeats", repeats, "alternating timed batches of each (best is kept)")->check(CLI::PositiveNumber);
-  app.add_option("--ranks", ranks, "ranks for the overlap measurement")->check(CLI::Range(2, 64));
-  app.add_option("--batch", per_rank_batch, "batch per rank")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  app.add("--steps", steps, "steps per timed batch", 1);
+  app.add("--repeats", repeats, "alternating timed batches of each (best is kept)", 1);
+  app.add("--ranks", ranks, "ranks for the overlap measurement", 2, 64);
+  app.add("--batch", per_rank_batch, "batch per rank", 1);
+  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
   std::printf("# command: %s\n", bench::command_line(argc, argv).c_str());
 
   const auto b = make_batch(per_rank_batch, 7);
