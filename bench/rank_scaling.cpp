@@ -34,7 +34,7 @@ namespace {
 using ddp::data::fashion_mnist;
 template <class Optimizer, class Update = ddp::update::replicated>
 using trainer_for = ddp::trainer<fmnist::model, Optimizer, Update>;
-using batches_t = std::vector<fashion_mnist::batch>;
+using batches_t = std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>;
 using clock_type = std::chrono::steady_clock;
 
 const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};

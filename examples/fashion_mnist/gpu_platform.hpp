@@ -29,8 +29,9 @@ struct gpu_platform {
                  g::linear(dev, hidden, 10, seed + 2));
   }
   static g::matrix input(device& dev, const ddp::nn::matrix& x) { return g::matrix::from_host(dev, x); }
-  static g::cross_entropy_result loss(device& dev, const g::matrix& logits, std::span<const std::int32_t> labels) {
-    return g::softmax_cross_entropy(logits, ddp::cuda::device_vector<std::int32_t>::from_host(dev, labels));
+  static g::cross_entropy_result loss(device& dev, const g::matrix& logits, std::span<const std::int32_t> labels,
+                                      const ddp::sample_weights& weights) {
+    return g::softmax_cross_entropy(logits, ddp::cuda::device_vector<std::int32_t>::from_host(dev, labels), weights);
   }
   template <class Launcher, class F>
   static void on_rank(Launcher& launcher, F&& f) {

@@ -33,8 +33,9 @@ struct host_platform {
 
   static model make_model(device&, std::uint64_t seed) { return fmnist::make_model(seed); }
   static const ddp::nn::matrix& input(device&, const ddp::nn::matrix& x) { return x; }
-  static ddp::nn::cross_entropy_result loss(device&, const ddp::nn::matrix& logits, std::span<const std::int32_t> labels) {
-    return ddp::nn::softmax_cross_entropy(logits, labels);
+  static ddp::nn::cross_entropy_result loss(device&, const ddp::nn::matrix& logits, std::span<const std::int32_t> labels,
+                                            const ddp::sample_weights& weights) {
+    return ddp::nn::softmax_cross_entropy(logits, labels, weights);
   }
   // Runs f(communicator&, device&) on this rank, given the launcher's communicator.
   template <class Launcher, class F>

@@ -72,23 +72,21 @@ class progress_line {
   std::chrono::steady_clock::time_point last_{};
 };
 
-// Accuracy over the full test set: rank r evaluates its share, the counts are reduced.
+// Accuracy over the full test set: each rank evaluates its share as the distributed sampler
+// deals it (in order, padded so every rank has as many images), the padding weighs nothing, and
+// the counts are reduced: exactly the 10,000 images, at any world size.
 template <class Platform, class Trainer>
 double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Platform::device& dev,
                      const fashion_mnist& test) {
+  using in_order = ddp::sampler::distributed<false, ddp::sampler::tail::pad>;
   const auto& comm = trainer.communicator();
-  const std::size_t n = test.size(), w = static_cast<std::size_t>(comm.size()), r = static_cast<std::size_t>(comm.rank());
-  const std::size_t begin = n * r / w, end = n * (r + 1) / w;
+  const auto shard = ddp::sampler::make_shard<in_order>(test.size(), comm.rank(), comm.size(), 0, 0);
   trainer.synchronize_buffers();  // every rank evaluates with the same running statistics
   m.eval();
   ddp::metric correct;
-  std::vector<fashion_mnist::example> examples;
-  for (std::size_t i = begin; i < end; i += 500) {
-    examples.clear();
-    for (std::size_t k = i; k < std::min(end, i + 500); ++k) examples.push_back(test.get(k));
-    auto b = fashion_mnist::collate(examples);
-    auto ce = Platform::loss(dev, m.forward(Platform::input(dev, b.x)), b.y);
-    correct.add(static_cast<double>(ce.correct), static_cast<double>(b.y.size()));
+  for (const auto& b : ddp::data::loader(test, 500, &fashion_mnist::collate).batches(shard)) {
+    auto ce = Platform::loss(dev, m.forward(Platform::input(dev, b.x)), b.y, b.weights);
+    correct.add(static_cast<double>(ce.correct), ce.samples);
   }
   m.train();
   return trainer.reduce(correct).mean();
@@ -96,7 +94,7 @@ double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Pla
 
 // The sampler's part of training, kept out of the epoch loop's type: this rank's batches of the
 // next epoch (the trainer advances the epoch, P4).
-using next_epoch_batches = std::function<std::vector<fashion_mnist::batch>()>;
+using next_epoch_batches = std::function<std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>()>;
 
 // One rank's epochs. A template over the trainer's core (ddp::trainer_core), so every combination
 // of policies shares one instantiation of it (see docs/trainer.md).
@@ -118,10 +116,10 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
       trainer.learning_rate() = learning_rate(c, step, total_steps);
       const auto& b = batches[i];
       trainer.step([&](auto& replica) {
-        auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y);
+        auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y, b.weights);
         replica.backward(ce.grad);
-        loss.add(ce.loss * static_cast<double>(b.y.size()), static_cast<double>(b.y.size()));
-        accuracy.add(static_cast<double>(ce.correct), static_cast<double>(b.y.size()));
+        loss.add(ce.loss_sum, ce.samples);
+        accuracy.add(static_cast<double>(ce.correct), ce.samples);
       });
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double rate = static_cast<double>((step + 1) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;

@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <span>
 #include <string>
@@ -168,6 +170,27 @@ void reduce_scatter_cases(Comm& comm) {
       }
   reduce_scatter_case<float>(comm, large_bytes / sizeof(float) / comm.size() + 1,
                              ddp::reduce_op::sum, false);
+}
+
+// avg keeps a finite average finite: every rank at 2^127 averages to 2^127, though the sum
+// overflows (all_reduce and reduce_scatter, f32 and f64 at its own edge).
+template <class T, class Comm>
+void avg_overflow_case(Comm& comm) {
+  const T big = std::ldexp(T(1), std::numeric_limits<T>::max_exponent - 1);
+  const std::size_t n = 37, w = static_cast<std::size_t>(comm.size());
+  std::vector<T> v(n, big), scattered(n * w, big), part(n);
+  ddp::all_reduce(comm, std::span<T>(v), ddp::reduce_op::avg);
+  ddp::reduce_scatter(comm, std::span<const T>(scattered), std::span<T>(part), ddp::reduce_op::avg);
+  INFO("avg of ", comm.size(), " ranks at 2^", std::numeric_limits<T>::max_exponent - 1, ", ",
+       ddp::name_of(ddp::dtype_of<T>), ", rank ", comm.rank());
+  CHECK(first_mismatch<T>(v, [&](std::size_t) { return big; }) == -1);
+  CHECK(first_mismatch<T>(part, [&](std::size_t) { return big; }) == -1);
+}
+
+template <class Comm>
+void avg_overflow_cases(Comm& comm) {
+  avg_overflow_case<float>(comm);
+  avg_overflow_case<double>(comm);
 }
 
 // Asynchronous forms: several collectives in flight, waited in reverse order.

@@ -8,6 +8,9 @@ TEST_CASE("mpi all_reduce: every dtype, op, size, in and out of place") { confor
 TEST_CASE("mpi broadcast: every dtype, size and root") { conformance::broadcast_cases(mpi_test::comm()); }
 TEST_CASE("mpi all_gather: every dtype and size, in and out of place") { conformance::all_gather_cases(mpi_test::comm()); }
 TEST_CASE("mpi reduce_scatter: every dtype, op and size, in and out of place") { conformance::reduce_scatter_cases(mpi_test::comm()); }
+TEST_CASE("mpi avg: ranks at the largest power of two average to it, not inf") {
+  conformance::avg_overflow_cases(mpi_test::comm());
+}
 TEST_CASE("mpi asynchronous collectives complete in issue order") { conformance::async_cases(mpi_test::comm()); }
 TEST_CASE("mpi all_reduce is bitwise identical on every rank and in every run") {
   auto first = conformance::determinism_case(mpi_test::comm());

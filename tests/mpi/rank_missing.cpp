@@ -1,5 +1,6 @@
-// Run under mpirun: rank 1 never joins the second collective. Expected: the watchdog ends the job
-// within the timeout, naming the collective and its sequence number.
+// Run under mpirun -np 3: rank 1 never joins the second collective. Expected: the watchdog ends the
+// job within the timeout, naming the collective, its sequence number, and rank 1 as the rank
+// that has not arrived (its watchdog answers the roll call while its main thread sleeps).
 #include <chrono>
 #include <thread>
 

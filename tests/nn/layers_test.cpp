@@ -202,7 +202,7 @@ TEST_CASE("OpenBLAS runs the kernels the environment names, or the layers say ho
 
 TEST_CASE("a buffer may have any number of dimensions; its shape travels in its ref") {
   ddp::nn::buffer<float> cov("running_cov", ddp::shape_t{3, 4}, 0.5f);
-  CHECK(cov.data().size() == 12);
+  CHECK(cov.read().size() == 12);
   const auto ref = cov.ref("layer.");
   CHECK(ref.name == "layer.running_cov");
   CHECK(ref.value.shape == ddp::shape_t{3, 4});
@@ -211,4 +211,21 @@ TEST_CASE("a buffer may have any number of dimensions; its shape travels in its 
   ddp::nn::buffer<std::int64_t> count("count", 1);
   CHECK(count.ref("").value.shape == ddp::shape_t{1});
   CHECK_THROWS_AS(ddp::nn::buffer<float>("bad", ddp::shape_t{2, -1}), std::invalid_argument);
+}
+
+TEST_CASE("a buffer owns its version: every write bumps it, reads do not, saves are released in order") {
+  ddp::nn::buffer<float> stat("running_stat", 4, 0.0f);
+  const auto start = stat.version().value();
+  (void)stat.read();
+  CHECK(stat.version().value() == start);
+  stat.write()[0] = 1.0f;
+  CHECK(stat.version().value() == start + 1);
+  CHECK(stat.read()[0] == 1.0f);
+
+  (void)stat.read_for_backward();  // forward: backward will read it at this version
+  CHECK(stat.version().innermost_saved() == stat.version().value());
+  stat.write()[1] = 2.0f;  // a write between forward and backward: the trainer sees the saved one is stale
+  CHECK(stat.version().innermost_saved() != stat.version().value());
+  stat.release_after_backward();
+  CHECK_FALSE(stat.version().innermost_saved());
 }

@@ -34,15 +34,13 @@ class tracked_affine {
     for (std::size_t r = 0; r < x.rows; ++r)
       for (std::size_t c = 0; c < f_; ++c) y(r, c) = x(r, c) * g[c] + b[c];
     if (training) {
-      auto rm = running_mean_.data();
+      auto rm = running_mean_.write();
       for (std::size_t c = 0; c < f_; ++c) {
         double s = 0;
         for (std::size_t r = 0; r < x.rows; ++r) s += x(r, c);
         rm[c] = 0.9f * rm[c] + 0.1f * static_cast<float>(s / static_cast<double>(x.rows));
       }
-      running_mean_.version().bump();
-      ++batches_.data()[0];
-      batches_.version().bump();
+      ++batches_.write()[0];
       saved_.push_back(x);
     }
     return y;
@@ -66,7 +64,7 @@ class tracked_affine {
   std::vector<ddp::buffer_ref> buffer_refs(const std::string& prefix) {
     return {running_mean_.ref(prefix), batches_.ref(prefix)};
   }
-  std::span<const float> running_mean() const { return running_mean_.data(); }
+  std::span<const float> running_mean() const { return running_mean_.read(); }
 
  private:
   std::size_t f_;

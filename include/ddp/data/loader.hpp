@@ -1,33 +1,49 @@
 #pragma once
-// Turns the sampler's indices for one epoch into batches. Every rank gets the same number of
-// full batches (the sampler gives every rank the same number of indices; a last partial batch is
-// dropped), so every rank takes the same number of steps.
+// Turns one rank's share of an epoch (a ddp::shard) into batches. Every rank gets the same
+// number of batches: the samplers give every rank the same number of indices. A last partial
+// batch is kept when the sampler visits every sample (distributed<..., tail::pad>), dropped
+// otherwise.
 //
 //   ddp::data::loader loader(dataset, 64, collate);   // collate(std::span<const example>) -> batch
 //   for (auto& batch : trainer.epoch(loader)) trainer.step(...);
 //
+// Each batch is the collated batch plus `weights` (ddp::sample_weights): 0 for the samples a
+// padding sampler repeats, 1 for the others. A loss given them counts every sample once
+// (ddp::nn::softmax_cross_entropy(logits, labels, batch.weights)).
+//
 // The loader has no shuffle of its own: with a distributed sampler the order comes from the
 // sampler, seeded per epoch by the trainer (pitfall P4). A loader that does shuffle sets
 // `shuffles_itself`, and the trainer rejects it at compile time next to a distributed sampler.
+#include <algorithm>
 #include <cstddef>
-#include <range/v3/range/conversion.hpp>
-#include <range/v3/view/chunk.hpp>
-#include <range/v3/view/transform.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "ddp/core/sample_weights.hpp"
+#include "ddp/core/shard.hpp"
 #include "ddp/data/dataset.hpp"
 
 namespace ddp::data {
+
+// A collated batch and the weights of its samples.
+template <class Batch>
+struct weighted_batch : Batch {
+  static_assert(std::is_class_v<Batch>, "ddp: a loader's collate must return a class type (a struct of tensors, "
+                                        "a std::vector, ...); weighted_batch derives from it");
+  weighted_batch(Batch b, sample_weights w) : Batch(std::move(b)), weights(std::move(w)) {}
+  sample_weights weights;
+};
 
 template <dataset Dataset, class Collate>
 class loader {
  public:
   static constexpr bool shuffles_itself = false;
   using example_type = typename Dataset::example_type;
-  using batch_type = std::invoke_result_t<const Collate&, std::span<const example_type>>;
+  using collated_type = std::invoke_result_t<const Collate&, std::span<const example_type>>;
+  using batch_type = weighted_batch<collated_type>;
 
   loader(const Dataset& data, std::size_t batch_size, Collate collate)
       : data_(&data), batch_size_(batch_size), collate_(std::move(collate)) {
@@ -37,20 +53,36 @@ class loader {
   std::size_t dataset_size() const { return data_->size(); }
   std::size_t batch_size() const noexcept { return batch_size_; }
 
-  // The batches of one epoch, from this rank's indices in the order the sampler gave them.
-  std::vector<batch_type> batches(const std::vector<std::size_t>& indices) const {
-    const std::size_t full = indices.size() / batch_size_ * batch_size_;
-    return std::span(indices).first(full) | ranges::views::chunk(batch_size_) |
-           ranges::views::transform([&](auto chunk) {
-             std::vector<example_type> examples;
-             examples.reserve(batch_size_);
-             for (std::size_t i : chunk) examples.push_back(data_->get(i));
-             return collate_(std::span<const example_type>(examples));
-           }) |
-           ranges::to<std::vector>();
+  // This rank's batches of one epoch, in the sampler's order.
+  std::vector<batch_type> batches(const ddp::shard& shard) const {
+    const std::size_t n = shard.indices.size();
+    const std::size_t used = shard.keep_partial_batch ? n : n / batch_size_ * batch_size_;
+    std::vector<batch_type> out;
+    out.reserve((used + batch_size_ - 1) / batch_size_);
+    std::vector<example_type> examples;
+    for (std::size_t begin = 0; begin < used; begin += batch_size_) {
+      const std::size_t end = std::min(used, begin + batch_size_);
+      examples.clear();
+      for (std::size_t i = begin; i < end; ++i) examples.push_back(data_->get(shard.indices[i]));
+      out.emplace_back(collate_(std::span<const example_type>(examples)), weights(shard, begin, end));
+    }
+    return out;
+  }
+  // Indices that are all samples, on one rank (outside a trainer): full batches only.
+  std::vector<batch_type> batches(std::vector<std::size_t> indices) const {
+    return batches(ddp::shard::of_indices(std::move(indices)));
   }
 
  private:
+  // Every rank's batch of this step covers the same positions [begin, end) of its own list.
+  static sample_weights weights(const ddp::shard& shard, std::size_t begin, std::size_t end) {
+    sample_weights w{std::vector<float>(end - begin, 0.0f), 0.0, shard.world()};
+    const std::size_t real = shard.real_count();
+    for (std::size_t i = begin; i < std::min(end, real); ++i) w.per_sample[i - begin] = 1.0f;
+    for (std::size_t r : shard.real_counts) w.step_total += static_cast<double>(std::min(end, std::max(begin, r)) - begin);
+    return w;
+  }
+
   const Dataset* data_;
   std::size_t batch_size_;
   Collate collate_;

@@ -5,7 +5,9 @@
 //
 // MPI has no timeouts and does not tell peers that a rank died. ddp adds both:
 //   - a watchdog ends the job (MPI_Abort) when one collective runs longer than the timeout,
-//     after printing which collective, its sequence number and the rank that gave up;
+//     after printing which collective, its sequence number, the rank that gave up and, from a
+//     roll call of every rank (each watchdog answers on a communicator of its own), the ranks
+//     that never arrived and where they are;
 //   - abort(reason) prints the reason and ends the job; mpirun then stops every rank.
 // A rank that throws out of main ends its process, and mpirun stops the others as well.
 #include <mpi.h>
@@ -18,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddp/comm/progress_thread.hpp"
@@ -48,7 +51,7 @@ inline MPI_Datatype datatype_of(dtype t) {
 
 inline MPI_Op op_of(reduce_op op) {
   switch (op) {
-    case reduce_op::sum: case reduce_op::avg: return MPI_SUM;  // avg: sum, then divide
+    case reduce_op::sum: case reduce_op::avg: return MPI_SUM;  // avg: see communicator::all_reduce
     case reduce_op::min: return MPI_MIN;
     case reduce_op::max: return MPI_MAX;
   }
@@ -69,13 +72,16 @@ class communicator {
                   "MPI is not initialised: create a ddp::mpi::environment first (in main, before any "
                   "communicator)");
     check(MPI_Comm_dup(parent, &comm_), "comm_dup", -1);
+    check(MPI_Comm_dup(parent, &roll_), "comm_dup", -1);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    int thread_level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&thread_level);
+    can_roll_call_ = thread_level == MPI_THREAD_MULTIPLE;
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     const auto env = placement_from_environment();
     local_rank_ = env ? env->local_rank : 0;
-    watchdog_.emplace(std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1)),
-                      [this] { return watch(); });
+    watchdog_.emplace(poll_interval(), [this] { return watch(); });
     progress_.emplace();
   }
   communicator(const communicator&) = delete;
@@ -84,6 +90,7 @@ class communicator {
   ~communicator() {
     progress_.reset();  // finishes queued collectives, then joins
     watchdog_.reset();
+    MPI_Comm_free(&roll_);
     MPI_Comm_free(&comm_);
   }
 
@@ -94,12 +101,18 @@ class communicator {
   int local_rank() const noexcept { return local_rank_; }
   MPI_Comm native() const noexcept { return comm_; }
 
+  // avg of floating-point data divides each rank's contribution before the sum, so a finite
+  // average stays finite (two ranks at 2^127 average to 2^127); with a power-of-two world that
+  // gives the bits of sum-then-divide. Integers sum, then divide.
   work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
     return submit("all_reduce", [=, this](const char* name) {
       require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
-      const void* in = send.data == recv.data ? MPI_IN_PLACE : send.data;
+      const bool pre_divide = op == reduce_op::avg && is_floating(send.type);
+      if (pre_divide && send.data != recv.data) std::memcpy(recv.data, send.data, send.bytes());
+      if (pre_divide) divide(recv);
+      const void* in = send.data == recv.data || pre_divide ? MPI_IN_PLACE : send.data;
       check(MPI_Allreduce(in, recv.data, count(send.count, name), datatype_of(send.type), op_of(op), comm_), name, rank_);
-      if (op == reduce_op::avg) divide(recv);
+      if (op == reduce_op::avg && !pre_divide) divide(recv);
     });
   }
 
@@ -125,6 +138,15 @@ class communicator {
     return submit("reduce_scatter", [=, this](const char* name) {
       require(send.count == recv.count * static_cast<std::size_t>(size_) && recv.type == send.type, name,
               "send must hold size() * recv.count elements of recv's dtype");
+      if (op == reduce_op::avg && is_floating(send.type)) {  // divided before the sum, as all_reduce
+        if (scratch_.size() < send.bytes()) scratch_.resize(send.bytes());
+        std::memcpy(scratch_.data(), send.data, send.bytes());
+        divide(mutable_buffer{scratch_.data(), send.count, send.type});
+        check(MPI_Reduce_scatter_block(scratch_.data(), recv.data, count(recv.count, name), datatype_of(send.type),
+                                       MPI_SUM, comm_),
+              name, rank_);
+        return;
+      }
       // MPI's in-place form differs from ours (recv inside send): reduce into scratch then.
       const auto* own = static_cast<const char*>(send.data) + static_cast<std::size_t>(rank_) * recv.bytes();
       const bool in_place = own == recv.data && recv.count > 0;
@@ -157,6 +179,7 @@ class communicator {
       {
         std::lock_guard lock(watch_mutex_);
         current_ = running{name, sequence, std::chrono::steady_clock::now()};
+        entered_ = sequence + 1;
       }
       try {
         body(name);
@@ -180,20 +203,100 @@ class communicator {
     return static_cast<int>(n);
   }
 
+  static bool is_floating(dtype t) { return t == dtype::f32 || t == dtype::f64; }
+
   void divide(mutable_buffer b) const {
     visit_host_dtype(b.type, [&]<class T>(T) { host::divide(static_cast<T*>(b.data), b.count, static_cast<T>(size_)); });
   }
 
-  // The watchdog's look: a collective past the timeout ends the job (MPI cannot tell the peers).
+  // The watchdog's look: answers peers' roll calls; a collective past the timeout ends the job
+  // (MPI cannot tell the peers), after a roll call of its own says who is missing.
   bool watch() {
+    if (can_roll_call_) answer_roll_calls();
     std::unique_lock lock(watch_mutex_);
     if (!current_ || std::chrono::steady_clock::now() - current_->started <= options_.timeout) return true;
-    const std::string what = std::string(current_->name) + " #" + std::to_string(current_->sequence) +
-                             " made no progress for " + std::to_string(options_.timeout.count()) +
-                             " ms: a peer never joined it, or died";
+    const running stuck = *current_;
     lock.unlock();
-    abort(what);
+    abort(std::string(stuck.name) + " #" + std::to_string(stuck.sequence) + " made no progress for " +
+          std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck.sequence));
     return false;
+  }
+
+  static constexpr int query_tag = 1, answer_tag = 2;
+
+  // Where this rank is: how many collectives it has entered, and whether it is inside one.
+  void answer_roll_calls() {
+    for (;;) {
+      int asked = 0;
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, query_tag, roll_, &asked, &status);
+      if (!asked) return;
+      char query = 0;
+      MPI_Recv(&query, 1, MPI_CHAR, status.MPI_SOURCE, query_tag, roll_, MPI_STATUS_IGNORE);
+      std::uint64_t where[2];
+      {
+        std::lock_guard lock(watch_mutex_);
+        where[0] = entered_;
+        where[1] = current_ ? 1 : 0;
+      }
+      MPI_Send(where, 2, MPI_UINT64_T, status.MPI_SOURCE, answer_tag, roll_);
+    }
+  }
+
+  // Asks every other rank where it is (each answers from its watchdog, within two of its polls)
+  // and says which ranks have not arrived at collective #sequence, and which did not answer.
+  std::string roll_call(std::uint64_t sequence) {
+    if (!can_roll_call_ || size_ == 1)
+      return "a peer never joined it, or died (MPI gives less than MPI_THREAD_MULTIPLE, so the ranks "
+             "were not asked where they are)";
+    std::vector<std::uint64_t> where(2 * static_cast<std::size_t>(size_), 0);
+    std::vector<MPI_Request> sends, answers(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+    std::vector<int> answered(static_cast<std::size_t>(size_), 0);
+    char query = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Isend(&query, 1, MPI_CHAR, r, query_tag, roll_, &sends.emplace_back());
+      MPI_Irecv(&where[2 * static_cast<std::size_t>(r)], 2, MPI_UINT64_T, r, answer_tag, roll_,
+                &answers[static_cast<std::size_t>(r)]);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 2 * poll_interval() + std::chrono::seconds(1);
+    int pending = size_ - 1;
+    while (pending > 0 && std::chrono::steady_clock::now() < deadline) {
+      answer_roll_calls();  // peers that timed out too are asking us
+      for (int r = 0; r < size_; ++r) {
+        auto& request = answers[static_cast<std::size_t>(r)];
+        if (r == rank_ || answered[static_cast<std::size_t>(r)]) continue;
+        MPI_Test(&request, &answered[static_cast<std::size_t>(r)], MPI_STATUS_IGNORE);
+        if (answered[static_cast<std::size_t>(r)]) --pending;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::string missing, silent, here;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const auto i = static_cast<std::size_t>(r);
+      if (!answered[i]) {
+        silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
+        continue;
+      }
+      const std::uint64_t entered = where[2 * i];
+      if (entered > sequence) continue;
+      missing += (missing.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has not arrived (" +
+                 (entered == 0 ? std::string("it has entered no collective yet")
+                               : "its last collective is #" + std::to_string(entered - 1) +
+                                     (where[2 * i + 1] ? ", still running" : ", finished")) +
+                 ")";
+    }
+    for (int r = 0; r < size_; ++r)
+      if (r == rank_ || (answered[static_cast<std::size_t>(r)] && where[2 * static_cast<std::size_t>(r)] > sequence))
+        here += (here.empty() ? "" : ", ") + std::to_string(r);
+    std::string report = missing.empty() ? "every rank that answered has arrived" : missing;
+    if (!silent.empty()) report += "; " + silent + " did not answer (dead, or the process is stuck)";
+    return report + "; ranks in it: " + here;
+  }
+
+  std::chrono::milliseconds poll_interval() const {
+    return std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1));
   }
 
   struct running {
@@ -203,6 +306,8 @@ class communicator {
   };
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm roll_ = MPI_COMM_NULL;  // the watchdogs' roll calls, apart from the collectives
+  bool can_roll_call_ = false;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   options options_;
   std::uint64_t next_sequence_ = 0;
@@ -212,6 +317,7 @@ class communicator {
 
   std::mutex watch_mutex_;
   std::optional<running> current_;
+  std::uint64_t entered_ = 0;  // collectives this rank has entered
   std::optional<comm::watchdog> watchdog_;
   std::optional<progress_thread> progress_;
 };

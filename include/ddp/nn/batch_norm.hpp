@@ -62,8 +62,8 @@ class batch_norm {
       stats[2 * f] = static_cast<double>(n);
       if (reduce_) reduce_(std::span<double>(stats));
       const double count = stats[2 * f];
-      auto rm = running_mean_.data();
-      auto rv = running_var_.data();
+      auto rm = running_mean_.write();
+      auto rv = running_var_.write();
       for (std::size_t c = 0; c < f; ++c) {
         const double m = stats[c] / count;
         const double var = std::max(0.0, stats[f + c] / count - m * m);
@@ -73,13 +73,10 @@ class batch_norm {
         rv[c] = (1.0f - momentum_) * rv[c] + momentum_ * static_cast<float>(var * count / (count - 1));
       }
       batch_count_.push_back(count);
-      running_mean_.version().bump();
-      running_var_.version().bump();
-      ++batches_tracked_.data()[0];
-      batches_tracked_.version().bump();
-    } else {
-      auto rm = running_mean_.data();
-      auto rv = running_var_.data();
+      ++batches_tracked_.write()[0];
+    } else {  // frozen statistics; backward reads the variance again, checked by its version
+      auto rm = running_mean_.read();
+      auto rv = training ? running_var_.read_for_backward() : running_var_.read();
       for (std::size_t c = 0; c < f; ++c) {
         mean[c] = rm[c];
         inv_std[c] = 1.0f / std::sqrt(rv[c] + eps_);
@@ -98,7 +95,6 @@ class batch_norm {
       }
     }
     if (training) {
-      if (!batch_stats) running_var_.version().save_for_backward();
       saved_.push_back({std::move(xhat), batch_stats ? std::move(inv_std) : std::vector<float>{}});
     }
     return y;
@@ -109,10 +105,10 @@ class batch_norm {
     const bool batch_stats = !s.inv_std.empty();
     std::vector<float> inv_std = std::move(s.inv_std);
     if (!batch_stats) {  // frozen: the running variance, as the forward saw it (checked by version)
-      running_var_.version().release_saved();
       inv_std.resize(features_);
-      auto rv = running_var_.data();
+      auto rv = running_var_.read();
       for (std::size_t c = 0; c < features_; ++c) inv_std[c] = 1.0f / std::sqrt(rv[c] + eps_);
+      running_var_.release_after_backward();
     }
     const std::size_t n = dy.rows, f = features_;
     std::vector<double> sums(2 * f, 0.0);  // sum of dy, then sum of dy * xhat, per feature
@@ -161,9 +157,9 @@ class batch_norm {
   std::vector<buffer_ref> buffer_refs(const std::string& prefix) {
     return {running_mean_.ref(prefix), running_var_.ref(prefix), batches_tracked_.ref(prefix)};
   }
-  std::span<const float> running_mean() const noexcept { return running_mean_.data(); }
-  std::span<const float> running_var() const noexcept { return running_var_.data(); }
-  std::int64_t batches_tracked() const noexcept { return batches_tracked_.data()[0]; }
+  std::span<const float> running_mean() const noexcept { return running_mean_.read(); }
+  std::span<const float> running_var() const noexcept { return running_var_.read(); }
+  std::int64_t batches_tracked() const noexcept { return batches_tracked_.read()[0]; }
 
  private:
   struct saved {

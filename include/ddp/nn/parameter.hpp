@@ -78,9 +78,21 @@ class buffer {
   // travels in the buffer_ref, so the P5 signature compares it across ranks.
   buffer(std::string name, shape_t shape, T fill = T{})
       : name_(std::move(name)), shape_(std::move(shape)), data_(numel_of(shape_), fill) {}
-  std::span<T> data() noexcept { return data_; }
-  std::span<const T> data() const noexcept { return data_; }
-  buffer_version& version() noexcept { return version_; }
+
+  // The buffer owns its version (pitfall P1): every write goes through write(), which bumps it,
+  // so a backward that reads the buffer after a write since its forward is caught.
+  std::span<const T> read() const noexcept { return data_; }
+  std::span<T> write() noexcept {
+    version_.bump();
+    return data_;
+  }
+  // In forward, when backward will read the buffer: read it and record its version ...
+  std::span<const T> read_for_backward() {
+    version_.save_for_backward();
+    return data_;
+  }
+  // ... and in backward, once read: release that record (innermost first).
+  void release_after_backward() { version_.release_saved(); }
   const buffer_version& version() const noexcept { return version_; }
 
   buffer_ref ref(const std::string& prefix) {

@@ -19,6 +19,11 @@
 //   static std::size_t per_rank(std::size_t n, int world);   // indices each rank gets
 //   static std::vector<std::size_t> indices(std::size_t n, int rank, int world,
 //                                           std::uint64_t seed, std::uint64_t epoch);
+// and, when it pads (repeats samples so every rank gets as many), also
+//   static std::size_t real_count(std::size_t n, int rank, int world);
+//        // how many of the rank's indices are samples; the rest, at the end of its list, padding
+//   static constexpr bool visits_every_sample = true;   // loaders keep a last partial batch
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +39,7 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/core/random.hpp"
+#include "ddp/core/shard.hpp"
 #include "ddp/policy/slots.hpp"
 
 namespace ddp::sampler {
@@ -77,6 +83,15 @@ struct distributed {
     check_placement("distributed", 0, world);
     const auto w = static_cast<std::size_t>(world);
     return Tail == tail::pad ? (n + w - 1) / w : n / w;
+  }
+
+  static constexpr bool visits_every_sample = Tail == tail::pad;
+
+  // Position p of the epoch's order goes to rank p mod world; positions from n on are repeats.
+  static std::size_t real_count(std::size_t n, int rank, int world) {
+    check_placement("distributed", rank, world);
+    const auto r = static_cast<std::size_t>(rank), w = static_cast<std::size_t>(world);
+    return std::min(per_rank(n, world), n > r ? (n - r + w - 1) / w : 0);
   }
 
   static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t seed,
@@ -124,6 +139,38 @@ concept policy = requires(std::size_t n, int r, std::uint64_t u) {
   { P::per_rank(n, r) } -> std::convertible_to<std::size_t>;
   { P::indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
 };
+
+template <policy P>
+constexpr bool visits_every_sample() {
+  if constexpr (requires { { P::visits_every_sample } -> std::convertible_to<bool>; }) return P::visits_every_sample;
+  else return false;
+}
+
+template <policy P>
+std::size_t real_count(std::size_t n, int rank, int world) {
+  if constexpr (requires { { P::real_count(n, rank, world) } -> std::convertible_to<std::size_t>; })
+    return P::real_count(n, rank, world);
+  else return P::per_rank(n, world);
+}
+
+template <policy P>
+ddp::shard make_shard(std::size_t n, int rank, int world, std::uint64_t seed, std::uint64_t epoch) {
+  ddp::shard s{P::indices(n, rank, world, seed, epoch), {}, rank, visits_every_sample<P>()};
+  for (int r = 0; r < world; ++r) s.real_counts.push_back(real_count<P>(n, r, world));
+  if (s.real_count() > s.indices.size())
+    throw error("sampler", std::string(P::name), rank,
+                "real_count() is " + std::to_string(s.real_count()) + " but indices() gave " +
+                    std::to_string(s.indices.size()) + " indices; real_count must not exceed them");
+  return s;
+}
+
+// Batches of `batch` per rank in one epoch: equal on every rank; a short last one counts when
+// the sampler visits every sample.
+template <policy P>
+std::size_t batches_per_epoch(std::size_t n, int world, std::size_t batch) {
+  const std::size_t m = P::per_rank(n, world);
+  return visits_every_sample<P>() ? (m + batch - 1) / batch : m / batch;
+}
 
 template <class P>
 consteval bool diagnose() {

@@ -171,10 +171,14 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     else static_assert(std::is_same_v<Slot, buffer_sync::slot>, "ddp: policy<Slot>(): no such slot in a trainer");
   }
 
-  // This rank's indices for the next epoch; the trainer advances the epoch itself (P4).
-  std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
+  // This rank's share of the next epoch (its indices, and which are padding); the trainer
+  // advances the epoch itself (P4).
+  shard next_epoch_shard(std::size_t dataset_size) {
     const auto& comm = this->communicator();
-    return sampler_policy::indices(dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
+    return sampler::make_shard<sampler_policy>(dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
+  }
+  std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
+    return next_epoch_shard(dataset_size).indices;
   }
   // Batches of a loader for the next epoch (a loader that shuffles on its own cannot be
   // combined with a distributed sampler, which already shuffles per epoch: P4).
@@ -183,9 +187,10 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     if constexpr (diagnose_loader<Loader>()) return epoch_checked(loader);
   }
   std::uint64_t epochs_started() const noexcept { return epoch_; }
-  // Steps this rank takes per epoch, equal on every rank.
+  // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
+  // batch counts when the sampler visits every sample).
   std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const {
-    return sampler_policy::per_rank(dataset_size, this->communicator().size()) / batch;
+    return sampler::batches_per_epoch<sampler_policy>(dataset_size, this->communicator().size(), batch);
   }
 
   static std::string describe_policies() {
@@ -205,7 +210,10 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
                   "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
                   "already orders the data per epoch (pitfall P4); use a loader without a "
                   "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
-    return loader.batches(next_epoch_indices(loader.dataset_size()));
+    if constexpr (loader_requirements::has_shard_batches<Loader>)
+      return loader.batches(next_epoch_shard(loader.dataset_size()));
+    else
+      return loader.batches(next_epoch_indices(loader.dataset_size()));
   }
 
   trainer_options options_;

@@ -47,15 +47,13 @@ class batch_norm {
       run(kernels::column_moments(x.data(), n, f, moments.data(), stream()), "column_moments kernel");
       if (reduce_) reduce_(std::span<double>(moments.data(), moments.size()));
       run(kernels::batch_statistics(moments.data(), f, momentum_, eps_, mean.data(), inv_std.data(),
-                                    running_mean_.data(), running_var_.data(), stream()),
+                                    running_mean_.write(), running_var_.write(), stream()),
           "batch_statistics kernel");
-      run(kernels::add_i64(batches_tracked_.data(), 1, stream()), "add_i64 kernel");
-      running_mean_.version().bump();
-      running_var_.version().bump();
-      batches_tracked_.version().bump();
-    } else {
-      run(kernels::running_statistics(running_mean_.data(), running_var_.data(), f, eps_, mean.data(), inv_std.data(),
-                                      stream()),
+      run(kernels::add_i64(batches_tracked_.write(), 1, stream()), "add_i64 kernel");
+    } else {  // frozen statistics; backward reads the variance again, checked by its version
+      run(kernels::running_statistics(running_mean_.read(),
+                                      training ? running_var_.read_for_backward() : running_var_.read(), f, eps_,
+                                      mean.data(), inv_std.data(), stream()),
           "running_statistics kernel");
     }
     matrix xhat(*dev_, n, f), y(*dev_, n, f);
@@ -63,7 +61,6 @@ class batch_norm {
                            y.data(), n, f, stream()),
         "normalize kernel");
     if (training) {
-      if (!batch_stats) running_var_.version().save_for_backward();
       saved_.push_back({std::move(xhat), batch_stats ? std::move(inv_std) : device_vector<float>{}, std::move(moments)});
     }
     return y;
@@ -75,12 +72,12 @@ class batch_norm {
     const std::size_t n = dy.rows(), f = features_;
     device_vector<float> inv_std = std::move(s.inv_std);
     if (!batch_stats) {  // frozen: the running variance, as the forward saw it (checked by version)
-      running_var_.version().release_saved();
       device_vector<float> unused_mean(*dev_, f);
       inv_std = device_vector<float>(*dev_, f);
-      run(kernels::running_statistics(running_mean_.data(), running_var_.data(), f, eps_, unused_mean.data(),
+      run(kernels::running_statistics(running_mean_.read(), running_var_.read(), f, eps_, unused_mean.data(),
                                       inv_std.data(), stream()),
           "running_statistics kernel");
+      running_var_.release_after_backward();
     }
     device_vector<double> sums(*dev_, 2 * f);
     run(kernels::normalize_backward_sums(dy.data(), s.xhat.data(), n, f, sums.data(), params_[0].grad(),

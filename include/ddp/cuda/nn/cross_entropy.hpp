@@ -1,30 +1,45 @@
 #pragma once
-// Softmax cross-entropy of GPU logits: the mean loss and the correct count come back to the
-// host (one small copy per batch), the gradient stays on the GPU.
+// Softmax cross-entropy of GPU logits: the loss, the metric's sum and count, and the correct
+// count come back to the host (one small copy per batch), the gradient stays on the GPU. As the
+// host's ddp::nn::softmax_cross_entropy: unweighted, the mean over the batch; with a loader's
+// sample weights, the weighted sum divided by weights.divisor() (padding counts for nothing).
 #include <cstdint>
 #include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
 
+#include "ddp/core/sample_weights.hpp"
 #include "ddp/cuda/nn/kernels.hpp"
 #include "ddp/cuda/nn/matrix.hpp"
 
 namespace ddp::cuda::nn {
 
 struct cross_entropy_result {
-  double loss = 0.0;  // mean over the batch
-  matrix grad;        // d loss / d logits
-  std::size_t correct = 0;
+  double loss = 0.0;        // the loss `grad` is the gradient of
+  matrix grad;              // d loss / d logits
+  std::size_t correct = 0;  // right predictions among the counted samples (weight > 0)
+  double loss_sum = 0.0;    // sum over the samples of weight * loss: a metric's sum
+  double samples = 0.0;     // sum of the weights (the batch size when unweighted): a metric's count
 };
 
-inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels) {
+namespace detail {
+
+inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels,
+                                                  std::span<const float> weights, double divisor) {
   if (labels.size() != logits.rows())
     throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: " + std::to_string(logits.rows()) +
                                 " rows of logits but " + std::to_string(labels.size()) + " labels");
+  if (!weights.empty() && weights.size() != logits.rows())
+    throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: " + std::to_string(logits.rows()) +
+                                " rows of logits but " + std::to_string(weights.size()) +
+                                " sample weights (pass the batch's own weights)");
+  if (!(divisor > 0))
+    throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: the weights' divisor is " +
+                                std::to_string(divisor) + "; it must be positive");
   auto& dev = logits.device();
   const std::size_t n = logits.rows();
-  cross_entropy_result out{0.0, matrix(dev, n, logits.cols()), 0};
+  cross_entropy_result out{0.0, matrix(dev, n, logits.cols()), 0, 0.0, 0.0};
   // One allocation for the per-row results, so one copy brings them back: loss (double), then
   // correct flags, then the first bad label (int32).
   const std::size_t words = n + (n + 2) / 2 + 1;
@@ -34,8 +49,11 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
   auto* bad = correct + n;
   const std::int32_t none = -1;
   dev.copy_from_host(bad, &none, sizeof none);
-  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), n, logits.cols(), out.grad.data(), row_loss,
-                                       correct, bad, dev.stream()),
+  const auto device_weights = device_vector<float>::from_host(dev, weights);
+  const double inv_divisor = 1.0 / divisor;
+  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), weights.empty() ? nullptr : device_weights.data(),
+                                       inv_divisor, n, logits.cols(), out.grad.data(), row_loss, correct, bad,
+                                       dev.stream()),
         "softmax_cross_entropy kernel", dev.site());
   const auto host = scratch.to_host();
   const auto* host_correct = reinterpret_cast<const std::int32_t*>(host.data() + n);
@@ -43,10 +61,24 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
     throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: label " + std::to_string(b) + " outside [0, " +
                                 std::to_string(logits.cols()) + ")");
   for (std::size_t r = 0; r < n; ++r) {
-    out.loss += host[r];
-    out.correct += static_cast<std::size_t>(host_correct[r]);
+    const double weight = weights.empty() ? 1.0 : static_cast<double>(weights[r]);
+    out.loss += host[r] * (weight * inv_divisor);
+    out.loss_sum += host[r] * weight;
+    out.samples += weight;
+    if (weight > 0) out.correct += static_cast<std::size_t>(host_correct[r]);
   }
   return out;
+}
+
+}  // namespace detail
+
+inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels) {
+  return detail::softmax_cross_entropy(logits, labels, {}, static_cast<double>(logits.rows() ? logits.rows() : 1));
+}
+
+inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels,
+                                                  const sample_weights& weights) {
+  return detail::softmax_cross_entropy(logits, labels, weights.per_sample, weights.divisor());
 }
 
 }  // namespace ddp::cuda::nn

@@ -42,7 +42,11 @@ __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
   for (std::size_t i = first_index(); i < n; i += stride()) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-__global__ void add_i64_kernel(std::int64_t* x, std::int64_t v) { *x += v; }
+// One thread adds: the launch has a block of threads, and every one of them adding would add v
+// once per thread.
+__global__ void add_i64_kernel(std::int64_t* x, std::int64_t v) {
+  if (first_index() == 0) *x += v;
+}
 
 __global__ void column_moments_kernel(const float* x, std::size_t rows, std::size_t cols, double* m) {
   if (first_index() == 0) m[2 * cols] = static_cast<double>(rows);
@@ -121,10 +125,9 @@ __global__ void normalize_backward_input_kernel(const float* dy, const float* xh
   }
 }
 
-__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, std::size_t rows,
-                                             std::size_t cols, float* grad, double* loss, std::int32_t* correct,
-                                             std::int32_t* bad_label) {
-  const double inv_n = 1.0 / static_cast<double>(rows);
+__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, const float* weight,
+                                             double inv_divisor, std::size_t rows, std::size_t cols, float* grad,
+                                             double* loss, std::int32_t* correct, std::int32_t* bad_label) {
   for (std::size_t r = first_index(); r < rows; r += stride()) {
     const float* z = logits + r * cols;
     const std::int32_t label = labels[r];
@@ -141,10 +144,11 @@ __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int
     double sum = 0.0;
     for (std::size_t c = 0; c < cols; ++c) sum += exp(static_cast<double>(z[c] - zmax));
     const double log_sum = log(sum);
-    loss[r] = (log_sum - static_cast<double>(z[label] - zmax)) * inv_n;
+    loss[r] = log_sum - static_cast<double>(z[label] - zmax);
+    const double scale = (weight ? static_cast<double>(weight[r]) : 1.0) * inv_divisor;
     for (std::size_t c = 0; c < cols; ++c)
       grad[r * cols + c] =
-          static_cast<float>((exp(static_cast<double>(z[c] - zmax) - log_sum) - (c == static_cast<std::size_t>(label))) * inv_n);
+          static_cast<float>((exp(static_cast<double>(z[c] - zmax) - log_sum) - (c == static_cast<std::size_t>(label))) * scale);
     correct[r] = best == static_cast<std::size_t>(label);
   }
 }
@@ -197,10 +201,11 @@ cudaError_t normalize_backward_input(const float* dy, const float* xhat, const f
   DDP_NN_LAUNCH(rows * cols, normalize_backward_input_kernel, dy, xhat, gamma, inv_std, sums, count, batch_stats, dx,
                 rows, cols);
 }
-cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::size_t rows,
-                                  std::size_t cols, float* grad, double* loss, std::int32_t* correct,
-                                  std::int32_t* bad_label, cudaStream_t stream) {
-  DDP_NN_LAUNCH(rows, softmax_cross_entropy_kernel, logits, labels, rows, cols, grad, loss, correct, bad_label);
+cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* labels, const float* weight,
+                                  double inv_divisor, std::size_t rows, std::size_t cols, float* grad, double* loss,
+                                  std::int32_t* correct, std::int32_t* bad_label, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows, softmax_cross_entropy_kernel, logits, labels, weight, inv_divisor, rows, cols, grad, loss,
+                correct, bad_label);
 }
 
 #undef DDP_NN_LAUNCH

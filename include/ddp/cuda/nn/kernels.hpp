@@ -42,10 +42,11 @@ cudaError_t normalize_backward_input(const float* dy, const float* xhat, const f
                                      const double* sums, const double* count, bool batch_stats, float* dx,
                                      std::size_t rows, std::size_t cols, cudaStream_t);
 
-// Softmax cross-entropy per row: loss[r] (already divided by rows), grad of the mean loss,
-// correct[r] = argmax is the label; *bad_label = a row's label outside [0, cols), else -1 stays.
-cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::size_t rows,
-                                  std::size_t cols, float* grad, double* loss, std::int32_t* correct,
-                                  std::int32_t* bad_label, cudaStream_t);
+// Softmax cross-entropy per row: loss[r] (the row's own loss), grad of the sum over rows of
+// weight[r] * loss[r] * inv_divisor (weight null: every row weighs 1), correct[r] = argmax is
+// the label; *bad_label = a row's label outside [0, cols), else -1 stays.
+cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* labels, const float* weight,
+                                  double inv_divisor, std::size_t rows, std::size_t cols, float* grad, double* loss,
+                                  std::int32_t* correct, std::int32_t* bad_label, cudaStream_t);
 
 }  // namespace ddp::cuda::nn::kernels

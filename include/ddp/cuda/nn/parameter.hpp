@@ -71,10 +71,21 @@ class buffer {
  public:
   buffer(cuda::device& dev, std::string name, std::size_t n, T fill)
       : name_(std::move(name)), data_(device_vector<T>::from_host(dev, std::vector<T>(n, fill))) {}
-  T* data() noexcept { return data_.data(); }
-  const T* data() const noexcept { return data_.data(); }
+  // As ddp::nn::buffer: the buffer owns its version (pitfall P1); every write goes through
+  // write(), which bumps it.
+  const T* read() const noexcept { return data_.data(); }
+  T* write() noexcept {
+    version_.bump();
+    return data_.data();
+  }
+  // In forward, when backward will read the buffer; release once backward has read it.
+  const T* read_for_backward() {
+    version_.save_for_backward();
+    return data_.data();
+  }
+  void release_after_backward() { version_.release_saved(); }
+  const buffer_version& version() const noexcept { return version_; }
   std::vector<T> to_host() const { return data_.to_host(); }
-  buffer_version& version() noexcept { return version_; }
 
   buffer_ref ref(const std::string& prefix) {
     return {prefix + name_,
