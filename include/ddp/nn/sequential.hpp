@@ -69,16 +69,20 @@ class sequential {
     return h;
   }
 
-  void backward(const matrix_type& grad_output, const ready_sink& ready) {
+  // Returns the gradient with respect to the forward's input when compute_input_gradient() is
+  // on (the discriminator of a GAN hands it to the generator), an empty matrix otherwise.
+  matrix_type backward(const matrix_type& grad_output, const ready_sink& ready) {
     if (pending_ == 0)
       throw std::logic_error("ddp::nn::sequential: backward without a training forward");
     --pending_;
     matrix_type g = grad_output;
     for_each_layer_reverse([&](auto& l, std::size_t k) {
-      g = l.backward(g, /*need_dx=*/k > 0);
+      g = l.backward(g, /*need_dx=*/k > 0 || input_gradient_);
       for (std::size_t i = 0; i < l.params().size(); ++i) ready(first_param_[k] + i);
     });
+    return g;
   }
+  void compute_input_gradient(bool on = true) noexcept { input_gradient_ = on; }
 
   void bind_gradient(std::size_t index, float* storage) {
     with_parameter(index, [&](auto& p) { p.bind_gradient(storage); });
@@ -124,6 +128,7 @@ class sequential {
   std::size_t param_count_ = 0;
   std::size_t pending_ = 0;
   bool training_ = true;
+  bool input_gradient_ = false;
 };
 
 }  // namespace ddp::nn

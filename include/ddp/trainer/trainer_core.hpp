@@ -57,7 +57,9 @@ class trainer_core {
   class replica {
    public:
     output_type forward(const input_type& x) { return t_.forward(x); }
-    void backward(const output_type& grad_output) { t_.backward(grad_output); }
+    // Returns what the module's backward returns: nothing, or the gradient with respect to its
+    // input for a module asked for it (ddp::nn::sequential::compute_input_gradient).
+    decltype(auto) backward(const output_type& grad_output) { return t_.backward(grad_output); }
     Module& module() noexcept { return t_.module_; }
     int rank() const noexcept { return t_.comm_.rank(); }
 
@@ -120,6 +122,17 @@ class trainer_core {
     std::size_t shadowed = 0;
     while (shadow_step()) ++shadowed;
     return shadowed;
+  }
+
+  // Zeroes this rank's gradients (not collective). For a module whose backward also runs outside
+  // this trainer's steps: the discriminator of a GAN, which the generator's step backpropagates
+  // through, then holds gradients that are not its own step's (PyTorch: D.zero_grad()).
+  void zero_gradients() {
+    if (micro_batches_ != 0)
+      throw error("trainer", "zero_gradients", comm_.rank(),
+                  "called inside a step or after accumulate() without step(): it would discard " +
+                      std::to_string(micro_batches_) + " micro-batch(es) of gradients; call it between steps");
+    for (auto& bk : buckets_) zero_gradients(bk);
   }
 
   // Global sums of per-rank metrics (P6): every rank gets the same values.
@@ -322,6 +335,7 @@ class trainer_core {
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
     return guarded("step", [&]() -> decltype(auto) {
       final_ = final;
+      sent_ = false;
       ++micro_batches_;  // this one included, from its start: the control floats may go during its backward
       replica r(*this);
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
@@ -336,13 +350,18 @@ class trainer_core {
   }
 
   output_type forward(const input_type& x) {
+    if (sent_)  // its backward would add to gradients already on their way
+      throw error("trainer", "forward", comm_.rank(),
+                  "a forward after this step's last backward, whose gradients are already being reduced: "
+                  "run every forward of a step before its backwards (innermost first), or give each "
+                  "forward-backward pair its own accumulate() and end with step()");
     parts_.buffer_sync.before_forward(sync_context_);
     ++forwards_;
     ++tape_depth_;
     return module_.forward(x);
   }
 
-  void backward(const output_type& grad_output) {
+  decltype(auto) backward(const output_type& grad_output) {
     if (tape_depth_ == 0)
       throw error("trainer", "backward", comm_.rank(),
                   "backward without a pending forward in this step: call replica.forward "
@@ -350,12 +369,22 @@ class trainer_core {
     buffers_.check_saved(parts_.buffer_sync.name());
     const bool last = tape_depth_ == 1 && final_;
     if (last) begin_final_backward();
+    sent_ = sent_ || last;
     active_ = last;
     auto on_ready = [this](std::size_t i) { this->on_ready(i); };
-    module_.backward(grad_output, ready_sink(on_ready));
-    active_ = false;
-    --tape_depth_;
-    if (last) backward_done_ = clock::now();
+    auto done = [&] {
+      active_ = false;
+      --tape_depth_;
+      if (last) backward_done_ = clock::now();
+    };
+    if constexpr (std::is_void_v<decltype(module_.backward(grad_output, std::declval<const ready_sink&>()))>) {
+      module_.backward(grad_output, ready_sink(on_ready));
+      done();
+    } else {
+      auto input_gradient = module_.backward(grad_output, ready_sink(on_ready));
+      done();
+      return input_gradient;
+    }
   }
 
   void on_ready(std::size_t i) {
@@ -542,6 +571,7 @@ class trainer_core {
   // Per step.
   int tape_depth_ = 0;
   bool final_ = false;
+  bool sent_ = false;  // the step's last backward has begun: buckets go out as they fill
   bool active_ = false;
   std::size_t next_launch_ = 0;
   std::size_t micro_batches_ = 0;
