@@ -76,7 +76,7 @@ class progress_line {
 // deals it (in order, padded so every rank has as many images), the padding weighs nothing, and
 // the counts are reduced: exactly the 10,000 images, at any world size.
 template <class Platform, class Trainer>
-double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Platform::device& dev,
+ddp::metric test_accuracy(Trainer& trainer, typename Platform::model& m, typename Platform::device& dev,
                      const fashion_mnist& test) {
   using in_order = ddp::sampler::distributed<false, ddp::sampler::tail::pad>;
   const auto& comm = trainer.communicator();
@@ -89,7 +89,7 @@ double test_accuracy(Trainer& trainer, typename Platform::model& m, typename Pla
     correct.add(static_cast<double>(ce.correct), ce.samples);
   }
   m.train();
-  return trainer.reduce(correct).mean();
+  return trainer.reduce(correct);
 }
 
 // The sampler's part of training, kept out of the epoch loop's type: this rank's batches of the
@@ -129,12 +129,13 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
     progress.end_epoch();
     const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
     const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    const double acc = test_accuracy<Platform>(trainer, m, dev, test_set);
+    const ddp::metric test = test_accuracy<Platform>(trainer, m, dev, test_set);
     if (lead) {
-      epoch_record e{epoch, global[0].mean(), global[1].mean(), acc, epoch_seconds, global[0].count / epoch_seconds};
-      std::printf("epoch %d/%d: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%% (10,000 images), "
+      epoch_record e{epoch, global[0].mean(), global[1].mean(), test.mean(), epoch_seconds,
+                     global[0].count / epoch_seconds};
+      std::printf("epoch %d/%d: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%% (%.0f images), "
                   "%.1f s, %.0f samples/s\n",
-                  epoch, c.epochs, e.train_loss, 100 * e.train_accuracy, 100 * e.test_accuracy, e.seconds,
+                  epoch, c.epochs, e.train_loss, 100 * e.train_accuracy, 100 * e.test_accuracy, test.count, e.seconds,
                   e.samples_per_second);
       std::fflush(stdout);
       out.epochs.push_back(e);
