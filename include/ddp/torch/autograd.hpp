@@ -1,0 +1,43 @@
+#pragma once
+// What ddp::torch asks of libtorch beyond its stable C++ API, in one place: libtorch 1.13
+// (Debian's libtorch-dev) and 2.x keep both, but they live in torch::autograd::impl and
+// c10::TensorImpl, which is where a new release would move them.
+//
+//   after_gradient_accumulated(p, f)  f() runs each time autograd has accumulated p's gradient
+//                                     (a post hook on p's AccumulateGrad node, as PyTorch's own
+//                                     reducer registers; not a tensor hook, which fires before
+//                                     accumulation)
+//   bump_version(t)                   t's version counter goes up, as an in-place op would do,
+//                                     so autograd sees a write ddp made through raw memory
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <utility>
+
+namespace ddp::torch::detail {
+
+class post_accumulate_hook final : public ::torch::autograd::FunctionPostHook {
+ public:
+  explicit post_accumulate_hook(std::function<void()> f) : f_(std::move(f)) {}
+  ::torch::autograd::variable_list operator()(const ::torch::autograd::variable_list& outputs,
+                                              const ::torch::autograd::variable_list&) override {
+    f_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> f_;
+};
+
+// Returns the accumulator node: the caller keeps it alive (the tensor holds it only weakly).
+inline std::shared_ptr<::torch::autograd::Node> after_gradient_accumulated(const ::torch::Tensor& parameter,
+                                                                          std::function<void()> f) {
+  auto accumulator = ::torch::autograd::impl::grad_accumulator(parameter);
+  accumulator->add_post_hook(std::make_unique<post_accumulate_hook>(std::move(f)));
+  return accumulator;
+}
+
+inline void bump_version(const ::torch::Tensor& t) { t.unsafeGetTensorImpl()->bump_version(); }
+
+}  // namespace ddp::torch::detail
