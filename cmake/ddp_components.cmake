@@ -83,3 +83,17 @@ if(DDP_WITH_CUDA)
     message(STATUS "ddp: CUDA toolkit or nvcc not found; ddp::cuda and ddp::nccl are not built")
   endif()
 endif()
+
+#   ddp::torch  the libtorch adapter (include/ddp/torch): a torch::nn::Module as a ddp module.
+#               Debian's libtorch-dev (1.13, CPU), or any libtorch: -DTorch_DIR=<libtorch>/share/cmake/Torch
+if(DDP_WITH_TORCH)
+  find_package(Torch CONFIG QUIET)
+  if(Torch_FOUND)
+    ddp_component(torch ${TORCH_LIBRARIES})
+  elseif(DDP_REQUIRE_TORCH)
+    message(FATAL_ERROR "ddp: DDP_REQUIRE_TORCH is ON but libtorch was not found, so the ddp::torch tests would "
+                        "not run (Debian: apt-get install libtorch-dev)")
+  else()
+    message(STATUS "ddp: libtorch not found (Debian: libtorch-dev); ddp::torch is not built")
+  endif()
+endif()

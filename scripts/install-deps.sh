@@ -7,6 +7,7 @@ packages=(
   doctest-dev librange-v3-dev libcli11-dev libbenchmark-dev
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   openmpi-bin libopenmpi-dev
+  libtorch-dev
 )
 missing=()
 for p in "${packages[@]}"; do

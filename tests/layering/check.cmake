@@ -16,6 +16,7 @@ set(allowed_data core concepts nn)
 set(allowed_cuda core concepts comm host optim nn)
 set(allowed_nccl core concepts comm cuda)
 set(allowed_trainer core concepts comm optim policy sampler)
+set(allowed_torch core concepts)
 
 file(GLOB folders RELATIVE ${DDP_INCLUDE_DIR} ${DDP_INCLUDE_DIR}/*)
 set(problems "")

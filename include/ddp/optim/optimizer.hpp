@@ -48,6 +48,15 @@ struct slot {
   using default_policy = sgd;
 };
 
+// An optimizer that leaves the update to the caller (optim::external) declares
+//   static constexpr bool applies_update = false;
+// the trainer then neither updates the parameters nor zeroes the averaged gradients.
+template <class O>
+constexpr bool applies_update() {
+  if constexpr (requires { { O::applies_update } -> std::convertible_to<bool>; }) return O::applies_update;
+  else return true;
+}
+
 // The largest state a device kernel keeps per element.
 inline constexpr int max_state_slots = 3;
 

@@ -149,6 +149,7 @@ class module {
   }
 
   output_type forward(const input_type& x) {
+    publish_versions();  // the trainer synchronised buffers just before: autograd saves them as they are now
     for (auto& p : params_) rebind(p);
     auto y = net_->forward(x);
     if (net_->is_training()) {
@@ -169,7 +170,7 @@ class module {
     state_->ready = &ready;
     try {
       if (t.requires_grad())
-        const_cast<::torch::Tensor&>(t).backward();  // the loss
+        t.backward();  // the loss
       else
         entry.output.backward(t);  // the gradient of this forward's output
     } catch (const c10::Error& e) {

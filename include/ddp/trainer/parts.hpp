@@ -110,6 +110,7 @@ template <class Device>
 struct optimizer_part {
   virtual int state_slots() const noexcept = 0;
   virtual float& learning_rate() noexcept = 0;
+  virtual bool applies_update() const noexcept = 0;
   // The rule of each parameter's `step`-th update over `segments`; state slot k of an element at
   // state + k * stride + its offset.
   virtual void update(Device&, std::span<const segment> segments, const float* grad, float* state,
@@ -125,9 +126,11 @@ struct optimizer_adapter final : optimizer_part<Device> {
   O optimizer;
   int state_slots() const noexcept override { return O::state_slots; }
   float& learning_rate() noexcept override { return optimizer.lr; }
+  bool applies_update() const noexcept override { return optim::applies_update<O>(); }
   void update(Device& dev, std::span<const segment> segments, const float* grad, float* state, std::size_t stride,
               std::int64_t step) override {
-    dev.template elementwise<O::state_slots>(segments, grad, state, stride, optimizer.at(step));
+    if constexpr (optim::applies_update<O>())
+      dev.template elementwise<O::state_slots>(segments, grad, state, stride, optimizer.at(step));
   }
 };
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ddp/concepts/loader.hpp"
+#include "ddp/optim/external.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/buffer_sync.hpp"
@@ -152,6 +153,9 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
   using update_policy = typename policies::update;
   using typename core_type::communicator_type;
   using typename core_type::device_type;
+  static_assert(optim::applies_update<optimizer_type>() || !update_policy::gathers_parameters,
+                "ddp: optim::external leaves the update to your optimizer, which needs every parameter's averaged "
+                "gradient; under update::sharded a rank holds only its shard: use update::replicated");
 
   trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
           trainer_options options = {})

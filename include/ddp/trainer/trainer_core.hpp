@@ -509,8 +509,10 @@ class trainer_core {
     const float inv_micro = 1.0f / mean_micro_batches_;
     for (auto& bk : buckets_) {
       if (mean_micro_batches_ != 1.0f) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
-      apply_optimizer(bk);
-      zero_gradients(bk);
+      if (parts_.optimizer.applies_update()) {  // else the caller's optimizer steps, and zeroes
+        apply_optimizer(bk);
+        zero_gradients(bk);
+      }
       parts_.update.after_update(bk);
     }
     for (auto& bk : buckets_) parts_.update.finish(bk);
