@@ -16,10 +16,16 @@
 
 namespace {
 
-#if DDP_EXAMPLE_WITH_CUDA
+#if DDP_EXAMPLE_WITH_TORCH
+using platform = fmnist::torch_platform;
+constexpr const char* model_description = "a small CNN written in libtorch (two conv + batch norm + pool blocks, "
+                                          "dropout, two linear layers)";
+#elif DDP_EXAMPLE_WITH_CUDA
 using platform = fmnist::gpu_platform;
+constexpr const char* model_description = "a 784-512-512-10 MLP (batch_norm after each hidden layer)";
 #else
 using platform = fmnist::host_platform;
+constexpr const char* model_description = "a 784-512-512-10 MLP (batch_norm after each hidden layer)";
 #endif
 
 constexpr const char* gpu_build_hint =
@@ -51,8 +57,7 @@ void print_banner(const fmnist::config& c) {
 
 int main(int argc, char** argv) {
   fmnist::config c;
-  CLI::App app{"ddp example: data-parallel training of a 784-512-512-10 MLP (batch_norm after each hidden "
-               "layer) on Fashion-MNIST"};
+  CLI::App app{std::string("ddp example: data-parallel training of ") + model_description + " on Fashion-MNIST"};
   app.add_option("--ranks", c.ranks, "number of ranks (in-process threads; with --device cuda one GPU each)")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--epochs", c.epochs, "passes over the 60,000 training images")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--batch", c.batch, "batch size per rank (global batch = ranks x batch)")->check(CLI::Range(2, 60000))->capture_default_str();
@@ -76,7 +81,16 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
   // Each binary runs one platform; a flag value that belongs to another binary says which one.
-#if DDP_EXAMPLE_WITH_CUDA
+#if DDP_EXAMPLE_WITH_TORCH
+  app.add_option("--backend", c.backend,
+                 "communicator: inproc (ranks as threads of this process); started by mpirun/srun, the MPI "
+                 "processes are the ranks (mpi)")
+      ->check(CLI::IsMember({"inproc", "mpi"}))
+      ->capture_default_str();
+  app.add_option("--device", c.device, "device")
+      ->check(only("cpu", "this build trains on the CPU (Debian's libtorch is CPU-only; docs/torch.md)"))
+      ->capture_default_str();
+#elif DDP_EXAMPLE_WITH_CUDA
   c.backend = "nccl";
   c.device = "cuda";
   app.add_option("--backend", c.backend,
@@ -110,7 +124,7 @@ int main(int argc, char** argv) {
   try {
 #if DDP_EXAMPLE_WITH_MPI
     // The GPU build runs under mpirun/srun when started by one, else as in-process threads.
-#if DDP_EXAMPLE_WITH_CUDA
+#if DDP_EXAMPLE_WITH_CUDA || DDP_EXAMPLE_WITH_TORCH
     const bool under_mpi = ddp::mpi::placement_from_environment().has_value();
 #else
     const bool under_mpi = true;
@@ -118,6 +132,9 @@ int main(int argc, char** argv) {
 #else
     const bool under_mpi = false;
 #endif
+    if (c.backend == "mpi" && !under_mpi)
+      throw std::invalid_argument("--backend mpi: start this binary with mpirun -np N (or srun); each MPI process "
+                                  "is one rank");
     if (under_mpi) {
 #if DDP_EXAMPLE_WITH_MPI
       ddp::mpi::environment env(&argc, &argv);
@@ -126,12 +143,13 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("under mpirun the ranks are the MPI processes: --ranks " + std::to_string(c.ranks) +
                                     " but mpirun started " + std::to_string(world.size) + " (set -np instead)");
       c.ranks = world.size;
+      c.backend = "mpi";
       lead = world.rank == 0;
       if (lead) print_banner(c);
       run.template operator()<ddp::mpi::communicator>();
 #endif
     } else {
-#if !DDP_EXAMPLE_WITH_MPI || DDP_EXAMPLE_WITH_CUDA  // the CPU MPI binary has no in-process path
+#if !DDP_EXAMPLE_WITH_MPI || DDP_EXAMPLE_WITH_CUDA || DDP_EXAMPLE_WITH_TORCH  // the CPU MPI binary: none
       print_banner(c);
       run.template operator()<ddp::inproc::communicator>();
 #endif

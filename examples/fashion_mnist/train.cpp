@@ -2,7 +2,12 @@
 #include "train.hpp"
 
 namespace fmnist {
-#if DDP_EXAMPLE_WITH_CUDA
+#if DDP_EXAMPLE_WITH_TORCH
+template void run_with<ddp::inproc::communicator, torch_platform>(const config&, report&);
+#if DDP_EXAMPLE_WITH_MPI
+template void run_with<ddp::mpi::communicator, torch_platform>(const config&, report&);
+#endif
+#elif DDP_EXAMPLE_WITH_CUDA
 template void run_with<ddp::inproc::communicator, gpu_platform>(const config&, report&);
 #if DDP_EXAMPLE_WITH_MPI
 template void run_with<ddp::mpi::communicator, gpu_platform>(const config&, report&);

@@ -22,6 +22,9 @@
 #if DDP_EXAMPLE_WITH_CUDA
 #include "gpu_platform.hpp"
 #endif
+#if DDP_EXAMPLE_WITH_TORCH
+#include "torch_platform.hpp"
+#endif
 #include "ddp/ddp.hpp"
 
 namespace fmnist {

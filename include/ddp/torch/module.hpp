@@ -151,6 +151,10 @@ class module {
   output_type forward(const input_type& x) {
     publish_versions();  // the trainer synchronised buffers just before: autograd saves them as they are now
     for (auto& p : params_) rebind(p);
+    if (!net_->is_training()) {  // evaluation: no graph, nothing saved for a backward
+      ::torch::NoGradGuard no_grad;
+      return net_->forward(x);
+    }
     auto y = net_->forward(x);
     if (net_->is_training()) {
       std::vector<std::uint64_t> seen;
