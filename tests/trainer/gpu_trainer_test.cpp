@@ -180,3 +180,18 @@ TEST_CASE("a parameter in host memory is caught before the first collective, nam
   }
   CHECK(message.find("parameter 'layer.weight' lives on cpu but this rank's device is cuda:0") != std::string::npos);
 }
+
+TEST_CASE("cuda batch_norm counts one batch per training forward (num_batches_tracked), as the host's") {
+  ddp::cuda::device dev(0);
+  g::batch_norm bn(dev, 8);
+  ddp::nn::batch_norm host_bn(8);
+  const auto data = make_batches(3);
+  for (int k = 0; k < 3; ++k) {
+    ddp::nn::matrix x(16, 8);
+    for (std::size_t i = 0; i < x.data.size(); ++i) x.data[i] = data[static_cast<std::size_t>(k)].x.data[i % 96];
+    (void)bn.forward(g::matrix::from_host(dev, x), /*training=*/true);
+    (void)host_bn.forward(x, /*training=*/true);
+    CHECK(bn.batches_tracked() == k + 1);  // one kernel thread adds, not one per thread of its block
+    CHECK(host_bn.batches_tracked() == k + 1);
+  }
+}
