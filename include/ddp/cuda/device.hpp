@@ -26,9 +26,8 @@ class device {
   static constexpr device_kind kind = device_kind::cuda;
 
   explicit device(int ordinal = 0, int rank = -1) : site_{rank, ordinal}, stream_(select(site_)) {
-    int sms = 0;
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal), "cudaDeviceGetAttribute", site_);
-    limits_.max_blocks = sms * 8;  // 8 blocks of 256 threads fill an SM's 2048 threads
+    check(cudaDeviceGetAttribute(&limits_.multiprocessors, cudaDevAttrMultiProcessorCount, ordinal),
+          "cudaDeviceGetAttribute", site_);
   }
   device(const device&) = delete;
   device& operator=(const device&) = delete;

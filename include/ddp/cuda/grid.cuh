@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 #include "ddp/cuda/kernels.hpp"
 #include "ddp/cuda/segment_table.hpp"
@@ -46,12 +48,35 @@ __device__ __forceinline__ float4 map4(float4 a, F f) {
   return {f(a.x), f(a.y), f(a.z), f(a.w)};
 }
 
-// Enough blocks for one group (4 floats) per thread, at most the device's limit.
-inline unsigned blocks_for_groups(std::size_t groups, launch_limits limits) {
-  const std::size_t wanted = (groups + threads - 1) / threads;
-  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, static_cast<std::size_t>(limits.max_blocks)));
+// Blocks of `threads` that `kernel` keeps resident on one multiprocessor (its registers and shared
+// memory decide: AdamW's rule, with more registers than a copy, fits fewer), asked once per kernel.
+template <class Kernel>
+int resident_blocks_per_multiprocessor(Kernel kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, int> known;
+  const auto* key = reinterpret_cast<const void*>(kernel);
+  std::lock_guard lock(mutex);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0) != cudaSuccess || blocks < 1) {
+    (void)cudaGetLastError();  // the launch that follows reports a real problem
+    blocks = 1;
+  }
+  return known[key] = blocks;
 }
-inline unsigned blocks_for(std::size_t n, launch_limits limits) { return blocks_for_groups((n + 3) / 4, limits); }
+
+// Enough blocks for one group (4 floats) per thread, at most one wave of `kernel` on the device.
+template <class Kernel>
+unsigned blocks_for_groups(std::size_t groups, launch_limits limits, Kernel kernel) {
+  const std::size_t wanted = (groups + threads - 1) / threads;
+  const auto wave = static_cast<std::size_t>(resident_blocks_per_multiprocessor(kernel)) *
+                    static_cast<std::size_t>(std::max(limits.multiprocessors, 1));
+  return static_cast<unsigned>(std::clamp<std::size_t>(wanted, 1, wave));
+}
+template <class Kernel>
+unsigned blocks_for(std::size_t n, launch_limits limits, Kernel kernel) {
+  return blocks_for_groups((n + 3) / 4, limits, kernel);
+}
 
 // Launches kernel(table, args...) over `segments`, segment_table::capacity at a time.
 template <class Kernel, class... Args>
@@ -60,7 +85,7 @@ cudaError_t over_segments(const segment* segments, std::size_t count, launch_lim
   for (std::size_t begin = 0; begin < count; begin += segment_table::capacity) {
     const segment_table t = segment_table::of(segments + begin, count - begin);
     if (t.groups() == 0) continue;
-    kernel<<<blocks_for_groups(t.groups(), limits), threads, 0, stream>>>(t, args...);
+    kernel<<<blocks_for_groups(t.groups(), limits, kernel), threads, 0, stream>>>(t, args...);
   }
   return cudaGetLastError();
 }

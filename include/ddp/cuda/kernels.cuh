@@ -94,7 +94,8 @@ cudaError_t copy_segments(const segment* segments, std::size_t count, float* buc
 
 cudaError_t scale(float* x, std::size_t n, float factor, launch_limits limits, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  device_code::scale_kernel<<<device_code::blocks_for(n, limits), device_code::threads, 0, stream>>>(x, n, factor);
+  device_code::scale_kernel<<<device_code::blocks_for(n, limits, device_code::scale_kernel), device_code::threads, 0,
+                              stream>>>(x, n, factor);
   return cudaGetLastError();
 }
 
@@ -103,15 +104,18 @@ bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launc
   using namespace device_code;
   status = cudaSuccess;
   if (n == 0) return true;
-  const unsigned blocks = blocks_for(n, limits);
+  // Each conversion's grid from its own kernel's occupancy.
+  auto launch = [&]<class From, class To>(const From* in, To* out) {
+    cast_kernel<<<blocks_for(n, limits, cast_kernel<From, To>), threads, 0, stream>>>(in, out, n);
+  };
   if (from == dtype::f32 && to == dtype::f16)
-    cast_kernel<<<blocks, threads, 0, stream>>>(static_cast<const float*>(src), static_cast<__half*>(dst), n);
+    launch(static_cast<const float*>(src), static_cast<__half*>(dst));
   else if (from == dtype::f32 && to == dtype::bf16)
-    cast_kernel<<<blocks, threads, 0, stream>>>(static_cast<const float*>(src), static_cast<__nv_bfloat16*>(dst), n);
+    launch(static_cast<const float*>(src), static_cast<__nv_bfloat16*>(dst));
   else if (from == dtype::f16 && to == dtype::f32)
-    cast_kernel<<<blocks, threads, 0, stream>>>(static_cast<const __half*>(src), static_cast<float*>(dst), n);
+    launch(static_cast<const __half*>(src), static_cast<float*>(dst));
   else if (from == dtype::bf16 && to == dtype::f32)
-    cast_kernel<<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), static_cast<float*>(dst), n);
+    launch(static_cast<const __nv_bfloat16*>(src), static_cast<float*>(dst));
   else
     return false;
   status = cudaGetLastError();

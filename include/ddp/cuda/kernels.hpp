@@ -14,8 +14,11 @@
 namespace ddp::cuda::kernels {
 
 // How wide a launch may go: blocks per grid-stride kernel (a few waves of the device's SMs).
+// What sizes a grid: the device's multiprocessors. Each kernel's grid is as many blocks as fit
+// resident on them at once (its occupancy, from its registers and shared memory), so a
+// grid-stride kernel runs in one wave.
 struct launch_limits {
-  int max_blocks = 1024;
+  int multiprocessors = 128;
 };
 
 enum class direction { pack, unpack };
