@@ -48,6 +48,19 @@ TEST_CASE("cuda scale equals the host's, aligned and misaligned, with a tail") {
   }
 }
 
+TEST_CASE("cuda sum_of_squares (gradient clipping's norm) is the host's within rounding, and the same bits every run") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  for (std::size_t n : {1u, 1000u, 1'000'003u}) {
+    CAPTURE(n);
+    const auto x = random_floats(n, 3);
+    const auto d = dvec::from_host(dev, x);
+    const double gpu = dev.sum_of_squares(d.data(), n);
+    CHECK(gpu == doctest::Approx(host.sum_of_squares(x.data(), n)).epsilon(1e-12));
+    CHECK(dev.sum_of_squares(d.data(), n) == gpu);  // a fixed order: no atomics
+  }
+}
+
 TEST_CASE("cuda pack and unpack move every segment, and skip one already in place") {
   ddp::cuda::device dev(0);
   const std::vector<std::size_t> counts{1, 5, 4096, 3, 100'001};

@@ -11,6 +11,8 @@
 //   void copy_to_host(void* host_dst, const void* src, std::size_t bytes);  returns when done
 //   void fill_zero(void* dst, std::size_t bytes);
 //   void scale(float* x, std::size_t n, float factor);
+//   double sum_of_squares(const float* x, std::size_t n);   returns when done; the same bits on
+//                                                           every run (gradient clipping's norm)
 //   void pack(std::span<const segment>, float* bucket);       bucket[offset..] = *tensor
 //   void unpack(std::span<const segment>, const float* bucket);  *tensor = bucket[offset..]
 //   void cast(ddp::const_buffer src, ddp::mutable_buffer dst);  f32 <-> f16 / bf16, same count
@@ -55,6 +57,7 @@ concept has_bucket_kernels =
     requires(D& d, float* x, const float* cx, std::size_t n, std::span<const segment> segs,
              const_buffer src, mutable_buffer dst) {
       d.scale(x, n, 1.0f);
+      { d.sum_of_squares(cx, n) } -> std::convertible_to<double>;
       d.pack(segs, x);
       d.unpack(segs, cx);
       d.cast(src, dst);
@@ -90,7 +93,7 @@ consteval bool diagnose_device() {
                 "ddp: the device lacks one of allocate, deallocate, copy, copy_from_host, "
                 "copy_to_host, fill_zero (see ddp/concepts/device.hpp)");
   static_assert(r::has_bucket_kernels<D>,
-                "ddp: the device lacks one of the bucket kernels scale, pack, unpack, cast");
+                "ddp: the device lacks one of the bucket kernels scale, sum_of_squares, pack, unpack, cast");
   static_assert(r::has_elementwise<D>,
                 "ddp: the device lacks `template <int S, class Rule> void elementwise(std::span<const "
                 "ddp::segment>, const float* grad, float* state, std::size_t stride, const Rule&)` (runs an "

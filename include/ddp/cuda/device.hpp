@@ -33,6 +33,7 @@ class device {
   device& operator=(const device&) = delete;
   ~device() {
     if (blas_) cublasDestroy(blas_);
+    deallocate(reduction_scratch_, 0);
   }
 
   device_id id() const noexcept { return device_id::cuda(site_.device); }
@@ -82,6 +83,18 @@ class device {
   void scale(float* x, std::size_t n, float factor) {
     activate();
     check(kernels::scale(x, n, factor, limits_, stream()), "scale kernel", site_);
+  }
+  // Waits for the queue: the sum comes back to the host.
+  double sum_of_squares(const float* x, std::size_t n) {
+    activate();
+    if (!reduction_scratch_)
+      reduction_scratch_ = static_cast<double*>(allocate((kernels::sum_of_squares_blocks + 1) * sizeof(double)));
+    check(kernels::sum_of_squares(x, n, reduction_scratch_, reduction_scratch_ + kernels::sum_of_squares_blocks,
+                                  stream()),
+          "sum_of_squares kernel", site_);
+    double result = 0.0;
+    copy_to_host(&result, reduction_scratch_ + kernels::sum_of_squares_blocks, sizeof result);
+    return result;
   }
   void pack(std::span<const segment> s, float* bucket) { copy_segments(s, bucket, kernels::direction::pack); }
   void unpack(std::span<const segment> s, const float* bucket) {
@@ -150,6 +163,7 @@ class device {
   cuda::stream stream_;
   kernels::launch_limits limits_;
   cublasHandle_t blas_ = nullptr;
+  double* reduction_scratch_ = nullptr;  // sum_of_squares: per-block partials, then the result
 };
 
 static_assert(diagnose_device<device>());

@@ -63,6 +63,33 @@ struct alignas(4 * sizeof(T)) quad {
   T v[4];
 };
 
+// Sums of squares in a fixed order: each thread its grid-stride elements, then a tree over the
+// block's threads in shared memory.
+__device__ __forceinline__ double block_sum(double v) {
+  __shared__ double lane[threads];
+  lane[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned half = threads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) lane[threadIdx.x] += lane[threadIdx.x + half];
+    __syncthreads();
+  }
+  return lane[0];
+}
+
+__global__ void sum_of_squares_kernel(const float* x, std::size_t n, double* partials) {
+  double s = 0.0;
+  for (std::size_t i = first_thread(); i < n; i += grid_threads()) s += static_cast<double>(x[i]) * x[i];
+  const double block = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = block;
+}
+
+__global__ void sum_partials_kernel(const double* partials, unsigned count, double* result) {
+  double s = 0.0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) *result = total;
+}
+
 template <class From, class To>
 __global__ void cast_kernel(const From* src, To* dst, std::size_t n) {
   const bool vectorized = (reinterpret_cast<std::uintptr_t>(src) % sizeof(quad<From>)) == 0 &&
@@ -96,6 +123,15 @@ cudaError_t scale(float* x, std::size_t n, float factor, launch_limits limits, c
   if (n == 0) return cudaSuccess;
   device_code::scale_kernel<<<device_code::blocks_for(n, limits, device_code::scale_kernel), device_code::threads, 0,
                               stream>>>(x, n, factor);
+  return cudaGetLastError();
+}
+
+cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, double* result, cudaStream_t stream) {
+  using namespace device_code;
+  const unsigned blocks = static_cast<unsigned>(
+      std::clamp<std::size_t>((n + threads - 1) / threads, 1, sum_of_squares_blocks));
+  sum_of_squares_kernel<<<blocks, threads, 0, stream>>>(x, n, partials);
+  sum_partials_kernel<<<1, threads, 0, stream>>>(partials, blocks, result);
   return cudaGetLastError();
 }
 

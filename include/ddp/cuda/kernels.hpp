@@ -28,6 +28,10 @@ cudaError_t copy_segments(const segment* segments, std::size_t count, float* buc
                           launch_limits, cudaStream_t);
 // x[i] *= factor
 cudaError_t scale(float* x, std::size_t n, float factor, launch_limits, cudaStream_t);
+// *result = the sum of x[i]^2 in double, in a fixed order (each block's part into partials[b],
+// then one block sums those): the same bits on every run. partials holds sum_of_squares_blocks.
+inline constexpr unsigned sum_of_squares_blocks = 256;
+cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, double* result, cudaStream_t);
 // f32 <-> f16 / bf16, n elements; false (nothing launched) for another pair of dtypes.
 bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launch_limits, cudaStream_t,
           cudaError_t& status);

@@ -39,6 +39,7 @@ class device {
   }
 
   void scale(float* x, std::size_t n, float factor) { host::scale(x, n, factor); }
+  double sum_of_squares(const float* x, std::size_t n) { return host::sum_of_squares(x, n); }
   void pack(std::span<const segment> s, float* bucket) { host::pack(s, bucket); }
   void unpack(std::span<const segment> s, const float* bucket) { host::unpack(s, bucket); }
 

@@ -55,6 +55,17 @@ DDP_VECTORIZE inline void scale(float* DDP_RESTRICT x, std::size_t n, float fact
   for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+// The sum of x[i]^2 in double, in a fixed order (four running sums, then theirs): the same bits
+// on every run and every rank.
+inline double sum_of_squares(const float* x, std::size_t n) {
+  double s[4] = {0, 0, 0, 0};
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (; i < n; ++i) s[0] += static_cast<double>(x[i]) * x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 // x /= divisor. A floating-point divisor that is a power of two has an exact reciprocal, and
 // multiplying by it gives the quotient's bits: a multiply costs a fraction of a divide.
 // 1 / divisor when it is exact: a power of two whose reciprocal is finite (not past the

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -123,6 +124,20 @@ class trainer_core {
     while (shadow_step()) ++shadowed;
     return shadowed;
   }
+
+  // Gradient clipping by global norm: from the next step on, the averaged gradient of the whole
+  // model (every bucket, every rank's shard under update::sharded) is scaled by
+  // max_norm / (norm + 1e-6) when its norm exceeds max_norm, before the optimizer runs, as
+  // torch.nn.utils.clip_grad_norm_ does on one process. 0 turns it off (the default).
+  void clip_gradient_norm(float max_norm) {
+    if (!(max_norm >= 0.0f))
+      throw error("trainer", "clip_gradient_norm", comm_.rank(),
+                  "max_norm is " + std::to_string(max_norm) + "; give a positive norm, or 0 to stop clipping");
+    max_gradient_norm_ = max_norm;
+  }
+  // The last step's averaged-gradient norm before clipping (0 until a step clipped, or while
+  // clipping is off: it costs a pass over the gradients).
+  double gradient_norm() const noexcept { return gradient_norm_; }
 
   // Zeroes this rank's gradients (not collective). For a module whose backward also runs outside
   // this trainer's steps: the discriminator of a GAN, which the generator's step backpropagates
@@ -507,8 +522,10 @@ class trainer_core {
 
   void finish_update() {
     const float inv_micro = 1.0f / mean_micro_batches_;
+    if (mean_micro_batches_ != 1.0f)
+      for (auto& bk : buckets_) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
+    if (max_gradient_norm_ > 0.0f) clip_gradients();
     for (auto& bk : buckets_) {
-      if (mean_micro_batches_ != 1.0f) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
       if (parts_.optimizer.applies_update()) {  // else the caller's optimizer steps, and zeroes
         apply_optimizer(bk);
         zero_gradients(bk);
@@ -551,6 +568,20 @@ class trainer_core {
     }
   }
 
+  // The norm of the whole averaged gradient: under a sharded update each rank holds a disjoint
+  // shard of it, so the shards' sums of squares are summed over the ranks (one small all-reduce).
+  void clip_gradients() {
+    double sum = 0.0;
+    for (auto& bk : buckets_) sum += device_.sum_of_squares(bk.grads.data() + bk.shard_begin, bk.shard);
+    if (comm_.size() > 1 && parts_.update.gathers_parameters())
+      detail::host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
+    gradient_norm_ = std::sqrt(sum);
+    const double coefficient = static_cast<double>(max_gradient_norm_) / (gradient_norm_ + 1e-6);  // as PyTorch's
+    if (coefficient >= 1.0) return;
+    for (auto& bk : buckets_)
+      device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, static_cast<float>(coefficient));
+  }
+
   void zero_gradients(bucket& bk) {
     if constexpr (binds)
       device_.fill_zero(bk.grads.data(), bk.numel * sizeof(float));
@@ -574,6 +605,8 @@ class trainer_core {
   int tape_depth_ = 0;
   bool final_ = false;
   bool sent_ = false;  // the step's last backward has begun: buckets go out as they fill
+  float max_gradient_norm_ = 0.0f;  // 0: no clipping
+  double gradient_norm_ = 0.0;
   bool active_ = false;
   std::size_t next_launch_ = 0;
   std::size_t micro_batches_ = 0;
