@@ -26,14 +26,15 @@
 #include "torch_platform.hpp"
 #endif
 #include "ddp/ddp.hpp"
+#include "ddp/optim/schedule.hpp"
 
 namespace fmnist {
 
 using ddp::data::fashion_mnist;
-inline float learning_rate(const config& c, std::size_t step, std::size_t total) {
-  if (c.schedule == "constant") return c.lr;
-  // cosine decay to zero over the whole run
-  return c.lr * 0.5f * (1.0f + std::cos(std::numbers::pi_v<float> * static_cast<float>(step) / static_cast<float>(total)));
+// The flags' schedule, as a multiplier of --lr at each step.
+inline std::function<float(std::size_t)> lr_schedule(const config& c, std::size_t total) {
+  if (c.schedule == "constant") return ddp::schedule::constant{};
+  return ddp::schedule::cosine(total);  // down to zero over the whole run
 }
 
 class progress_line {
@@ -109,6 +110,7 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
   const bool lead = comm.rank() == 0;
   progress_line progress(lead && c.progress);
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
+  const auto schedule = lr_schedule(c, total_steps);
   const auto start = std::chrono::steady_clock::now();
   std::size_t step = 0;
   for (int epoch = 1; epoch <= c.epochs; ++epoch) {
@@ -116,7 +118,7 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
     ddp::metric loss, accuracy;
     const auto batches = next_epoch();
     for (std::size_t i = 0; i < batches.size(); ++i, ++step) {
-      trainer.learning_rate() = learning_rate(c, step, total_steps);
+      trainer.learning_rate() = c.lr * schedule(step);
       const auto& b = batches[i];
       trainer.step([&](auto& replica) {
         auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y, b.weights);

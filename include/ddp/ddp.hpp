@@ -16,4 +16,5 @@
 #include "ddp/comm/collectives.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "ddp/optim/schedule.hpp"
 #include "ddp/trainer/trainer.hpp"
