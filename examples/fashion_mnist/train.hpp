@@ -76,24 +76,16 @@ class progress_line {
   std::chrono::steady_clock::time_point last_{};
 };
 
-// Accuracy over the full test set: each rank evaluates its share as the distributed sampler
-// deals it (in order, padded so every rank has as many images), the padding weighs nothing, and
-// the counts are reduced: exactly the 10,000 images, at any world size.
+// Accuracy over the full test set: trainer.evaluate deals each rank its share (in order, padded
+// so every rank has as many images, the padding weighing nothing) and sums the counts over the
+// ranks: exactly the 10,000 images, at any world size, in evaluation mode.
 template <class Platform, class Trainer>
-ddp::metric test_accuracy(Trainer& trainer, typename Platform::model& m, typename Platform::device& dev,
-                     const fashion_mnist& test) {
-  using in_order = ddp::sampler::distributed<false, ddp::sampler::tail::pad>;
-  const auto& comm = trainer.communicator();
-  const auto shard = ddp::sampler::make_shard<in_order>(test.size(), comm.rank(), comm.size(), 0, 0);
-  trainer.synchronize_buffers();  // every rank evaluates with the same running statistics
-  m.eval();
-  ddp::metric correct;
-  for (const auto& b : ddp::data::loader(test, 500, &fashion_mnist::collate).batches(shard)) {
-    auto ce = Platform::loss(dev, m.forward(Platform::input(dev, b.x)), b.y, b.weights);
-    correct.add(static_cast<double>(ce.correct), ce.samples);
-  }
-  m.train();
-  return trainer.reduce(correct);
+ddp::metric test_accuracy(Trainer& trainer, typename Platform::device& dev, const fashion_mnist& test) {
+  const ddp::data::loader loader(test, 500, &fashion_mnist::collate);
+  return trainer.evaluate(loader, [&](const auto& b) {
+    auto ce = Platform::loss(dev, trainer.module().forward(Platform::input(dev, b.x)), b.y, b.weights);
+    return ddp::metric{static_cast<double>(ce.correct), ce.samples};
+  });
 }
 
 // The sampler's part of training, kept out of the epoch loop's type: this rank's batches of the
@@ -134,7 +126,7 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
     progress.end_epoch();
     const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
     const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-    const ddp::metric test = test_accuracy<Platform>(trainer, m, dev, test_set);
+    const ddp::metric test = test_accuracy<Platform>(trainer, dev, test_set);
     if (lead) {
       epoch_record e{epoch, global[0].mean(), global[1].mean(), test.mean(), epoch_seconds,
                      global[0].count / epoch_seconds};

@@ -163,3 +163,37 @@ TEST_CASE("unweighted, the padding would count: the weights are what makes pad e
     CHECK(unweighted == 12);
   }
 }
+
+TEST_CASE("trainer.evaluate: every sample counted once at any world size, in evaluation mode, mode restored") {
+  for (std::size_t n : {10, 11, 7}) {
+    const points data(n);
+    std::vector<double> correct_by_world;
+    for (int world : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      CAPTURE(world);
+      const auto results = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+        test::mlp model = test::make_mlp(5);
+        ddp::host::device dev;
+        ddp::trainer<test::mlp> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+        const ddp::data::loader loader(data, 2, &points::collate);
+        bool evaluated_in_eval_mode = true;
+        const auto metrics = trainer.evaluate(loader, [&](const auto& b) {
+          evaluated_in_eval_mode = evaluated_in_eval_mode && !model.training();
+          const auto ce = ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y, b.weights);
+          return std::array<ddp::metric, 2>{ddp::metric{ce.loss_sum, ce.samples},
+                                            ddp::metric{static_cast<double>(ce.correct), ce.samples}};
+        });
+        CHECK(evaluated_in_eval_mode);
+        CHECK(model.training());  // restored
+        return metrics;
+      });
+      for (const auto& m : results) {
+        CHECK(m[0].count == static_cast<double>(n));
+        CHECK(m[1].count == static_cast<double>(n));
+        CHECK(m[1].sum == results[0][1].sum);
+      }
+      correct_by_world.push_back(results[0][1].sum);
+    }
+    for (double c : correct_by_world) CHECK(c == correct_by_world[0]);  // the same samples, the same model
+  }
+}

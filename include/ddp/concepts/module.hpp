@@ -24,6 +24,9 @@
 //        // updated parameters there, so nothing is copied after the gather.
 //   Both: storage == nullptr gives the module its own storage back (the contents copied
 //   there); a trainer does that when it is destroyed, before its buckets go.
+//   void eval();  void train(bool on = true);  bool training() const;
+//        // evaluation mode: forward saves nothing for a backward and layers such as batch_norm
+//        // use their running statistics; trainer.evaluate() switches to it and back.
 //
 // Example: ddp::nn::sequential (include/ddp/nn/sequential.hpp) models this concept.
 #include <concepts>

@@ -117,6 +117,7 @@ class module {
   Net& net() noexcept { return net_; }
   void train(bool on = true) { net_->train(on); }
   void eval() { net_->train(false); }
+  bool training() const { return net_->is_training(); }
 
   std::vector<parameter_ref> parameters() {
     std::vector<parameter_ref> refs;

@@ -1,6 +1,8 @@
 #pragma once
 // Metrics for logging (pitfall P6): sums and counts reduced over every rank, so rank 0 logs the
 // global mean instead of its own shard's.
+#include <array>
+#include <cstddef>
 #include <string>
 
 namespace ddp {
@@ -15,6 +17,14 @@ struct metric {
   }
   double mean() const { return count > 0 ? sum / count : 0.0; }
 };
+
+namespace detail {
+inline void add_metrics(metric& total, const metric& m) { total.add(m.sum, m.count); }
+template <std::size_t N>
+void add_metrics(std::array<metric, N>& total, const std::array<metric, N>& m) {
+  for (std::size_t i = 0; i < N; ++i) total[i].add(m[i].sum, m[i].count);
+}
+}  // namespace detail
 
 // How much of one step's gradient reduction ran while backward was still computing. `measured` is
 // false when the communicator's work handles carry no timing (ddp::timed_work_handle: NCCL's run

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -24,6 +25,7 @@
 
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
+#include "ddp/concepts/loader.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/module.hpp"
 #include "ddp/trainer/bucket.hpp"
@@ -34,6 +36,7 @@
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/signature.hpp"
 #include "ddp/trainer/storage_return.hpp"
+#include "ddp/sampler/sampler.hpp"
 
 namespace ddp {
 
@@ -164,6 +167,39 @@ class trainer_core {
   // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
   // same running statistics (buffer_sync::none leaves each rank's own). Collective.
   void synchronize_buffers() { parts_.buffer_sync.synchronize(sync_context_); }
+
+  // A reduced evaluation over a whole data set (a test set), every sample counted once at any
+  // world size: each rank takes its share as sampler::distributed<false, tail::pad> deals it,
+  // in order, the padding weighing nothing, and the metrics are summed over the ranks.
+  // per_batch(batch) returns a ddp::metric or a std::array of them (sums and counts, each sample
+  // weighted by batch.weights: ddp::nn::softmax_cross_entropy's loss_sum, correct and samples).
+  // The buffers are synchronised first, so every rank evaluates with the same running statistics,
+  // and a module with train()/eval() evaluates in evaluation mode (forward saves nothing for a
+  // backward; batch_norm uses its running statistics), its mode restored after. Collective.
+  template <class Loader, class F>
+  auto evaluate(const Loader& loader, F&& per_batch) {
+    static_assert(loader_requirements::has_shard_batches<Loader>,
+                  "ddp: evaluate() needs a loader with batches(const ddp::shard&), whose batches carry the "
+                  "padding's weights (ddp::data::loader has it)");
+    using in_order = sampler::distributed<false, sampler::tail::pad>;
+    const auto shard = sampler::make_shard<in_order>(loader.dataset_size(), comm_.rank(), comm_.size(), 0, 0);
+    synchronize_buffers();
+    constexpr bool has_modes = requires { module_.eval(); module_.train(true); };
+    bool was_training = true;
+    if constexpr (requires { { module_.training() } -> std::convertible_to<bool>; }) was_training = module_.training();
+    if constexpr (has_modes) module_.eval();
+    using batch_reference = std::ranges::range_reference_t<decltype(loader.batches(shard))>;
+    using result_type = std::remove_cvref_t<std::invoke_result_t<F&, batch_reference>>;
+    result_type total{};
+    try {
+      for (const auto& b : loader.batches(shard)) detail::add_metrics(total, per_batch(b));
+    } catch (...) {
+      if constexpr (has_modes) module_.train(was_training);
+      throw;
+    }
+    if constexpr (has_modes) module_.train(was_training);
+    return reduce(total);
+  }
 
   Module& module() noexcept { return module_; }
   Comm& communicator() noexcept { return comm_; }
