@@ -12,6 +12,7 @@
 
 #include "ddp/core/segment.hpp"
 #include "ddp/optim/optimizer.hpp"
+#include "ddp/optim/parameter_group.hpp"
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/buffer_sync.hpp"
 #include "ddp/policy/unused_params.hpp"
@@ -111,10 +112,12 @@ struct optimizer_part {
   virtual int state_slots() const noexcept = 0;
   virtual float& learning_rate() noexcept = 0;
   virtual bool applies_update() const noexcept = 0;
+  virtual bool has_weight_decay() const noexcept = 0;
   // The rule of each parameter's `step`-th update over `segments`; state slot k of an element at
   // state + k * stride + its offset.
+  // group: a parameter group's options over the optimizer's (nullptr: the optimizer's own).
   virtual void update(Device&, std::span<const segment> segments, const float* grad, float* state,
-                      std::size_t stride, std::int64_t step) = 0;
+                      std::size_t stride, std::int64_t step, const optim::parameter_group* group) = 0;
 
  protected:
   ~optimizer_part() = default;
@@ -127,10 +130,20 @@ struct optimizer_adapter final : optimizer_part<Device> {
   int state_slots() const noexcept override { return O::state_slots; }
   float& learning_rate() noexcept override { return optimizer.lr; }
   bool applies_update() const noexcept override { return optim::applies_update<O>(); }
+  bool has_weight_decay() const noexcept override { return requires(O& o) { o.weight_decay = 0.0f; }; }
   void update(Device& dev, std::span<const segment> segments, const float* grad, float* state, std::size_t stride,
-              std::int64_t step) override {
-    if constexpr (optim::applies_update<O>())
-      dev.template elementwise<O::state_slots>(segments, grad, state, stride, optimizer.at(step));
+              std::int64_t step, const optim::parameter_group* group) override {
+    if constexpr (optim::applies_update<O>()) {
+      if (!group) {
+        dev.template elementwise<O::state_slots>(segments, grad, state, stride, optimizer.at(step));
+        return;
+      }
+      O grouped = optimizer;
+      grouped.lr *= group->lr_scale;
+      if constexpr (requires(O& o) { o.weight_decay = 0.0f; })
+        if (group->weight_decay) grouped.weight_decay = *group->weight_decay;
+      dev.template elementwise<O::state_slots>(segments, grad, state, stride, grouped.at(step));
+    }
   }
 };
 

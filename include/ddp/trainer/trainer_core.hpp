@@ -142,6 +142,29 @@ class trainer_core {
   // clipping is off: it costs a pass over the gradients).
   double gradient_norm() const noexcept { return gradient_norm_; }
 
+  // Optimizer options for the parameters whose name `select` accepts (their dotted names, as
+  // errors print them): a learning-rate multiplier, a weight decay of their own. A later group
+  // overrides an earlier one where both select a parameter. Returns how many it selected; one
+  // that selects none is an error listing a few names. Call it on every rank alike (each rank
+  // updates with its own copy of the options).
+  std::size_t set_parameter_group(const optim::parameter_selector& select, const optim::parameter_group& group) {
+    if (group.weight_decay && !parts_.optimizer.has_weight_decay())
+      throw error("trainer", "set_parameter_group", comm_.rank(),
+                  "the group sets weight_decay, but the optimizer has no `float weight_decay` member to replace");
+    if (group_of_.empty()) group_of_.assign(params_.size(), 0);
+    groups_.push_back(group);
+    std::size_t selected = 0;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (select(params_[i].name)) group_of_[i] = groups_.size(), ++selected;
+    if (selected == 0) {
+      std::string names;
+      for (std::size_t i = 0; i < params_.size() && i < 4; ++i) names += (i ? ", '" : "'") + params_[i].name + "'";
+      throw error("trainer", "set_parameter_group", comm_.rank(),
+                  "the selector matched no parameter; the names are like " + names);
+    }
+    return selected;
+  }
+
   // Zeroes this rank's gradients (not collective). For a module whose backward also runs outside
   // this trainer's steps: the discriminator of a GAN, which the generator's step backpropagates
   // through, then holds gradients that are not its own step's (PyTorch: D.zero_grad()).
@@ -584,9 +607,11 @@ class trainer_core {
   // Updates this rank's shard of the bucket (all of it when replicated); segment offsets, and
   // the gradient and state pointers, count from the shard's start. Parameters with the same
   // update count share one call (AdamW's bias correction counts per parameter, as PyTorch).
+  // One update call per run of segments with the same step count and parameter group.
   void apply_optimizer(bucket& bk) {
     std::vector<segment> segs;
     std::vector<std::int64_t> counts;
+    std::vector<std::size_t> groups;
     for (const auto i : bk.params) {
       if (!update_[i]) continue;
       const auto count = ++update_counts_[i];
@@ -595,12 +620,13 @@ class trainer_core {
       if (part.count == 0) continue;
       segs.push_back(part);
       counts.push_back(count);
+      groups.push_back(group_of_.empty() ? 0 : group_of_[i]);
     }
     const float* grad = bk.grads.data() + bk.shard_begin;
     for (std::size_t begin = 0, end; begin < segs.size(); begin = end) {
-      for (end = begin + 1; end < segs.size() && counts[end] == counts[begin];) ++end;
+      for (end = begin + 1; end < segs.size() && counts[end] == counts[begin] && groups[end] == groups[begin];) ++end;
       parts_.optimizer.update(device_, std::span(segs).subspan(begin, end - begin), grad, bk.state.data(), bk.shard,
-                              counts[begin]);
+                              counts[begin], groups[begin] ? &groups_[groups[begin] - 1] : nullptr);
     }
   }
 
@@ -656,6 +682,8 @@ class trainer_core {
   // Across steps.
   std::vector<char> update_;  // the optimizer updates parameter i (the unused-parameter rule's say)
   std::vector<std::int64_t> update_counts_;
+  std::vector<optim::parameter_group> groups_;  // set_parameter_group's, in order
+  std::vector<std::size_t> group_of_;            // per parameter: 0, or 1 + its index in groups_
   std::uint64_t steps_ = 0;
   overlap_timing overlap_;
   std::optional<std::string> broken_;

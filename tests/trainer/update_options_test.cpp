@@ -1,0 +1,169 @@
+// Options of the update step: gradient clipping by global norm (after the reduction, before the
+// update) and parameter groups (optimizer options per parameter), each equal to the same done on
+// one process over the global batch, under replicated and sharded updates.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "ddp/ddp.hpp"
+#include "trainer/test_model.hpp"
+
+namespace {
+
+constexpr std::size_t per_rank_batch = 8;
+constexpr int steps = 4;
+constexpr float max_norm = 0.3f;  // below the largest norm here (about 0.44): steps clip
+const ddp::optim::sgd sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = false};
+
+struct run {
+  std::vector<std::vector<float>> params;
+  std::vector<double> norms;  // before clipping, per step
+};
+
+// One process on the global batch, clipping its own gradient as torch.nn.utils.clip_grad_norm_.
+run reference(int world) {
+  auto model = test::make_mlp(42);
+  test::reference_sgd opt(model, sgd);
+  run out;
+  for (int s = 0; s < steps; ++s) {
+    auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(world), 1000 + s);
+    model.backward(ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y).grad, ddp::ready_sink{});
+    double sum = 0;
+    for (auto& p : model.parameters())
+      for (float g : p.grad.as<float>()) sum += static_cast<double>(g) * g;
+    out.norms.push_back(std::sqrt(sum));
+    const double coefficient = max_norm / (out.norms.back() + 1e-6);
+    if (coefficient < 1.0)
+      for (auto& p : model.parameters())
+        for (float& g : p.grad.as<float>()) g *= static_cast<float>(coefficient);
+    opt.step();
+  }
+  out.params = test::parameter_values(model);
+  return out;
+}
+
+template <class Update>
+std::vector<run> ranks(int world) {
+  return ddp::inproc::launch(world, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(42);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, Update, ddp::bucket_cap<256>> trainer(model, comm, dev, sgd);
+    trainer.clip_gradient_norm(max_norm);
+    run out;
+    const std::size_t r = static_cast<std::size_t>(comm.rank());
+    for (int s = 0; s < steps; ++s) {
+      auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(comm.size()), 1000 + s)
+                   .rows(r * per_rank_batch, (r + 1) * per_rank_batch);
+      trainer.step([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+      out.norms.push_back(trainer.gradient_norm());
+    }
+    out.params = test::parameter_values(model);
+    return out;
+  });
+}
+
+template <class Update>
+void check(int world) {
+  const auto ref = reference(world);
+  REQUIRE(*std::max_element(ref.norms.begin(), ref.norms.end()) > max_norm);  // the clip acts
+  for (const auto& r : ranks<Update>(world)) {
+    CHECK(test::max_relative_error(r.params, ref.params) <= 1e-5);
+    for (int s = 0; s < steps; ++s) CHECK(r.norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("clip_gradient_norm: equal to clipping one process's gradient on the global batch") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    SUBCASE("update::replicated") { check<ddp::update::replicated>(world); }
+    SUBCASE("update::sharded: the shards' norms summed over the ranks") { check<ddp::update::sharded>(world); }
+  }
+}
+
+TEST_CASE("clip_gradient_norm rejects a negative or NaN norm, naming the fix") {
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp> trainer(model, comm, dev, sgd);
+    CHECK_THROWS_WITH(trainer.clip_gradient_norm(-1.0f), doctest::Contains("give a positive norm, or 0 to stop"));
+    CHECK_THROWS_WITH(trainer.clip_gradient_norm(std::nanf("")), doctest::Contains("give a positive norm"));
+  });
+}
+
+namespace {
+
+// The recipe: no weight decay on biases; the first layer at a tenth of the learning rate.
+const ddp::optim::sgd decaying{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.05f, .nesterov = false};
+ddp::optim::sgd options_of(const std::string& name) {
+  auto o = decaying;
+  if (name.starts_with("0.")) o.lr *= 0.1f;
+  if (name.ends_with(".bias")) o.weight_decay = 0.0f;
+  return o;
+}
+
+std::vector<std::vector<float>> grouped_reference(int world) {
+  auto model = test::make_mlp(42);
+  std::vector<std::vector<float>> momentum;
+  for (auto& p : model.parameters()) momentum.emplace_back(p.value.numel(), 0.0f);
+  for (int s = 0; s < steps; ++s) {
+    auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(world), 1000 + s);
+    model.backward(ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y).grad, ddp::ready_sink{});
+    std::size_t i = 0;
+    for (auto& p : model.parameters()) {
+      auto v = p.value.as<float>();
+      auto g = p.grad.as<float>();
+      ddp::host::rule_segment(v.data(), g.data(), momentum[i++].data(), v.size(), options_of(p.name).at(1));
+      std::fill(g.begin(), g.end(), 0.0f);
+    }
+  }
+  return test::parameter_values(model);
+}
+
+template <class Update>
+std::vector<std::vector<std::vector<float>>> grouped_ranks(int world) {
+  return ddp::inproc::launch(world, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(42);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, Update, ddp::bucket_cap<256>> trainer(model, comm, dev, decaying);
+    CHECK(trainer.set_parameter_group([](std::string_view n) { return n.starts_with("0."); }, {.lr_scale = 0.1f}) == 2);
+    // A later group overrides an earlier one as a whole: the bias group gives 0.bias an lr_scale of
+    // 1 again, so a third group states both of 0.bias's options.
+    CHECK(trainer.set_parameter_group(ddp::optim::name_ends_with({".bias"}), {.weight_decay = 0.0f}) == 4);
+    CHECK(trainer.set_parameter_group([](std::string_view n) { return n == "0.bias"; },
+                                      {.lr_scale = 0.1f, .weight_decay = 0.0f}) == 1);
+    const std::size_t r = static_cast<std::size_t>(comm.rank());
+    for (int s = 0; s < steps; ++s) {
+      auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(comm.size()), 1000 + s)
+                   .rows(r * per_rank_batch, (r + 1) * per_rank_batch);
+      trainer.step([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+    }
+    return test::parameter_values(model);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("parameter groups: per-group lr and weight decay equal the same options applied on one process") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    const auto ref = grouped_reference(world);
+    SUBCASE("update::replicated") {
+      for (const auto& r : grouped_ranks<ddp::update::replicated>(world)) CHECK(test::max_relative_error(r, ref) <= 1e-5);
+    }
+    SUBCASE("update::sharded") {
+      for (const auto& r : grouped_ranks<ddp::update::sharded>(world)) CHECK(test::max_relative_error(r, ref) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a parameter group that selects nothing is an error listing the names") {
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp> trainer(model, comm, dev, decaying);
+    CHECK_THROWS_WITH(trainer.set_parameter_group(ddp::optim::name_ends_with({".gamma"}), {.weight_decay = 0.0f}),
+                      doctest::Contains("matched no parameter; the names are like '0.weight', '0.bias'"));
+  });
+}
