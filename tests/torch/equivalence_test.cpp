@@ -6,6 +6,7 @@
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/torch/module.hpp"
+#include "support/relative_error.hpp"
 #include "torch/torch_model.hpp"
 
 namespace {
@@ -23,19 +24,6 @@ std::vector<std::vector<float>> values(torch_test::net& n) {
   return out;
 }
 
-double max_relative_error(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    double diff = 0, norm = 0;
-    for (std::size_t k = 0; k < a[i].size(); ++k) {
-      diff += std::pow(static_cast<double>(a[i][k]) - b[i][k], 2);
-      norm += std::pow(static_cast<double>(b[i][k]), 2);
-    }
-    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12));
-  }
-  return worst;
-}
-
 // Plain libtorch, one process, the global batch: what a ddp::torch run must equal.
 std::vector<std::vector<float>> reference(int world) {
   auto n = torch_test::make_net(3);
@@ -49,6 +37,16 @@ std::vector<std::vector<float>> reference(int world) {
   return values(n);
 }
 
+// Step s: this rank's rows of the global batch the reference takes whole, the user's loss.
+template <class Trainer>
+void step_on_this_ranks_rows(Trainer& trainer, const ddp::inproc::communicator& comm, int s) {
+  const auto global = torch_test::make_batch(per_rank_batch * comm.size(), 100 + s);
+  const auto r = comm.rank();
+  const auto x = global.x.slice(0, r * per_rank_batch, (r + 1) * per_rank_batch);
+  const auto y = global.y.slice(0, r * per_rank_batch, (r + 1) * per_rank_batch);
+  trainer.step([&](auto& replica) { replica.backward(torch::nn::functional::cross_entropy(replica.forward(x), y)); });
+}
+
 template <class Sync, class Unused>
 std::vector<std::vector<float>> rank(ddp::inproc::communicator& comm) {
   auto n = torch_test::make_net(3 + static_cast<std::uint64_t>(comm.rank()));  // rank 0's weights win
@@ -58,13 +56,7 @@ std::vector<std::vector<float>> rank(ddp::inproc::communicator& comm) {
       model, comm, dev,
       ddp::optim::sgd{.lr = float(lr), .momentum = float(momentum), .weight_decay = float(weight_decay),
                       .nesterov = false});
-  const auto r = comm.rank();
-  for (int s = 0; s < steps; ++s) {
-    auto global = torch_test::make_batch(per_rank_batch * comm.size(), 100 + s);
-    auto x = global.x.slice(0, r * per_rank_batch, (r + 1) * per_rank_batch);
-    auto y = global.y.slice(0, r * per_rank_batch, (r + 1) * per_rank_batch);
-    trainer.step([&](auto& replica) { replica.backward(torch::nn::functional::cross_entropy(replica.forward(x), y)); });
-  }
+  for (int s = 0; s < steps; ++s) step_on_this_ranks_rows(trainer, comm, s);
   return values(n);
 }
 
@@ -74,7 +66,7 @@ void check_every_world() {
     CAPTURE(world);
     const auto ref = reference(world);
     for (const auto& r : ddp::inproc::launch(world, [](auto& comm) { return rank<Sync, Unused>(comm); }))
-      CHECK(max_relative_error(r, ref) <= 1e-5);
+      CHECK(test::max_relative_error(r, ref) <= 1e-5);
   }
 }
 
@@ -108,17 +100,13 @@ TEST_CASE("optim::external: the trainer reduces, a torch::optim optimizer steps;
       ddp::trainer<decltype(model), ddp::optim::external> trainer(model, comm, dev);
       torch::optim::SGD opt(n->parameters(),
                             torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
-      const auto r = comm.rank();
       for (int s = 0; s < steps; ++s) {
-        auto global = torch_test::make_batch(per_rank_batch * comm.size(), 100 + s);
-        auto x = global.x.slice(0, r * per_rank_batch, (r + 1) * per_rank_batch);
-        auto y = global.y.slice(0, r * per_rank_batch, (r + 1) * per_rank_batch);
-        trainer.step([&](auto& replica) { replica.backward(torch::nn::functional::cross_entropy(replica.forward(x), y)); });
+        step_on_this_ranks_rows(trainer, comm, s);
         opt.step();  // on the averaged gradients the trainer left in .grad()
         opt.zero_grad();
       }
       return values(n);
     });
-    for (const auto& r : ranks) CHECK(max_relative_error(r, ref) <= 1e-5);
+    for (const auto& r : ranks) CHECK(test::max_relative_error(r, ref) <= 1e-5);
   }
 }

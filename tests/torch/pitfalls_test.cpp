@@ -8,30 +8,19 @@
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/torch/module.hpp"
+#include "support/on_ranks.hpp"
 
 namespace {
 
 const ddp::optim::sgd sgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-2f};
 
+using test::contains;
+
 // Every rank's error ("" for a rank that returned).
 template <class F>
 std::vector<std::string> errors_on_ranks(int world, F fn) {
-  std::vector<std::string> errors(static_cast<std::size_t>(world));
-  try {
-    ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-      try {
-        fn(comm);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(comm.rank())] = e.what();
-        throw;
-      }
-    });
-  } catch (const std::exception&) {
-  }
-  return errors;
+  return test::on_ranks(world, fn).errors;
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // MoCo's pattern: logits against a queue of keys kept in a buffer, read by matmul (so autograd
 // saves it for backward).

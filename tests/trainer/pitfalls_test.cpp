@@ -7,6 +7,7 @@
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nn/batch_norm.hpp"
+#include "support/on_ranks.hpp"
 #include "trainer/test_model.hpp"
 
 using namespace std::chrono_literals;
@@ -15,36 +16,8 @@ namespace {
 
 const ddp::optim::sgd sgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-2f};
 
-// What every rank threw (empty when it returned normally).
-struct ranks_outcome {
-  std::vector<std::string> errors;
-  double seconds = 0;
-  bool all_threw() const {
-    return std::all_of(errors.begin(), errors.end(), [](auto& e) { return !e.empty(); });
-  }
-};
-
-template <class F>
-ranks_outcome on_ranks(int world, F fn) {
-  ranks_outcome o;
-  o.errors.resize(static_cast<std::size_t>(world));
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-      try {
-        fn(comm);
-      } catch (const std::exception& e) {
-        o.errors[static_cast<std::size_t>(comm.rank())] = e.what();
-        throw;
-      }
-    });
-  } catch (const std::exception&) {
-  }
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return o;
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
+using test::on_ranks;
 
 using frozen_bn_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
 frozen_bn_mlp make_frozen_bn_mlp(std::uint64_t seed) {

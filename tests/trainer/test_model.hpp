@@ -11,6 +11,7 @@
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/relu.hpp"
 #include "ddp/nn/sequential.hpp"
+#include "support/relative_error.hpp"
 
 namespace test {
 
@@ -141,21 +142,6 @@ std::vector<std::vector<float>> parameter_values(Module& m) {
     out.emplace_back(v.begin(), v.end());
   }
   return out;
-}
-
-// Largest per-parameter relative error ||a - b|| / max(||b||, tiny).
-inline double max_relative_error(const std::vector<std::vector<float>>& a,
-                                 const std::vector<std::vector<float>>& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    double diff = 0, norm = 0;
-    for (std::size_t k = 0; k < a[i].size(); ++k) {
-      diff += std::pow(static_cast<double>(a[i][k]) - b[i][k], 2);
-      norm += std::pow(static_cast<double>(b[i][k]), 2);
-    }
-    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-12));
-  }
-  return worst;
 }
 
 // Plain single-process SGD with momentum on a module's own gradients.
