@@ -6,7 +6,6 @@
 #include <torch/torch.h>
 
 #include <cstdint>
-#include <mutex>
 #include <span>
 
 #include "ddp/core/sample_weights.hpp"
@@ -14,6 +13,7 @@
 #include "ddp/nn/blas.hpp"
 #include "ddp/nn/matrix.hpp"
 #include "ddp/torch/module.hpp"
+#include "ddp/torch/seed.hpp"
 
 namespace fmnist {
 
@@ -54,12 +54,8 @@ struct torch_platform {
   template <class Launcher>
   using communicator = Launcher;
 
-  // torch::manual_seed seeds one global generator: ranks on threads build their nets in turn.
   static model make_model(device&, std::uint64_t seed) {
-    static std::mutex global_generator;
-    std::lock_guard lock(global_generator);
-    torch::manual_seed(seed);
-    return model(cnn());
+    return model(ddp::torch::build_seeded(seed, [] { return cnn(); }));
   }
   // The batch's pixels, as a tensor over the batch's own memory (it outlives the step).
   static torch::Tensor input(device&, const ddp::nn::matrix& x) {

@@ -35,10 +35,7 @@ struct queue_netImpl : torch::nn::Module {
 TORCH_MODULE(queue_net);
 
 queue_net make_queue_net(std::uint64_t seed) {
-  static std::mutex global_generator;
-  std::lock_guard lock(global_generator);
-  torch::manual_seed(seed);
-  return queue_net();
+  return ddp::torch::build_seeded(seed, [] { return queue_net(); });
 }
 
 // Two forwards, then their backwards innermost first: the second forward's buffer sync writes the

@@ -2,7 +2,7 @@
 // Small torch::nn modules for the ddp::torch tests.
 #include <torch/torch.h>
 
-#include <mutex>
+#include "ddp/torch/seed.hpp"
 
 namespace torch_test {
 
@@ -48,12 +48,8 @@ struct netImpl : torch::nn::Module {
 };
 TORCH_MODULE(net);
 
-// torch::manual_seed seeds one global generator: ranks on threads build their nets one at a time.
 inline net make_net(std::uint64_t seed, bool with_aux = true) {
-  static std::mutex global_generator;
-  std::lock_guard lock(global_generator);
-  torch::manual_seed(seed);
-  return net(with_aux);
+  return ddp::torch::build_seeded(seed, [&] { return net(with_aux); });
 }
 
 // The toy problem of the host tests: the class is the arg-max of fixed projections of x.
