@@ -11,6 +11,7 @@
 #include "ddp/core/sample_weights.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/nn/blas.hpp"
+#include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/matrix.hpp"
 #include "ddp/torch/module.hpp"
 #include "ddp/torch/seed.hpp"
@@ -40,12 +41,9 @@ struct cnnImpl : torch::nn::Module {
 };
 TORCH_MODULE(cnn);
 
-struct torch_loss {
-  torch::Tensor grad;       // the loss tensor: replica.backward(grad) runs autograd from it
-  double loss_sum = 0.0;    // sum of weight * per-sample loss, for the reduced metric
-  double samples = 0.0;     // sum of the weights
-  std::size_t correct = 0;  // right predictions among the counted samples
-};
+// The reference layers' result, over a tensor: `grad` is the loss tensor itself, from which
+// replica.backward(grad) runs autograd.
+using torch_loss = ddp::nn::basic_cross_entropy_result<torch::Tensor>;
 
 struct torch_platform {
   static constexpr const char* name = "cpu (libtorch)";
@@ -71,6 +69,7 @@ struct torch_platform {
         logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     torch_loss out;
     out.grad = (per_sample * w).sum() / weights.divisor();
+    out.loss = out.grad.item<double>();
     out.loss_sum = (per_sample.detach() * w).sum().item<double>();
     out.samples = weights.total();
     out.correct = static_cast<std::size_t>((logits.detach().argmax(1).eq(y) & w.gt(0)).sum().item<std::int64_t>());

@@ -140,6 +140,19 @@ TEST_CASE("dropout: seeded per rank and forward, scaled to keep the mean, backwa
   CHECK_THROWS_WITH_AS(ddp::nn::dropout(1.0f, 0, 0), doctest::Contains("p must be in [0, 1)"), std::invalid_argument);
 }
 
+TEST_CASE("softmax cross-entropy names a mismatch of logits, labels and weights, and a step without weight") {
+  const auto logits = random_matrix(4, 5, 8, 3.0f);
+  const std::vector<std::int32_t> labels{0, 3, 4, 1};
+  CHECK_THROWS_WITH(ddp::nn::softmax_cross_entropy(logits, std::span(labels).first(3)),
+                    "ddp::nn::softmax_cross_entropy: 4 rows of logits but 3 labels");
+  const ddp::sample_weights three{{1, 1, 1}, 3.0, 1};
+  CHECK_THROWS_WITH(ddp::nn::softmax_cross_entropy(logits, labels, three),
+                    "ddp::nn::softmax_cross_entropy: 4 rows of logits but 3 sample weights (pass the batch's own weights)");
+  const ddp::sample_weights none{{0, 0, 0, 0}, 0.0, 1};
+  CHECK_THROWS_WITH(ddp::nn::softmax_cross_entropy(logits, labels, none),
+                    doctest::Contains("the weights' divisor is 0.000000; it must be positive"));
+}
+
 TEST_CASE("softmax cross-entropy gradient matches finite differences; accuracy counts arg-max") {
   auto logits = random_matrix(4, 5, 8, 3.0f);
   std::vector<std::int32_t> labels{0, 3, 4, 1};

@@ -19,29 +19,38 @@
 
 namespace ddp::nn {
 
-struct cross_entropy_result {
-  double loss = 0.0;      // the loss `grad` is the gradient of
-  matrix grad;            // d loss / d logits
+// The result on the host and on the GPU (ddp::cuda::nn), over either's matrix.
+template <class Matrix>
+struct basic_cross_entropy_result {
+  double loss = 0.0;        // the loss `grad` is the gradient of
+  Matrix grad;              // d loss / d logits
   std::size_t correct = 0;  // right predictions among the counted samples (weight > 0)
-  double loss_sum = 0.0;  // sum over the samples of weight * loss: a metric's sum
-  double samples = 0.0;   // sum of the weights (the batch size when unweighted): a metric's count
+  double loss_sum = 0.0;    // sum over the samples of weight * loss: a metric's sum
+  double samples = 0.0;     // sum of the weights (the batch size when unweighted): a metric's count
 };
+using cross_entropy_result = basic_cross_entropy_result<matrix>;
 
 namespace detail {
+
+// The checks both devices make before any work; `who` names the function in the message.
+inline void check_cross_entropy_arguments(const std::string& who, std::size_t rows, std::size_t labels,
+                                          std::size_t weights, double divisor) {
+  if (labels != rows)
+    throw std::invalid_argument(who + ": " + std::to_string(rows) + " rows of logits but " + std::to_string(labels) +
+                                " labels");
+  if (weights != 0 && weights != rows)
+    throw std::invalid_argument(who + ": " + std::to_string(rows) + " rows of logits but " + std::to_string(weights) +
+                                " sample weights (pass the batch's own weights)");
+  if (!(divisor > 0))
+    throw std::invalid_argument(who + ": the weights' divisor is " + std::to_string(divisor) +
+                                "; it must be positive (a step's weights must sum to more than zero)");
+}
 
 // weights empty: every sample weighs 1. Each row's loss and gradient are scaled by weight / divisor.
 inline cross_entropy_result softmax_cross_entropy(const matrix& logits, std::span<const std::int32_t> labels,
                                                   std::span<const float> weights, double divisor) {
-  if (labels.size() != logits.rows)
-    throw std::invalid_argument("ddp::nn::softmax_cross_entropy: " + std::to_string(logits.rows) +
-                                " rows of logits but " + std::to_string(labels.size()) + " labels");
-  if (!weights.empty() && weights.size() != logits.rows)
-    throw std::invalid_argument("ddp::nn::softmax_cross_entropy: " + std::to_string(logits.rows) +
-                                " rows of logits but " + std::to_string(weights.size()) +
-                                " sample weights (pass the batch's own weights)");
-  if (!(divisor > 0))
-    throw std::invalid_argument("ddp::nn::softmax_cross_entropy: the weights' divisor is " + std::to_string(divisor) +
-                                "; it must be positive (a step's weights must sum to more than zero)");
+  check_cross_entropy_arguments("ddp::nn::softmax_cross_entropy", logits.rows, labels.size(), weights.size(),
+                                divisor);
   cross_entropy_result out{0.0, matrix(logits.rows, logits.cols), 0, 0.0, 0.0};
   const double inv_divisor = 1.0 / divisor;
   for (std::size_t r = 0; r < logits.rows; ++r) {

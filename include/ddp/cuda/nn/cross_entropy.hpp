@@ -12,31 +12,18 @@
 #include "ddp/core/sample_weights.hpp"
 #include "ddp/cuda/nn/kernels.hpp"
 #include "ddp/cuda/nn/matrix.hpp"
+#include "ddp/nn/cross_entropy.hpp"
 
 namespace ddp::cuda::nn {
 
-struct cross_entropy_result {
-  double loss = 0.0;        // the loss `grad` is the gradient of
-  matrix grad;              // d loss / d logits
-  std::size_t correct = 0;  // right predictions among the counted samples (weight > 0)
-  double loss_sum = 0.0;    // sum over the samples of weight * loss: a metric's sum
-  double samples = 0.0;     // sum of the weights (the batch size when unweighted): a metric's count
-};
+using cross_entropy_result = ddp::nn::basic_cross_entropy_result<matrix>;
 
 namespace detail {
 
 inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels,
                                                   std::span<const float> weights, double divisor) {
-  if (labels.size() != logits.rows())
-    throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: " + std::to_string(logits.rows()) +
-                                " rows of logits but " + std::to_string(labels.size()) + " labels");
-  if (!weights.empty() && weights.size() != logits.rows())
-    throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: " + std::to_string(logits.rows()) +
-                                " rows of logits but " + std::to_string(weights.size()) +
-                                " sample weights (pass the batch's own weights)");
-  if (!(divisor > 0))
-    throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: the weights' divisor is " +
-                                std::to_string(divisor) + "; it must be positive");
+  ddp::nn::detail::check_cross_entropy_arguments("ddp::cuda::nn::softmax_cross_entropy", logits.rows(), labels.size(),
+                                                weights.size(), divisor);
   auto& dev = logits.device();
   const std::size_t n = logits.rows();
   cross_entropy_result out{0.0, matrix(dev, n, logits.cols()), 0, 0.0, 0.0};
