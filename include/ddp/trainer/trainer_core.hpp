@@ -630,13 +630,17 @@ class trainer_core {
     }
   }
 
-  // The norm of the whole averaged gradient: under a sharded update each rank holds a disjoint
-  // shard of it, so the shards' sums of squares are summed over the ranks (one small all-reduce).
+  // The norm of the whole averaged gradient: where the update policy's layout gives each rank a
+  // disjoint shard of a bucket (update::sharded), the shards' sums of squares are summed over the
+  // ranks (one small all-reduce); the layouts are alike on every rank, so all decide alike.
   void clip_gradients() {
     double sum = 0.0;
-    for (auto& bk : buckets_) sum += device_.sum_of_squares(bk.grads.data() + bk.shard_begin, bk.shard);
-    if (comm_.size() > 1 && parts_.update.gathers_parameters())
-      detail::host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
+    bool sharded = false;
+    for (auto& bk : buckets_) {
+      sum += device_.sum_of_squares(bk.grads.data() + bk.shard_begin, bk.shard);
+      sharded = sharded || bk.shard < bk.padded;
+    }
+    if (sharded) detail::host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
     gradient_norm_ = std::sqrt(sum);
     const double coefficient = static_cast<double>(max_gradient_norm_) / (gradient_norm_ + 1e-6);  // as PyTorch's
     if (coefficient >= 1.0) return;
