@@ -115,7 +115,7 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
       // Rank r of `world`: the distributed sampler's share of epoch 0, as the trainer would draw it.
       auto indices = ddp::sampler::distributed<>::indices(train.size(), r % world, world, 1, 0);
       indices.resize(std::min(indices.size(), static_cast<std::size_t>(steps) * batch));
-      s.push_back({fmnist::make_model(1), loader.batches(indices)});
+      s.push_back({fmnist::make_model(1), loader.batches(indices).to_vector()});
     }
     return s;
   };

@@ -90,7 +90,7 @@ ddp::metric test_accuracy(Trainer& trainer, typename Platform::device& dev, cons
 
 // The sampler's part of training, kept out of the epoch loop's type: this rank's batches of the
 // next epoch (the trainer advances the epoch, P4).
-using next_epoch_batches = std::function<std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>()>;
+using next_epoch_batches = std::function<ddp::data::batch_stream<ddp::data::weighted_batch<fashion_mnist::batch>>()>;
 
 // One rank's epochs. A template over the trainer's core (ddp::trainer_core), so every combination
 // of policies shares one instantiation of it (see docs/trainer.md).
@@ -108,10 +108,11 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
   for (int epoch = 1; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::metric loss, accuracy;
-    const auto batches = next_epoch();
-    for (std::size_t i = 0; i < batches.size(); ++i, ++step) {
+    auto batches = next_epoch();
+    const std::size_t steps = batches.size();
+    std::size_t i = 0;
+    for (const auto& b : batches) {
       trainer.learning_rate() = c.lr * schedule(step);
-      const auto& b = batches[i];
       trainer.step([&](auto& replica) {
         auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y, b.weights);
         replica.backward(ce.grad);
@@ -120,8 +121,10 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
       });
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double rate = static_cast<double>((step + 1) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;
-      progress.update(epoch, c.epochs, i + 1, batches.size(), loss.mean(), rate,
+      progress.update(epoch, c.epochs, i + 1, steps, loss.mean(), rate,
                       elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1));
+      ++i;
+      ++step;
     }
     progress.end_epoch();
     const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
@@ -154,7 +157,7 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   opt.weight_decay = c.weight_decay;
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
-  ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate);
+  ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
   run_epochs<Platform, typename Trainer::core_type>(
       trainer, [&] { return trainer.epoch(loader); }, trainer.steps_per_epoch(train_set.size(), c.batch), m, dev,
       c, test_set, out);
@@ -218,8 +221,11 @@ void train_with_flags(Comm& comm, typename Platform::device& dev, const config& 
 template <class Launcher, class Platform>
 void run_with(const config& c, report& out) {
   using Comm = typename Platform::template communicator<Launcher>;
-  const auto train_set = fashion_mnist::load(fashion_mnist::split::train, c.data_dir);
-  const auto test_set = fashion_mnist::load(fashion_mnist::split::test, c.data_dir);
+  auto open = [&](fashion_mnist::split which) {
+    return c.mapped ? fashion_mnist::map(which, c.data_dir) : fashion_mnist::load(which, c.data_dir);
+  };
+  const auto train_set = open(fashion_mnist::split::train);
+  const auto test_set = open(fashion_mnist::split::test);
   auto rank = [&](Comm& comm, typename Platform::device& dev) {
     train_with_flags<Comm, Platform>(comm, dev, c, train_set, test_set, out);
   };

@@ -13,6 +13,7 @@
 #include "ddp/nn/blas.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/matrix.hpp"
+#include "ddp/torch/allocator.hpp"
 #include "ddp/torch/module.hpp"
 #include "ddp/torch/seed.hpp"
 
@@ -77,9 +78,11 @@ struct torch_platform {
   }
   // One intra-op thread per rank: the ranks are the parallelism. Debian's libtorch calls OpenBLAS
   // for its linear layers, whose idle pool would spin in sched_yield beside the ranks (a fifth
-  // of the CPU time of an epoch here): one thread for it too.
+  // of the CPU time of an epoch here): one thread for it too. Freed tensors stay in the process
+  // (ddp/torch/allocator.hpp): 1.2-1.4x the samples/s of glibc's defaults here (docs/results.md).
   template <class Launcher, class F>
   static void on_rank(Launcher& launcher, F&& f) {
+    ddp::torch::retain_freed_memory();
     torch::set_num_threads(1);
     ddp::nn::blas::use_one_thread_per_rank();
     device dev;

@@ -96,7 +96,7 @@ TEST_CASE("the distributed sampler's padding is marked: each rank's real count, 
 
   const points data(10);
   const ddp::data::loader loader(data, 3, &points::collate);
-  const auto batches = loader.batches(ddp::sampler::make_shard<padded>(10, 2, 3, 1, 0));
+  const auto batches = loader.batches(ddp::sampler::make_shard<padded>(10, 2, 3, 1, 0)).to_vector();
   REQUIRE(batches.size() == 2);  // 3 + a kept short batch of 1
   CHECK(batches[0].y.size() == 3);
   CHECK(batches[0].weights.per_sample == std::vector<float>{1, 1, 1});
@@ -107,7 +107,7 @@ TEST_CASE("the distributed sampler's padding is marked: each rank's real count, 
   CHECK(batches[1].weights.divisor() == doctest::Approx(1.0 / 3));
 
   // drop mode: no padding, no short batch (3 per rank, batches of 2: one).
-  const auto dropped_batches = loader.batches(ddp::sampler::make_shard<dropped>(10, 0, 3, 1, 0));
+  const auto dropped_batches = loader.batches(ddp::sampler::make_shard<dropped>(10, 0, 3, 1, 0)).to_vector();
   CHECK(ddp::sampler::batches_per_epoch<dropped>(10, 3, 3) == 1);
   REQUIRE(dropped_batches.size() == 1);
   CHECK(dropped_batches[0].weights.step_total == 9);

@@ -1,15 +1,19 @@
 #pragma once
 // Fashion-MNIST (28x28 grey images of 10 kinds of clothing), as Debian's dataset-fashion-mnist
-// installs it under /usr/share/datasets/fashion-mnist. A model of ddp::data::dataset.
+// installs it under /usr/share/datasets/fashion-mnist. A model of ddp::data::dataset, read into
+// memory (load) or memory-mapped from uncompressed files (map). Copies share the storage.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ddp/data/dataset.hpp"
 #include "ddp/data/idx.hpp"
+#include "ddp/data/mapped_idx.hpp"
 #include "ddp/nn/matrix.hpp"
 
 namespace ddp::data {
@@ -38,11 +42,27 @@ class fashion_mnist {
     std::vector<std::int32_t> y;
   };
 
+  // Reads the gzipped files of `directory` into memory (47 MB for the training split).
   static fashion_mnist load(split which, const std::string& directory = std::string(default_directory)) {
     const std::string prefix = directory + (which == split::train ? "/train" : "/t10k");
-    auto images = read_idx(prefix + "-images-idx3-ubyte.gz", 3);
-    auto labels = read_idx(prefix + "-labels-idx1-ubyte.gz", 1);
-    return fashion_mnist(std::move(images), std::move(labels), prefix);
+    auto images_file = read_idx(prefix + "-images-idx3-ubyte.gz", 3);  // the images first: errors in file order
+    auto owned = std::make_shared<std::pair<idx_array, idx_array>>(std::move(images_file),
+                                                                    read_idx(prefix + "-labels-idx1-ubyte.gz", 1));
+    auto& [images, labels] = *owned;
+    return fashion_mnist(images.dims, images.values, labels.dims, labels.values, prefix + "-*-idx?-ubyte.gz",
+                         std::move(owned));
+  }
+  // Maps the uncompressed files of `directory` (train-images-idx3-ubyte, ...: gunzip -k the .gz
+  // ones) instead: nothing is read until a batch touches it, and the pages are the kernel's page
+  // cache, shared by every rank and process on the host. The same examples, bit for bit.
+  static fashion_mnist map(split which, const std::string& directory) {
+    const std::string prefix = directory + (which == split::train ? "/train" : "/t10k");
+    mapped_idx images_file(prefix + "-images-idx3-ubyte", 3);
+    auto files = std::make_shared<std::pair<mapped_idx, mapped_idx>>(std::move(images_file),
+                                                                      mapped_idx(prefix + "-labels-idx1-ubyte", 1));
+    auto& [images, labels] = *files;
+    return fashion_mnist(images.dims(), images.values(), labels.dims(), labels.values(), prefix + "-*-idx?-ubyte",
+                         std::move(files));
   }
 
   std::size_t size() const noexcept { return labels_.size(); }
@@ -61,26 +81,29 @@ class fashion_mnist {
   }
 
  private:
-  fashion_mnist(idx_array images, idx_array labels, const std::string& prefix) {
-    if (images.dims[1] != 28 || images.dims[2] != 28)
+  // The images and labels are views of `storage` (in memory or mapped), which the data set keeps.
+  fashion_mnist(const std::vector<std::uint32_t>& image_dims, std::span<const std::uint8_t> images,
+                const std::vector<std::uint32_t>& label_dims, std::span<const std::uint8_t> labels,
+                const std::string& files, std::shared_ptr<const void> storage)
+      : images_(images), labels_(labels), storage_(std::move(storage)) {
+    if (image_dims[1] != 28 || image_dims[2] != 28)
       throw error("data", "load", -1,
-                  "'" + prefix + "-images-idx3-ubyte.gz': expected 28x28 images, found " +
-                      std::to_string(images.dims[1]) + "x" + std::to_string(images.dims[2]));
-    if (images.dims[0] != labels.dims[0])
+                  "'" + files + "': expected 28x28 images, found " + std::to_string(image_dims[1]) + "x" +
+                      std::to_string(image_dims[2]));
+    if (image_dims[0] != label_dims[0])
       throw error("data", "load", -1,
-                  "'" + prefix + "-*': " + std::to_string(images.dims[0]) + " images but " +
-                      std::to_string(labels.dims[0]) + " labels");
-    for (std::size_t i = 0; i < labels.values.size(); ++i)
-      if (labels.values[i] >= classes)
+                  "'" + files + "': " + std::to_string(image_dims[0]) + " images but " +
+                      std::to_string(label_dims[0]) + " labels");
+    for (std::size_t i = 0; i < labels_.size(); ++i)
+      if (labels_[i] >= classes)
         throw error("data", "load", -1,
-                    "'" + prefix + "-labels-idx1-ubyte.gz': label " + std::to_string(labels.values[i]) +
-                        " at index " + std::to_string(i) + " is not a class in [0, 10)");
-    images_ = std::move(images.values);
-    labels_ = std::move(labels.values);
+                    "'" + files + "': label " + std::to_string(labels_[i]) + " at index " + std::to_string(i) +
+                        " is not a class in [0, 10)");
   }
 
-  std::vector<std::uint8_t> images_;
-  std::vector<std::uint8_t> labels_;
+  std::span<const std::uint8_t> images_;
+  std::span<const std::uint8_t> labels_;
+  std::shared_ptr<const void> storage_;
 };
 
 static_assert(dataset<fashion_mnist>);

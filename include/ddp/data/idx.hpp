@@ -48,43 +48,60 @@ inline std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path) {
   return bytes;
 }
 
-// Parses an IDX file of unsigned bytes with `expected_dims` dimensions.
-inline idx_array read_idx(const std::string& path, std::size_t expected_dims) {
-  const auto bytes = read_maybe_gzipped(path);
+// The header of an IDX file of unsigned bytes with `expected_dims` dimensions, checked against
+// the file's length: its dimensions and where the values begin.
+struct idx_header {
+  std::vector<std::uint32_t> dims;
+  std::size_t values_offset = 0;
+  std::size_t value_count = 0;
+};
+
+inline idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, const std::string& path,
+                                   std::size_t expected_dims) {
   auto fail = [&](const std::string& what) { throw error("data", "read_idx", -1, "'" + path + "': " + what); };
-  if (bytes.size() < 4)
-    fail("expected an IDX header of at least 4 bytes, found a file of " + std::to_string(bytes.size()) + " bytes");
+  if (size < 4) fail("expected an IDX header of at least 4 bytes, found a file of " + std::to_string(size) + " bytes");
   if (bytes[0] != 0 || bytes[1] != 0)
     fail("expected IDX magic bytes 00 00, found " + std::to_string(bytes[0]) + " " + std::to_string(bytes[1]) +
-         " (not an IDX file)");
+         (bytes[0] == 0x1f && bytes[1] == 0x8b ? " (a gzip stream: decompress it first, e.g. gunzip -k)"
+                                               : " (not an IDX file)"));
   if (bytes[2] != 0x08)
     fail("expected element type 0x08 (unsigned byte), found 0x" + std::to_string(bytes[2]));
   if (bytes[3] != expected_dims)
     fail("expected " + std::to_string(expected_dims) + " dimensions, found " + std::to_string(bytes[3]));
-  const std::size_t header = 4 + 4 * expected_dims;
-  if (bytes.size() < header)
-    fail("expected a header of " + std::to_string(header) + " bytes, found " + std::to_string(bytes.size()));
-  idx_array out;
-  std::size_t count = 1;
+  idx_header h;
+  h.values_offset = 4 + 4 * expected_dims;
+  if (size < h.values_offset)
+    fail("expected a header of " + std::to_string(h.values_offset) + " bytes, found " + std::to_string(size));
+  h.value_count = 1;
   for (std::size_t d = 0; d < expected_dims; ++d) {
-    const std::uint8_t* p = bytes.data() + 4 + 4 * d;
+    const std::uint8_t* p = bytes + 4 + 4 * d;
     const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) |
                               (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
-    out.dims.push_back(dim);
-    count *= dim;
+    h.dims.push_back(dim);
+    h.value_count *= dim;
   }
-  const std::size_t found = bytes.size() - header;
-  if (found != count) {
+  const std::size_t found = size - h.values_offset;
+  if (found != h.value_count) {
     std::string shape;
-    for (auto d : out.dims) {
+    for (auto d : h.dims) {
       if (!shape.empty()) shape += 'x';
       shape += std::to_string(d);
     }
-    std::string what = found < count ? "truncated" : "has trailing bytes";
-    what += ": the header says " + shape + " = " + std::to_string(count) + " values, found " + std::to_string(found);
+    std::string what = found < h.value_count ? "truncated" : "has trailing bytes";
+    what += ": the header says " + shape + " = " + std::to_string(h.value_count) + " values, found " +
+            std::to_string(found);
     fail(what);
   }
-  out.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  return h;
+}
+
+// Reads an IDX file of unsigned bytes with `expected_dims` dimensions into memory.
+inline idx_array read_idx(const std::string& path, std::size_t expected_dims) {
+  const auto bytes = read_maybe_gzipped(path);
+  auto h = parse_idx_header(bytes.data(), bytes.size(), path, expected_dims);
+  idx_array out;
+  out.dims = std::move(h.dims);
+  out.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(h.values_offset), bytes.end());
   return out;
 }
 

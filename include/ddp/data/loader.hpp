@@ -1,8 +1,9 @@
 #pragma once
-// Turns one rank's share of an epoch (a ddp::shard) into batches. Every rank gets the same
-// number of batches: the samplers give every rank the same number of indices. A last partial
-// batch is kept when the sampler visits every sample (distributed<..., tail::pad>), dropped
-// otherwise.
+// Turns one rank's share of an epoch (a ddp::shard) into batches, made one at a time as the
+// epoch's loop reaches them (on the rank's thread, or with ddp::data::prefetch{depth} on a
+// thread of its own at most `depth` batches ahead). Every rank gets the same number of batches:
+// the samplers give every rank the same number of indices. A last partial batch is kept when
+// the sampler visits every sample (distributed<..., tail::pad>), dropped otherwise.
 //
 //   ddp::data::loader loader(dataset, 64, collate);   // collate(std::span<const example>) -> batch
 //   for (auto& batch : trainer.epoch(loader)) trainer.step(...);
@@ -15,6 +16,7 @@
 // sampler, seeded per epoch by the trainer (pitfall P4). A loader that does shuffle sets
 // `shuffles_itself`, and the trainer rejects it at compile time next to a distributed sampler.
 #include <algorithm>
+#include <memory>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -24,6 +26,7 @@
 
 #include "ddp/core/sample_weights.hpp"
 #include "ddp/core/shard.hpp"
+#include "ddp/data/batch_stream.hpp"
 #include "ddp/data/dataset.hpp"
 
 namespace ddp::data {
@@ -45,31 +48,34 @@ class loader {
   using collated_type = std::invoke_result_t<const Collate&, std::span<const example_type>>;
   using batch_type = weighted_batch<collated_type>;
 
-  loader(const Dataset& data, std::size_t batch_size, Collate collate)
-      : data_(&data), batch_size_(batch_size), collate_(std::move(collate)) {
+  loader(const Dataset& data, std::size_t batch_size, Collate collate, prefetch ahead = {})
+      : data_(&data), batch_size_(batch_size), collate_(std::move(collate)), ahead_(ahead) {
     if (batch_size == 0) throw std::invalid_argument("ddp::data::loader: batch size must be at least 1");
   }
 
   std::size_t dataset_size() const { return data_->size(); }
   std::size_t batch_size() const noexcept { return batch_size_; }
+  std::size_t prefetch_depth() const noexcept { return ahead_.depth; }
 
-  // This rank's batches of one epoch, in the sampler's order.
-  std::vector<batch_type> batches(const ddp::shard& shard) const {
+  // This rank's batches of one epoch, in the sampler's order, made as the loop reaches them
+  // (ddp/data/batch_stream.hpp). The stream keeps the shard, the collate function and a pointer
+  // to the data set: the data set must outlive it, the loader need not.
+  batch_stream<batch_type> batches(ddp::shard shard) const {
     const std::size_t n = shard.indices.size();
     const std::size_t used = shard.keep_partial_batch ? n : n / batch_size_ * batch_size_;
-    std::vector<batch_type> out;
-    out.reserve((used + batch_size_ - 1) / batch_size_);
-    std::vector<example_type> examples;
-    for (std::size_t begin = 0; begin < used; begin += batch_size_) {
-      const std::size_t end = std::min(used, begin + batch_size_);
-      examples.clear();
-      for (std::size_t i = begin; i < end; ++i) examples.push_back(data_->get(shard.indices[i]));
-      out.emplace_back(collate_(std::span<const example_type>(examples)), weights(shard, begin, end));
-    }
-    return out;
+    const std::size_t count = (used + batch_size_ - 1) / batch_size_;
+    auto make = [data = data_, size = batch_size_, collate = collate_, used,
+                 s = std::make_shared<const ddp::shard>(std::move(shard))](std::size_t batch) {
+      const std::size_t begin = batch * size, end = std::min(used, begin + size);
+      std::vector<example_type> examples;
+      examples.reserve(end - begin);
+      for (std::size_t i = begin; i < end; ++i) examples.push_back(data->get(s->indices[i]));
+      return batch_type(collate(std::span<const example_type>(examples)), weights(*s, begin, end));
+    };
+    return batch_stream<batch_type>(count, std::move(make), ahead_);
   }
   // Indices that are all samples, on one rank (outside a trainer): full batches only.
-  std::vector<batch_type> batches(std::vector<std::size_t> indices) const {
+  batch_stream<batch_type> batches(std::vector<std::size_t> indices) const {
     return batches(ddp::shard::of_indices(std::move(indices)));
   }
 
@@ -86,6 +92,7 @@ class loader {
   const Dataset* data_;
   std::size_t batch_size_;
   Collate collate_;
+  prefetch ahead_;
 };
 
 }  // namespace ddp::data
