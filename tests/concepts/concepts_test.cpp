@@ -56,7 +56,7 @@ struct device_without_locate : ddp::host::device {
 
 }  // namespace
 
-TEST_CASE("host work handles carry timing; a handle without it is still a work handle") {
+TEST_CASE("host work handles carry timing, a handle without it is still a work handle") {
   static_assert(ddp::timed_work_handle<ddp::work>);
   struct untimed {
     void wait() {}

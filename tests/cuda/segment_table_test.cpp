@@ -69,7 +69,7 @@ TEST_CASE("segment_table: every float of every segment once, the work even acros
   }
 }
 
-TEST_CASE("segment_table: one launch holds at most its capacity; the rest go to the next") {
+TEST_CASE("segment_table: one launch holds at most its capacity, the rest go to the next") {
   std::vector<ddp::segment> segs;
   for (std::size_t k = 0; k < segment_table::capacity + 5; ++k) segs.push_back({nullptr, 8 * k, 5});
   const auto first = segment_table::of(segs.data(), segs.size());

@@ -153,7 +153,7 @@ TEST_CASE("softmax cross-entropy names a mismatch of logits, labels and weights,
                     doctest::Contains("the weights' divisor is 0.000000; it must be positive"));
 }
 
-TEST_CASE("softmax cross-entropy gradient matches finite differences; accuracy counts arg-max") {
+TEST_CASE("softmax cross-entropy gradient matches finite differences, accuracy counts arg-max") {
   auto logits = random_matrix(4, 5, 8, 3.0f);
   std::vector<std::int32_t> labels{0, 3, 4, 1};
   auto ce = ddp::nn::softmax_cross_entropy(logits, labels);
@@ -213,7 +213,7 @@ TEST_CASE("OpenBLAS runs the kernels the environment names, or the layers say ho
   }
 }
 
-TEST_CASE("a buffer may have any number of dimensions; its shape travels in its ref") {
+TEST_CASE("a buffer may have any number of dimensions, its shape travels in its ref") {
   ddp::nn::buffer<float> cov("running_cov", ddp::shape_t{3, 4}, 0.5f);
   CHECK(cov.read().size() == 12);
   const auto ref = cov.ref("layer.");

@@ -88,7 +88,7 @@ TEST_CASE("ddp::torch equals one libtorch process on the global batch, every pol
   SUBCASE("buffer_sync::average_once_per_step") { with_every_unused_policy<ddp::buffer_sync::average_once_per_step>(); }
 }
 
-TEST_CASE("optim::external: the trainer reduces, a torch::optim optimizer steps; equal to one process") {
+TEST_CASE("optim::external: the trainer reduces, a torch::optim optimizer steps, equal to one process") {
   torch::set_num_threads(1);
   for (int world : {1, 2, 3}) {
     CAPTURE(world);

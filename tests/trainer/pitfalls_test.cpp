@@ -249,7 +249,7 @@ TEST_CASE("P3: a tensor on another device is named, with both devices, on every 
   }
 }
 
-TEST_CASE("P4: the trainer sets the epoch; orders differ per epoch, repeat per seed, and shard the data") {
+TEST_CASE("P4: the trainer sets the epoch, orders differ per epoch, repeat per seed, and shard the data") {
   using sampler = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
   auto epoch_orders = [](std::uint64_t seed) {
     return ddp::inproc::launch(3, [seed](auto& comm) {
@@ -343,7 +343,7 @@ TEST_CASE("P5: ranks with different models fail on every rank, naming the first 
   }
 }
 
-TEST_CASE("P6: rank 0's weights reach every rank at construction; metrics are global") {
+TEST_CASE("P6: rank 0's weights reach every rank at construction, metrics are global") {
   auto results = ddp::inproc::launch(3, [](auto& comm) {
     auto model = test::make_mlp(100 + static_cast<std::uint64_t>(comm.rank()));  // different seeds
     ddp::host::device dev;
@@ -409,7 +409,7 @@ TEST_CASE("a forward without its backward is an error that says so") {
   CHECK(contains(o.errors[0], "1 forward(s) in this step had no backward"));
 }
 
-TEST_CASE("buckets: reverse parameter order under the byte cap; reductions overlap backward") {
+TEST_CASE("buckets: reverse parameter order under the byte cap, reductions overlap backward") {
   ddp::inproc::launch(2, [](auto& comm) {
     auto model = test::make_mlp(1);
     ddp::host::device dev;
