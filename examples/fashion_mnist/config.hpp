@@ -22,6 +22,7 @@ struct config {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool mapped = false;         // memory-map uncompressed IDX files instead of reading the .gz ones
   std::size_t prefetch = 0;    // batches made ahead on a thread per rank (0: on the rank's thread)
+  std::string checkpoint;      // a directory: resume from it when it holds one, save after each epoch
   std::string backend = "inproc";
   std::string device = "cpu";
   bool progress = true;

@@ -115,6 +115,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", c.device, "device")->check(only("cpu", gpu_build_hint))->capture_default_str();
 #endif
   app.add_flag("!--no-progress", c.progress, "no per-step progress line");
+  app.add_option("--checkpoint", c.checkpoint,
+                 "directory for checkpoints: the run goes on from the one there (same flags), and saves one after "
+                 "every epoch");
   app.add_option("--prefetch", c.prefetch, "batches made ahead of the step on a thread per rank (0: none)")
       ->check(CLI::Range(0, 64))->capture_default_str();
   app.add_flag("--mapped", c.mapped,

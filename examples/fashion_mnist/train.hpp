@@ -94,18 +94,21 @@ using next_epoch_batches = std::function<ddp::data::batch_stream<ddp::data::weig
 
 // One rank's epochs. A template over the trainer's core (ddp::trainer_core), so every combination
 // of policies shares one instantiation of it (see docs/trainer.md).
+// `first_epoch` > 1 when a checkpoint was loaded; `save` (when --checkpoint is given) runs after
+// each epoch.
 template <class Platform, class Core>
-void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t steps_per_epoch,
-                typename Platform::model& m, typename Platform::device& dev, const config& c,
-                const fashion_mnist& test_set, report& out) {
+void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t steps_per_epoch, int first_epoch,
+                const std::function<void()>& save, typename Platform::model& m, typename Platform::device& dev,
+                const config& c, const fashion_mnist& test_set, report& out) {
   const auto& comm = trainer.communicator();
   const bool lead = comm.rank() == 0;
   progress_line progress(lead && c.progress);
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
   const auto schedule = lr_schedule(c, total_steps);
   const auto start = std::chrono::steady_clock::now();
-  std::size_t step = 0;
-  for (int epoch = 1; epoch <= c.epochs; ++epoch) {
+  std::size_t step = trainer.steps();  // the schedule's position: 0, or where a checkpoint left off
+  const std::size_t first_step = step;
+  for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::metric loss, accuracy;
     auto batches = next_epoch();
@@ -120,9 +123,10 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
         accuracy.add(static_cast<double>(ce.correct), ce.samples);
       });
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double rate = static_cast<double>((step + 1) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;
+      const double rate =
+          static_cast<double>((step + 1 - first_step) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;
       progress.update(epoch, c.epochs, i + 1, steps, loss.mean(), rate,
-                      elapsed / static_cast<double>(step + 1) * static_cast<double>(total_steps - step - 1));
+                      elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(total_steps - step - 1));
       ++i;
       ++step;
     }
@@ -140,11 +144,16 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
       std::fflush(stdout);
       out.epochs.push_back(e);
     }
+    if (save) save();
+  }
+  if (first_epoch > c.epochs) {  // a checkpoint of the whole run: only the test set to report
+    const ddp::metric test = test_accuracy<Platform>(trainer, dev, test_set);
+    if (lead) out.epochs.push_back({c.epochs, 0, 0, test.mean(), 0, 0});
   }
   if (lead) {
     out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    out.samples_per_second =
-        static_cast<double>(total_steps * c.batch * static_cast<std::size_t>(comm.size())) / out.train_seconds;
+    out.samples_per_second = static_cast<double>((total_steps - first_step) * c.batch *
+                                                 static_cast<std::size_t>(comm.size())) / out.train_seconds;
   }
 }
 
@@ -158,9 +167,21 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
   ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
+  // --checkpoint DIR: go on from the checkpoint there, if any, and save one after every epoch.
+  std::function<void()> save;
+  if (!c.checkpoint.empty()) {
+    if (ddp::has_checkpoint(c.checkpoint)) {
+      trainer.load(c.checkpoint);
+      if (comm.rank() == 0)
+        std::printf("resumed from the checkpoint in '%s': %llu epoch(s) done, step %llu\n", c.checkpoint.c_str(),
+                    static_cast<unsigned long long>(trainer.epochs_started()),
+                    static_cast<unsigned long long>(trainer.steps()));
+    }
+    save = [&] { trainer.save(c.checkpoint); };
+  }
   run_epochs<Platform, typename Trainer::core_type>(
-      trainer, [&] { return trainer.epoch(loader); }, trainer.steps_per_epoch(train_set.size(), c.batch), m, dev,
-      c, test_set, out);
+      trainer, [&] { return trainer.epoch(loader); }, trainer.steps_per_epoch(train_set.size(), c.batch),
+      static_cast<int>(trainer.epochs_started()) + 1, save, m, dev, c, test_set, out);
   if (comm.rank() == 0) out.policies = Trainer::describe_policies();
 }
 

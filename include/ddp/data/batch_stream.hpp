@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -52,8 +53,20 @@ class batch_stream {
   }
   ~batch_stream() { stop(); }
 
-  std::size_t size() const noexcept { return state_->count; }
+  // The batches this stream yields (after skip()).
+  std::size_t size() const noexcept { return state_->count - state_->position; }
   std::size_t prefetch_depth() const noexcept { return state_->depth; }
+
+  // Starts at batch n instead of 0 (a checkpoint resumed in the middle of an epoch: the trainer
+  // skips the batches taken before it); nothing is made for them. Before begin() only.
+  void skip(std::size_t n) {
+    state& s = *state_;
+    if (s.started || n > s.count - s.position)
+      throw error("data", "batch_stream", -1,
+                  s.started ? "skip() after the stream has begun" : "skip(" + std::to_string(n) + ") past the end of " +
+                                                                         std::to_string(s.count - s.position) + " batches");
+    s.position += n;
+  }
 
   class iterator;
   // Single pass: the first begin() starts the epoch, a second one is an error. (const, so that
@@ -65,8 +78,8 @@ class batch_stream {
                   "an epoch's batches are a single pass and this one has begun; ask the loader (or "
                   "trainer.epoch) for a new one, or keep them with to_vector()");
     s.started = true;
-    if (s.depth > 0 && s.count > 0) start_producer(s);
-    if (s.count > 0) fetch(s);
+    if (s.depth > 0 && s.position < s.count) start_producer(s);
+    if (s.position < s.count) fetch(s);
     return iterator(&s);
   }
   std::default_sentinel_t end() const noexcept { return {}; }
@@ -99,8 +112,8 @@ class batch_stream {
 
   static void start_producer(state& st) {
     state* s = &st;
-    s->producer = std::thread([s] {
-      for (std::size_t i = 0; i < s->count; ++i) {
+    s->producer = std::thread([s, first = s->position] {
+      for (std::size_t i = first; i < s->count; ++i) {
         std::optional<Batch> b;
         try {
           b.emplace(s->make(i));

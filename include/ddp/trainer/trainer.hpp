@@ -17,7 +17,10 @@
 // derives from ddp::trainer_core<Module, Comm, Device> (trainer_core.hpp), the step's
 // orchestration, which every trainer over the same module, communicator and device shares.
 #include <cstdint>
+#include <filesystem>
 #include <initializer_list>
+#include <optional>
+#include <ranges>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -33,6 +36,7 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/sampler/sampler.hpp"
+#include "ddp/trainer/checkpoint.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/trainer_core.hpp"
 
@@ -197,6 +201,30 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     return sampler::batches_per_epoch<sampler_policy>(dataset_size, this->communicator().size(), batch);
   }
 
+  // Checkpoints: everything this run needs to continue, bitwise as if it had not stopped:
+  // parameters, buffers, optimizer state and update counts, the step count, the sampler's seed
+  // and epoch, and the batches of the current epoch already taken. Every rank writes its own file
+  // (under update::sharded, its shard of the optimizer state) into dir/step-N/; dir/LATEST
+  // commits the checkpoint once every file is on disk, and older step directories go. A crash at
+  // any point leaves the previous checkpoint whole. Collective; between steps. `dir` must be one
+  // directory every rank can reach (a shared file system across hosts). The optimizer's
+  // hyper-parameters, parameter groups and clipping are the program's: set them as before.
+  void save(const std::filesystem::path& dir) { detail::save_checkpoint(core(), dir, position()); }
+  // Loads the checkpoint committed in `dir`. The next epoch(loader) continues the epoch it was
+  // saved in, after the batches already taken (at the same world size), or starts the next one.
+  // Another model, bucket plan, optimizer or policy list, a truncated or corrupt file, or a
+  // mid-epoch checkpoint at another world size is an error on every rank naming the file and what
+  // differs, and changes nothing. At another world size the optimizer state's shards are re-cut.
+  // Collective; between steps.
+  void load(const std::filesystem::path& dir) {
+    const auto saved = detail::load_checkpoint(core(), dir, position());
+    options_.seed = saved.seed;
+    epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
+    resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
+    epoch_start_ = this->micro_batches_run();
+    epoch_length_.reset();
+  }
+
   static std::string describe_policies() {
     return detail::describe_policies({{"buffer_sync", buffer_sync_policy::name},
                                       {"unused_params", unused_params_policy::name},
@@ -208,20 +236,70 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
   }
 
  private:
+  core_type& core() noexcept { return *this; }
+
+  // The policies a checkpoint must match: all but the communicator (a run saved in-process may
+  // go on under mpirun).
+  static std::string checkpoint_policies() {
+    return detail::describe_policies({{"buffer_sync", buffer_sync_policy::name},
+                                      {"unused_params", unused_params_policy::name},
+                                      {"bucket_cap", bucket_policy{}.describe()},
+                                      {"optimizer", optimizer_type::name},
+                                      {"update", update_policy::name},
+                                      {"sampler", sampler_policy::name}});
+  }
+  detail::run_position position() const {
+    const std::uint64_t taken = this->micro_batches_run() - epoch_start_;
+    return {checkpoint_policies(), options_.seed, epoch_, taken,
+            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_)};
+  }
+
   template <class Loader>
   auto epoch_checked(Loader& loader) {
     static_assert(!(Loader::shuffles_itself && sampler_policy::is_distributed),
                   "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
                   "already orders the data per epoch (pitfall P4); use a loader without a "
-                  "shuffle of its own (ddp::data::loader<Dataset>), or sampler::contiguous");
-    if constexpr (loader_requirements::has_shard_batches<Loader>)
-      return loader.batches(next_epoch_shard(loader.dataset_size()));
-    else
-      return loader.batches(next_epoch_indices(loader.dataset_size()));
+                  "shuffle of its own (ddp::data::loader<Dataset, Collate>), or sampler::contiguous");
+    auto batches = [&] {
+      if constexpr (loader_requirements::has_shard_batches<Loader>)
+        return loader.batches(next_epoch_shard(loader.dataset_size()));
+      else
+        return loader.batches(next_epoch_indices(loader.dataset_size()));
+    }();
+    epoch_start_ = this->micro_batches_run();
+    epoch_length_.reset();
+    if constexpr (std::ranges::sized_range<decltype(batches)>) epoch_length_ = std::ranges::size(batches);
+    if (resume_skip_) {  // a checkpoint's epoch: its first batches were taken before it was saved
+      skip_taken(batches, static_cast<std::size_t>(*resume_skip_));
+      epoch_start_ -= *resume_skip_;
+      resume_skip_.reset();
+    }
+    return batches;
+  }
+  template <class Range>
+  void skip_taken(Range& batches, std::size_t n) {
+    if constexpr (requires { batches.skip(n); }) {
+      batches.skip(n);
+    } else if constexpr (requires { batches.erase(batches.begin(), batches.begin() + 1); }) {
+      batches.erase(batches.begin(), batches.begin() + static_cast<std::ptrdiff_t>(std::min(n, batches.size())));
+    } else {
+      throw error("trainer", "epoch", this->communicator().rank(),
+                  "resuming in the middle of an epoch skips the " + std::to_string(n) +
+                      " batches taken before the checkpoint, but this loader's range can do neither skip(n) nor "
+                      "erase: return a ddp::data::batch_stream or a std::vector, or save at the end of an epoch");
+    }
   }
 
   trainer_options options_;
   std::uint64_t epoch_ = 0;
+  std::uint64_t epoch_start_ = 0;            // micro_batches_run() when the current epoch began
+  std::optional<std::size_t> epoch_length_;  // its batches, when the loader's range says
+  std::optional<std::uint64_t> resume_skip_;  // batches of the next epoch() a loaded checkpoint took
 };
+
+// Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).
+inline bool has_checkpoint(const std::filesystem::path& dir) {
+  return detail::checkpoint_directory{dir}.committed().has_value();
+}
 
 }  // namespace ddp

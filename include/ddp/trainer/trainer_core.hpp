@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <ranges>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "ddp/concepts/module.hpp"
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/buffer_set.hpp"
+#include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/consensus.hpp"
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/model_checks.hpp"
@@ -245,8 +247,134 @@ class trainer_core {
       if (!update_[i]) names.push_back(params_[i].name);
     return names;
   }
+  // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch.
+  std::uint64_t micro_batches_run() const noexcept { return micro_batches_run_; }
+
+  // ---- checkpoints (ddp::trainer::save and load write and read the files) -----------------
+
+  // This rank's state: parameters, buffers, its part of the optimizer state, each parameter's
+  // update count (AdamW's bias correction), the step count, and the layout that gives the state
+  // its meaning (the model's signature, each bucket's size and this rank's shard of it).
+  void write_state(detail::checkpoint_file& f) {
+    between_steps("save");
+    std::string signature, layout;
+    for (const auto& e : detail::signature_of(param_refs_, buffer_refs_)) signature += e.serialize();
+    for (const auto& bk : buckets_)
+      layout += std::to_string(bk.numel) + " " + std::to_string(bk.padded) + " " + std::to_string(bk.shard_begin) +
+                " " + std::to_string(bk.shard) + "\n";
+    f.set_text("signature", signature);
+    f.set_text("buckets", layout);
+    f.set_text("state_slots", std::to_string(parts_.optimizer.state_slots()));
+    f.set_text("steps", std::to_string(steps_));
+    f.set_array("update_counts", std::span<const std::int64_t>(update_counts_));
+    for (const auto& p : params_) {
+      std::vector<float> v(p.numel);
+      device_.copy_to_host(v.data(), p.value, p.numel * sizeof(float));
+      f.set_array("parameter/" + p.name, std::span<const float>(v));
+    }
+    for (const auto& b : buffers_.entries()) {
+      std::vector<std::uint8_t> bytes(b.value.bytes());
+      device_.copy_to_host(bytes.data(), b.value.data, bytes.size());
+      f.set_bytes("buffer/" + b.name, std::move(bytes));
+    }
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      const auto& bk = buckets_[i];
+      std::vector<float> s(bk.state.size());
+      if (!s.empty()) device_.copy_to_host(s.data(), bk.state.data(), s.size() * sizeof(float));
+      f.set_array("state/" + std::to_string(i), std::span<const float>(s));
+    }
+  }
+
+  // Why `f` cannot be loaded into this trainer (another model, another bucket plan, another
+  // optimizer's state), or nothing. Reads only; each rank checks the files it will read.
+  std::optional<std::string> check_state(const detail::checkpoint_file& f) const {
+    std::string mine;
+    for (const auto& e : detail::signature_of(param_refs_, buffer_refs_)) mine += e.serialize();
+    const std::string theirs = f.text("signature");
+    if (theirs != mine) {
+      auto lines = [](const std::string& s) {
+        std::vector<std::string> out;
+        std::string line;
+        for (char c : s)
+          if (c == '\n') out.push_back(std::exchange(line, {}));
+          else line += c;
+        return out;
+      };
+      const auto a = lines(theirs), b = lines(mine);
+      for (std::size_t i = 0;; ++i) {
+        const std::string x = i < a.size() ? a[i] : "nothing", y = i < b.size() ? b[i] : "nothing";
+        if (x != y)
+          return "'" + f.path() + "' holds another model: its entry " + std::to_string(i) + " is " + x +
+                 ", this module's is " + y;
+      }
+    }
+    std::string sizes;
+    for (const auto& bk : buckets_) sizes += std::to_string(bk.numel) + " ";
+    std::string theirs_sizes;
+    for (const auto& row : parse_layout(f)) theirs_sizes += std::to_string(row[0]) + " ";
+    if (sizes != theirs_sizes)
+      return "'" + f.path() + "' was written with buckets of " + theirs_sizes + "elements, this trainer has " + sizes +
+             "(another bucket_cap): build the trainer with the checkpoint's bucket_cap";
+    const auto slots = std::to_string(parts_.optimizer.state_slots());
+    if (f.text("state_slots") != slots)
+      return "'" + f.path() + "' holds " + f.text("state_slots") + " optimizer state value(s) per parameter, this "
+             "trainer's optimizer keeps " + slots;
+    return std::nullopt;
+  }
+
+  // Loads the state that `files` hold: `own` is the file whose parameters, buffers and counts
+  // this rank takes; the optimizer state of each bucket is assembled from the files' shards,
+  // which may be cut for another world size (update::sharded: the shards re-cut).
+  void read_state(const std::vector<detail::checkpoint_file>& files, std::size_t own) {
+    between_steps("load");
+    const auto& f = files[own];
+    for (auto& p : params_) {
+      const auto v = f.array<float>("parameter/" + p.name, p.numel);
+      device_.copy_from_host(p.value, v.data(), p.numel * sizeof(float));
+    }
+    stage_values();
+    for (const auto& b : buffers_.entries()) {
+      const auto& bytes = f.section("buffer/" + b.name);
+      if (bytes.size() != b.value.bytes())
+        throw error("trainer", "load", comm_.rank(), "'" + f.path() + "': buffer '" + b.name + "' has another size");
+      device_.copy_from_host(b.value.data, bytes.data(), bytes.size());
+      if (b.version) b.version->bump();
+    }
+    update_counts_ = f.array<std::int64_t>("update_counts", params_.size());
+    steps_ = f.number("steps");
+    const auto slots = static_cast<std::size_t>(parts_.optimizer.state_slots());
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      auto& bk = buckets_[i];
+      std::vector<float> mine(bk.state.size(), 0.0f);
+      for (const auto& file : files) {  // each file's shard [begin, begin + shard) of every slot
+        const auto row = parse_layout(file).at(i);
+        const std::size_t begin = row[2], shard = row[3];
+        const auto theirs = file.array<float>("state/" + std::to_string(i), slots * shard);
+        const std::size_t lo = std::max(begin, bk.shard_begin), hi = std::min(begin + shard, bk.shard_begin + bk.shard);
+        for (std::size_t k = 0; k < slots && lo < hi; ++k)
+          std::copy(theirs.begin() + static_cast<std::ptrdiff_t>(k * shard + lo - begin),
+                    theirs.begin() + static_cast<std::ptrdiff_t>(k * shard + hi - begin),
+                    mine.begin() + static_cast<std::ptrdiff_t>(k * bk.shard + lo - bk.shard_begin));
+      }
+      if (!mine.empty()) device_.copy_from_host(bk.state.data(), mine.data(), mine.size() * sizeof(float));
+    }
+    device_.synchronize();
+  }
 
  private:
+  // Each bucket's row of a checkpoint's layout: numel, padded, shard begin, shard.
+  static std::vector<std::array<std::size_t, 4>> parse_layout(const detail::checkpoint_file& f) {
+    std::vector<std::array<std::size_t, 4>> rows;
+    std::istringstream in(f.text("buckets"));
+    for (std::array<std::size_t, 4> r{}; in >> r[0] >> r[1] >> r[2] >> r[3];) rows.push_back(r);
+    return rows;
+  }
+  void between_steps(const char* operation) const {
+    if (micro_batches_ != 0 || active_)
+      throw error("trainer", operation, comm_.rank(),
+                  "called inside a step or after accumulate() without step(); call it between steps");
+  }
+
   static constexpr bool reports = reports_gradient_ready<Module>;
   static constexpr bool binds = binds_gradient_storage<Module>;
   using bucket = detail::bucket<Comm, Device>;
@@ -411,6 +539,7 @@ class trainer_core {
       final_ = final;
       sent_ = false;
       ++micro_batches_;  // this one included, from its start: the control floats may go during its backward
+      ++micro_batches_run_;
       replica r(*this);
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
         step_fn(r);
@@ -689,6 +818,7 @@ class trainer_core {
   std::vector<optim::parameter_group> groups_;  // set_parameter_group's, in order
   std::vector<std::size_t> group_of_;            // per parameter: 0, or 1 + its index in groups_
   std::uint64_t steps_ = 0;
+  std::uint64_t micro_batches_run_ = 0;
   overlap_timing overlap_;
   std::optional<std::string> broken_;
 

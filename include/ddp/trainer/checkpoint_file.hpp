@@ -1,0 +1,233 @@
+#pragma once
+// One rank's checkpoint file, and the directory that holds a checkpoint of every rank.
+//
+// File: "DDPCKPT1", the body's length (u64), the body, its CRC-32 (u32). The body is a list of
+// named sections (u32 name length, name, u64 size, bytes): text fields ("meta/...") and arrays
+// (parameters, buffers, optimizer state). A short file, a wrong length or a wrong checksum is an
+// error naming the file; nothing is read from a file that fails them.
+//
+// Directory: step-<steps>/rank-<r>-of-<world>.ddpckpt for every rank, and LATEST naming the
+// step directory of the last complete checkpoint. Each file is written to a temporary name,
+// flushed to disk and renamed; LATEST is written the same way only after every rank's file is
+// there, so a crash at any point leaves the previous checkpoint whole and LATEST pointing at it.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+
+namespace ddp::detail {
+
+inline std::uint32_t crc32(std::span<const std::uint8_t> bytes) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (auto b : bytes) c = table[(c ^ b) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+class checkpoint_file {
+ public:
+  static constexpr std::string_view magic = "DDPCKPT1";
+
+  void set_text(const std::string& name, const std::string& value) {
+    sections_["meta/" + name].assign(value.begin(), value.end());
+  }
+  template <class T>
+  void set_array(const std::string& name, std::span<const T> values) {
+    auto& s = sections_[name];
+    s.resize(values.size_bytes());
+    if (!values.empty()) std::memcpy(s.data(), values.data(), values.size_bytes());
+  }
+  void set_bytes(const std::string& name, std::vector<std::uint8_t> bytes) { sections_[name] = std::move(bytes); }
+
+  bool has(const std::string& name) const { return sections_.count(name) != 0; }
+  std::string text(const std::string& name) const {
+    const auto& s = section("meta/" + name);
+    return {s.begin(), s.end()};
+  }
+  std::uint64_t number(const std::string& name) const {
+    const auto t = text(name);
+    try {
+      return std::stoull(t);
+    } catch (...) {
+      throw error("trainer", "load", -1, "'" + path_ + "': field " + name + " is not a number: '" + t + "'");
+    }
+  }
+  const std::vector<std::uint8_t>& section(const std::string& name) const {
+    const auto it = sections_.find(name);
+    if (it == sections_.end())
+      throw error("trainer", "load", -1, "'" + path_ + "' has no section '" + name + "' (written by another version?)");
+    return it->second;
+  }
+  // The section as `count` values of T; a different size is an error naming it.
+  template <class T>
+  std::vector<T> array(const std::string& name, std::size_t count) const {
+    const auto& s = section(name);
+    if (s.size() != count * sizeof(T))
+      throw error("trainer", "load", -1,
+                  "'" + path_ + "': section '" + name + "' holds " + std::to_string(s.size()) + " bytes, this model needs " +
+                      std::to_string(count * sizeof(T)));
+    std::vector<T> out(count);
+    if (count) std::memcpy(out.data(), s.data(), s.size());
+    return out;
+  }
+  const std::string& path() const noexcept { return path_; }
+
+  std::vector<std::uint8_t> encode() const {
+    std::vector<std::uint8_t> body;
+    auto put = [&body](const void* p, std::size_t n) {
+      const auto* b = static_cast<const std::uint8_t*>(p);
+      body.insert(body.end(), b, b + n);
+    };
+    for (const auto& [name, bytes] : sections_) {
+      const auto name_size = static_cast<std::uint32_t>(name.size());
+      const auto size = static_cast<std::uint64_t>(bytes.size());
+      put(&name_size, 4);
+      put(name.data(), name.size());
+      put(&size, 8);
+      put(bytes.data(), bytes.size());
+    }
+    std::vector<std::uint8_t> out(magic.begin(), magic.end());
+    const auto length = static_cast<std::uint64_t>(body.size());
+    const auto* l = reinterpret_cast<const std::uint8_t*>(&length);
+    out.insert(out.end(), l, l + 8);
+    out.insert(out.end(), body.begin(), body.end());
+    const std::uint32_t crc = crc32(body);
+    const auto* c = reinterpret_cast<const std::uint8_t*>(&crc);
+    out.insert(out.end(), c, c + 4);
+    return out;
+  }
+
+  static checkpoint_file decode(std::span<const std::uint8_t> bytes, const std::string& path) {
+    auto fail = [&](const std::string& what) -> void {
+      throw error("trainer", "load", -1, "'" + path + "' " + what + "; the checkpoint cannot be used");
+    };
+    if (bytes.size() < magic.size() + 12 || std::memcmp(bytes.data(), magic.data(), magic.size()) != 0)
+      fail(bytes.size() < magic.size() ? "is not a ddp checkpoint (" + std::to_string(bytes.size()) + " bytes)"
+                                       : "is not a ddp checkpoint (no DDPCKPT1 header)");
+    std::uint64_t length = 0;
+    std::memcpy(&length, bytes.data() + magic.size(), 8);
+    const std::size_t head = magic.size() + 8;
+    if (bytes.size() != head + length + 4)
+      fail("is truncated or has trailing bytes: its header says " + std::to_string(head + length + 4) +
+           " bytes, the file has " + std::to_string(bytes.size()));
+    const auto body = bytes.subspan(head, static_cast<std::size_t>(length));
+    std::uint32_t stored = 0;
+    std::memcpy(&stored, bytes.data() + head + length, 4);
+    if (crc32(body) != stored) fail("is corrupt: its checksum does not match its contents");
+    checkpoint_file f;
+    f.path_ = path;
+    std::size_t at = 0;
+    auto take = [&](void* p, std::size_t n) {
+      if (at + n > body.size()) fail("is corrupt: a section runs past the end");
+      std::memcpy(p, body.data() + at, n);
+      at += n;
+    };
+    while (at < body.size()) {
+      std::uint32_t name_size = 0;
+      std::uint64_t size = 0;
+      take(&name_size, 4);
+      std::string name(name_size, '\0');
+      take(name.data(), name_size);
+      take(&size, 8);
+      std::vector<std::uint8_t> s(static_cast<std::size_t>(size));
+      take(s.data(), s.size());
+      f.sections_[std::move(name)] = std::move(s);
+    }
+    return f;
+  }
+
+ private:
+  std::string path_;
+  std::map<std::string, std::vector<std::uint8_t>> sections_;
+};
+
+// Writes `bytes` to `path` so that `path` holds either its old contents or all of the new ones:
+// a temporary file in the same directory, flushed, renamed over `path`, the directory flushed.
+inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes, int rank) {
+  const auto tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rank);
+  auto fail = [&](const std::string& what) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw error("trainer", "save", rank, what + " '" + tmp + "': " + std::strerror(e));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot create");
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const auto n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      fail("cannot write");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("cannot flush");
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename to '" + path.string() + "'");
+  const int dir = ::open(path.parent_path().empty() ? "." : path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+inline std::vector<std::uint8_t> read_whole_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw error("trainer", "load", -1, "cannot open '" + path.string() + "': " + std::strerror(errno));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct checkpoint_directory {
+  std::filesystem::path root;
+
+  static std::string step_name(std::uint64_t steps) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "step-%012llu", static_cast<unsigned long long>(steps));
+    return buf;
+  }
+  std::filesystem::path rank_file(const std::string& step, int rank, int world) const {
+    return root / step / ("rank-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".ddpckpt");
+  }
+  std::filesystem::path latest() const { return root / "LATEST"; }
+
+  // The committed checkpoint: its step directory and world size; nullopt when there is none.
+  std::optional<std::pair<std::string, int>> committed() const {
+    std::ifstream in(latest());
+    if (!in) return std::nullopt;
+    std::string step;
+    int world = 0;
+    if (!(in >> step >> world) || world < 1 || step.rfind("step-", 0) != 0)
+      throw error("trainer", "load", -1,
+                  "'" + latest().string() + "' is not a ddp checkpoint index (expected 'step-N WORLD')");
+    return std::make_pair(step, world);
+  }
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,219 @@
+// Checkpoints: N steps, save, a new trainer over a freshly built module loads, M more steps —
+// bitwise the run of N + M steps that never stopped (SGD with momentum and AdamW, replicated
+// and sharded, worlds 1-4, saved in the middle of an epoch); at another world size, within the
+// equivalence bound; and every file that cannot be loaded is an error naming what differs.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "ddp/data/loader.hpp"
+#include "ddp/ddp.hpp"
+#include "ddp/host/device.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "trainer/test_model.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct rows {
+  struct example {
+    const float* x;
+    std::int32_t y;
+  };
+  using example_type = example;
+  test::batch all;
+  explicit rows(std::size_t n) : all(test::make_batch(n, 23)) {}
+  std::size_t size() const { return all.y.size(); }
+  example get(std::size_t i) const { return {all.x.row(i), all.y[i]}; }
+  static test::batch collate(std::span<const example> xs) {
+    test::batch b{ddp::nn::matrix(xs.size(), test::in_features), {}};
+    for (std::size_t r = 0; r < xs.size(); ++r) {
+      std::copy(xs[r].x, xs[r].x + test::in_features, b.x.row(r));
+      b.y.push_back(xs[r].y);
+    }
+    return b;
+  }
+};
+
+fs::path scratch(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("ddp_checkpoint_test_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+using padded = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
+
+// Runs `steps` steps through trainer.epoch(loader) epochs (5 batches each: 40 rows, world x
+// batch = 8), saving after `save_after` steps when given; a run that starts with `resume` loads
+// it first. Returns the parameters and the buffers' first values.
+template <class Optimizer, class Update>
+std::vector<std::vector<float>> run(ddp::inproc::communicator& comm, const rows& data, std::size_t batch,
+                                    std::size_t steps, std::optional<std::size_t> save_after, const fs::path& dir,
+                                    bool resume, Optimizer opt, std::uint64_t init_seed = 5) {
+  test::mlp model = test::make_mlp(init_seed);
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, padded, Optimizer, Update, ddp::bucket_cap<256>> trainer(model, comm, dev, opt, {.seed = 9});
+  if (resume) trainer.load(dir);
+  const ddp::data::loader loader(data, batch, &rows::collate);
+  while (trainer.steps() < steps) {
+    for (const auto& b : trainer.epoch(loader)) {
+      trainer.step([&](auto& r) {
+        r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+      });
+      if (save_after && trainer.steps() == *save_after) trainer.save(dir);
+      if (trainer.steps() == steps) break;
+    }
+  }
+  auto out = test::parameter_values(model);
+  for (const auto& buf : model.buffers()) {
+    std::vector<float> v(buf.value.numel());
+    if (buf.value.type == ddp::dtype::f32) std::copy_n(static_cast<const float*>(buf.value.data), v.size(), v.begin());
+    else v.assign(1, static_cast<float>(*static_cast<const std::int64_t*>(buf.value.data)));
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+template <class Optimizer, class Update>
+void check_exact_resume(Optimizer opt) {
+  const rows data(40);
+  for (int world : {1, 2, 3, 4}) {
+    CAPTURE(world);
+    const std::size_t batch = world == 3 ? 3 : 8 / static_cast<std::size_t>(world);
+    const auto dir = scratch("exact");
+    // 7 uninterrupted steps, against 3 steps, a save, and 4 more in a new trainer built from
+    // another seed (the checkpoint must overwrite every value). 3 steps is mid-epoch.
+    const auto whole = ddp::inproc::launch(world, [&](ddp::inproc::communicator& c) {
+      return run<Optimizer, Update>(c, data, batch, 7, std::nullopt, dir, false, opt);
+    });
+    ddp::inproc::launch(world, [&](ddp::inproc::communicator& c) {
+      return run<Optimizer, Update>(c, data, batch, 3, 3, dir, false, opt);
+    });
+    CHECK(ddp::has_checkpoint(dir));
+    const auto resumed = ddp::inproc::launch(world, [&](ddp::inproc::communicator& c) {
+      return run<Optimizer, Update>(c, data, batch, 7, std::nullopt, dir, true, opt, /*init_seed=*/77);
+    });
+    for (int r = 0; r < world; ++r) CHECK(resumed[static_cast<std::size_t>(r)] == whole[static_cast<std::size_t>(r)]);
+    fs::remove_all(dir);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("save, load in a new trainer, continue: bitwise the run that never stopped (SGD momentum)") {
+  const ddp::optim::sgd sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f, .nesterov = false};
+  check_exact_resume<ddp::optim::sgd, ddp::update::replicated>(sgd);
+  check_exact_resume<ddp::optim::sgd, ddp::update::sharded>(sgd);
+}
+
+TEST_CASE("save, load in a new trainer, continue: bitwise the run that never stopped (AdamW)") {
+  const ddp::optim::adamw adamw{.lr = 1e-2f, .weight_decay = 1e-2f};
+  check_exact_resume<ddp::optim::adamw, ddp::update::replicated>(adamw);
+  check_exact_resume<ddp::optim::adamw, ddp::update::sharded>(adamw);
+}
+
+TEST_CASE("a checkpoint from world 2 goes on at worlds 4 and 1 with the same global batch") {
+  const rows data(40);
+  const ddp::optim::adamw adamw{.lr = 1e-2f, .weight_decay = 1e-2f};
+  const auto dir = scratch("reshard");
+  // 5 steps = one epoch at global batch 8, saved at its end; then 5 more.
+  const auto whole = ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {
+    return run<ddp::optim::adamw, ddp::update::sharded>(c, data, 4, 10, 5, dir, false, adamw);
+  })[0];
+  for (int world : {4, 1}) {
+    CAPTURE(world);
+    const auto resumed = ddp::inproc::launch(world, [&](ddp::inproc::communicator& c) {
+      return run<ddp::optim::adamw, ddp::update::sharded>(c, data, 8 / static_cast<std::size_t>(world), 10,
+                                                          std::nullopt, dir, true, adamw, 77);
+    })[0];
+    // The parameters (the buffers hold rank 0's running statistics, of another part of the batch).
+    test::mlp shape = test::make_mlp(1);
+    const std::size_t params = test::parameter_values(shape).size();
+    REQUIRE(resumed.size() == whole.size());
+    const std::vector<std::vector<float>> a(resumed.begin(), resumed.begin() + static_cast<std::ptrdiff_t>(params)),
+        b(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(params));
+    CHECK(test::max_relative_error(a, b) < 1e-5);
+    CHECK(a != b);  // not the same bits: another world sums in another order
+  }
+  fs::remove_all(dir);
+}
+
+namespace {
+// Every rank's error when a trainer of type Trainer over make_model() loads `dir` ("" if none).
+template <class Trainer, class MakeModel>
+std::vector<std::string> load_errors(int world, const fs::path& dir, MakeModel make_model,
+                                     typename Trainer::optimizer_type opt = {}) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& c) -> std::string {
+    auto model = make_model();
+    ddp::host::device dev;
+    Trainer t(model, c, dev, opt);
+    try {
+      t.load(dir);
+    } catch (const ddp::error& e) {
+      return e.what();
+    }
+    return "";
+  });
+}
+void check_every_rank(const std::vector<std::string>& errors, const std::string& text) {
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find(text) != std::string::npos);
+  }
+}
+using sgd_trainer = ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>>;
+}  // namespace
+
+TEST_CASE("a checkpoint that cannot be loaded is an error on every rank naming what differs") {
+  const rows data(40);
+  const ddp::optim::sgd sgd{.lr = 0.1f, .momentum = 0.9f};
+  const auto dir = scratch("errors");
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {  // saved after 3 steps: mid-epoch
+    return run<ddp::optim::sgd, ddp::update::replicated>(c, data, 4, 3, 3, dir, false, sgd);
+  });
+  const auto mlp = [] { return test::make_mlp(1); };
+  CHECK(load_errors<sgd_trainer>(2, dir, mlp, sgd) == std::vector<std::string>{"", ""});
+
+  // Another model, other policies, another world in the middle of an epoch.
+  using small = ddp::nn::sequential<ddp::nn::linear, ddp::nn::relu, ddp::nn::linear>;
+  check_every_rank(load_errors<ddp::trainer<small, padded, ddp::bucket_cap<256>>>(
+                       2, dir, [] { return small(ddp::nn::linear(test::in_features, 16, 1), ddp::nn::relu(),
+                                                 ddp::nn::linear(16, test::classes, 2)); }),
+                   "holds another model: its entry 2 is ");
+  check_every_rank(load_errors<ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>, ddp::optim::adamw>>(2, dir, mlp),
+                   "was written by a trainer with other policies: the checkpoint has optimizer=sgd, this trainer "
+                   "optimizer=adamw");
+  check_every_rank(load_errors<ddp::trainer<test::mlp, padded, ddp::bucket_cap<1024>>>(2, dir, mlp, sgd),
+                   "the checkpoint has bucket_cap=256 bytes, this trainer bucket_cap=1 KiB");
+  check_every_rank(load_errors<sgd_trainer>(4, dir, mlp, sgd),
+                   "was saved in the middle of an epoch at world size 2, and this run has 4 ranks");
+
+  // A save that died half-way (a temporary file, a step directory without LATEST's blessing)
+  // leaves the committed checkpoint loadable.
+  const auto committed = ddp::detail::checkpoint_directory{dir}.committed();
+  REQUIRE(committed);
+  fs::create_directories(dir / "step-000000000099");
+  std::ofstream(dir / "step-000000000099" / "rank-0-of-2.ddpckpt.tmp.1.0") << "half";
+  CHECK(load_errors<sgd_trainer>(2, dir, mlp, sgd) == std::vector<std::string>{"", ""});
+
+  // Damaged files.
+  const auto file = dir / committed->first / "rank-1-of-2.ddpckpt";
+  auto bytes = ddp::detail::read_whole_file(file);
+  auto write = [&](const std::vector<std::uint8_t>& b) {
+    std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  };
+  auto flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x10;
+  write(flipped);
+  check_every_rank(load_errors<sgd_trainer>(2, dir, mlp, sgd), "rank-1-of-2.ddpckpt' is corrupt: its checksum");
+  write({bytes.begin(), bytes.end() - 100});
+  check_every_rank(load_errors<sgd_trainer>(2, dir, mlp, sgd), "rank-1-of-2.ddpckpt' is truncated");
+  write(bytes);
+  CHECK(load_errors<sgd_trainer>(2, dir, mlp, sgd) == std::vector<std::string>{"", ""});
+  fs::remove(dir / "LATEST");
+  check_every_rank(load_errors<sgd_trainer>(2, dir, mlp, sgd), "no checkpoint in '" + dir.string() + "'");
+  CHECK_FALSE(ddp::has_checkpoint(dir));
+  fs::remove_all(dir);
+}
