@@ -1,6 +1,8 @@
 // A user's optimizer on the CUDA device: its element kernel, instantiated in the user's own nvcc
 // translation unit (docs/cuda.md). kernels_test.cpp runs it against the host device.
-#include "ddp/cuda/elementwise.cuh"
-#include "support/user_optimizer.hpp"
+// [doc: cuda.md]
+#include <ddp/cuda/elementwise.cuh>
+#include "support/user_optimizer.hpp"   // user::lion, its rule's operator() marked DDP_HOST_DEVICE
 
 DDP_CUDA_OPTIMIZER(user::lion);
+// [end doc]

@@ -111,7 +111,7 @@ TEST_CASE("a stream holds at most its prefetch depth plus the current batch, at 
   }
 }
 
-TEST_CASE("leaving the loop early stops the prefetch thread; a stream is a single pass") {
+TEST_CASE("leaving the loop early stops the prefetch thread, a stream is a single pass") {
   const numbers data{100000};
   std::atomic<int> made{0};
   const ddp::data::loader loader(

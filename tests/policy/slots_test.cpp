@@ -38,3 +38,10 @@ TEST_CASE("policy names print") {
   CHECK(ddp::buffer_sync::average_once_per_step::name == "average_once_per_step");
   CHECK(ddp::unused_params::detect_each_step::name == "detect_each_step");
 }
+
+TEST_CASE("a bucket cap prints in the largest unit that divides it, never as 0 KiB") {
+  CHECK(ddp::bucket_cap<std::size_t{25} << 20>{}.describe() == "25 MiB");
+  CHECK(ddp::bucket_cap<256 << 10>{}.describe() == "256 KiB");
+  CHECK(ddp::bucket_cap<1536 << 10>{}.describe() == "1536 KiB");
+  CHECK(ddp::bucket_cap<512>{}.describe() == "512 bytes");
+}

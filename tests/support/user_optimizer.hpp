@@ -1,14 +1,18 @@
 #pragma once
 // An optimizer written the way a user writes one, outside the library: free of range-v3, so an
 // nvcc translation unit can include it (tests/cuda/user_optimizer.cu instantiates its kernel).
+// docs/policies.md shows it between the `// [doc: ...]` marks (the #include there is a no-op).
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "ddp/core/host_device.hpp"
-#include "ddp/optim/optimizer.hpp"
+#include <ddp/core/host_device.hpp>
+#include <ddp/optim/optimizer.hpp>
 
 namespace user {
+
+// [doc: policies.md]
+#include <ddp/optim/optimizer.hpp>  // ddp::optim::slot and DDP_HOST_DEVICE
 
 // Optimizer: Lion (Chen et al. 2023), which ddp does not ship. One rule for host and CUDA.
 struct lion {
@@ -28,5 +32,6 @@ struct lion {
   rule at(std::int64_t) const { return {lr, beta1, beta2, weight_decay}; }
   std::string describe() const { return "lion(lr=" + std::to_string(lr) + ")"; }
 };
+// [end doc]
 
 }  // namespace user

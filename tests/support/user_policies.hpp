@@ -1,20 +1,25 @@
 #pragma once
 // Policies written the way a user writes them: outside the library, against the slot concepts
-// alone. tests/trainer/user_policies_test.cpp runs each; docs/policies.md shows them.
+// alone. tests/trainer/user_policies_test.cpp runs each; docs/policies.md shows them, word for
+// word, between the `// [doc: ...]` marks (tests/docs/snippets_test.cpp checks it). The #include
+// lines inside the marks name the slot's header for the reader; here they are no-ops (#pragma once).
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "ddp/policy/bucket_cap.hpp"
-#include "ddp/policy/buffer_sync.hpp"
-#include "ddp/policy/unused_params.hpp"
-#include "ddp/policy/update.hpp"
-#include "ddp/sampler/sampler.hpp"
+#include <ddp/policy/bucket_cap.hpp>
+#include <ddp/policy/buffer_sync.hpp>
+#include <ddp/policy/unused_params.hpp>
+#include <ddp/policy/update.hpp>
+#include <ddp/sampler/sampler.hpp>
 #include "support/user_optimizer.hpp"
 
 namespace user {
+
+// [doc: policies.md]
+#include <ddp/policy/buffer_sync.hpp>
 
 // BufferSync: rank 0's buffers before the first forward of every k-th step.
 struct every_k_steps {
@@ -30,6 +35,10 @@ struct every_k_steps {
     ++syncs;
   }
 };
+// [end doc]
+
+// [doc: policies.md]
+#include <ddp/policy/unused_params.hpp>
 
 // UnusedParamDetection: detect_each_step's rule, and a log of what no rank used.
 struct log_unused : ddp::unused_params::detect_each_step {
@@ -41,6 +50,7 @@ struct log_unused : ddp::unused_params::detect_each_step {
       if (!update[i]) log.push_back(v.parameter_name(i));
   }
 };
+// [end doc]
 
 // Buckets: a small first bucket, so the first reduction starts early in backward (PyTorch does
 // this with 1 MiB), then the usual cap.

@@ -197,7 +197,7 @@ TEST_CASE("trainers over one module, communicator and device share one trainer_c
   static_assert(std::is_same_v<contiguous::core_type, other::core_type>);
   static_assert(std::is_base_of_v<shuffled::core_type, shuffled>);
   CHECK(contiguous::describe_policies() ==
-        "buffer_sync=broadcast_once_per_step, unused_params=forbid, bucket_cap=25600 KiB, optimizer=adamw, "
+        "buffer_sync=broadcast_once_per_step, unused_params=forbid, bucket_cap=25 MiB, optimizer=adamw, "
         "update=replicated, communicator=inproc, sampler=contiguous");
   auto results = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
     ddp::host::device dev;

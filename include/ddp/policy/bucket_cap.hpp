@@ -86,7 +86,12 @@ struct bucket_cap {
   bucket_plan plan(std::span<const std::size_t> numels) const {
     return plan_buckets(numels, [](std::size_t) { return Bytes; });
   }
-  std::string describe() const { return std::to_string(Bytes >> 10) + " KiB"; }
+  // "25 MiB", "256 KiB", "100 bytes": the largest unit that divides the cap.
+  std::string describe() const {
+    if (Bytes % (std::size_t{1} << 20) == 0) return std::to_string(Bytes >> 20) + " MiB";
+    if (Bytes % (std::size_t{1} << 10) == 0) return std::to_string(Bytes >> 10) + " KiB";
+    return std::to_string(Bytes) + " bytes";
+  }
 };
 
 namespace bucket_cap_detail {

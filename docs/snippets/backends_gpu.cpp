@@ -1,0 +1,36 @@
+// The NCCL snippet of docs/backends.md, compiled by the ddp_gpu target (CUDA toolkit, NCCL).
+#include <ddp/cuda/nn/cross_entropy.hpp>
+#include <ddp/cuda/nn/linear.hpp>
+#include <ddp/cuda/nn/relu.hpp>
+#include <ddp/ddp.hpp>
+#include <ddp/nccl/communicator.hpp>
+#include <ddp/nn/sequential.hpp>
+
+namespace snippets {
+
+namespace g = ddp::cuda::nn;
+using gpu_model = ddp::nn::sequential<g::linear, g::relu, g::linear>;
+inline gpu_model make_gpu_model(ddp::cuda::device& dev, std::uint64_t seed) {
+  return gpu_model(g::linear(dev, 784, 128, seed), g::relu(), g::linear(dev, 128, 10, seed + 1));
+}
+
+void nccl_ranks(int n_gpus, std::uint64_t seed, const ddp::optim::sgd& opt, const std::vector<g::matrix>& inputs,
+                const std::vector<ddp::cuda::device_vector<std::int32_t>>& labels) {
+  // [doc: backends.md]
+  #include <ddp/ddp.hpp>
+  #include <ddp/cuda/nn/cross_entropy.hpp>
+  #include <ddp/nccl/communicator.hpp>
+
+  ddp::inproc::launch(n_gpus, [&](ddp::inproc::communicator& host) {   // or ddp::mpi::communicator
+    ddp::cuda::device dev(host.rank(), host.rank());          // GPU ordinal, rank (for messages)
+    auto comm = ddp::nccl::bootstrap(host, dev);               // rank 0's ncclUniqueId, broadcast by host
+    auto m = make_gpu_model(dev, seed);                        // ddp::cuda::nn layers, or your module
+    ddp::trainer<gpu_model, ddp::use_communicator<ddp::nccl::communicator>,
+                 ddp::use_device<ddp::cuda::device>> trainer(m, comm, dev, opt);
+    for (std::size_t i = 0; i < inputs.size(); ++i)            // batches already on this GPU
+      trainer.step([&](auto& r) { r.backward(g::softmax_cross_entropy(r.forward(inputs[i]), labels[i]).grad); });
+  });
+  // [end doc]
+}
+
+}  // namespace snippets
