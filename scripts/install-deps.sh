@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ddp builds with from Debian packages. Idempotent: when every package is already
 # installed it returns at once without touching apt.
+#   scripts/install-deps.sh          what the library, the examples and the tests build with
+#   scripts/install-deps.sh --fuzz   and clang with its libFuzzer runtime (scripts/fuzz.sh)
 set -euo pipefail
 packages=(
   cmake g++ make pkg-config
@@ -9,6 +11,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libtorch-dev
 )
+[ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,7 +3,7 @@
 # and runs the whole test suite under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --fuzz
 build=${DDP_BUILD_DIR:-build}
 # DDP_REQUIRE_MPI: the MPI tests fail (at configure) rather than vanish when MPI is missing.
 # The GPU targets (ddp_gpu: GPU tests, GPU benchmarks, the example's GPU build) are not part of
@@ -14,3 +14,27 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_REQUIRE_MPI=ON -DDDP_REQ
 cmake --build "$build" -j"${DDP_JOBS:-2}"
 source scripts/openblas-env.sh
 ctest --test-dir "$build" -j"${DDP_JOBS:-2}" --output-on-failure "$@"
+
+# The concurrent code under the sanitizers (docs/testing.md): the in-process, trainer and data
+# suites under AddressSanitizer + UndefinedBehaviorSanitizer, the in-process and trainer suites
+# under ThreadSanitizer. Built without debug information (it triples the build time here; the
+# reports still name the functions). Any report fails the run. DDP_SANITIZERS=0 skips them.
+if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
+  for preset in asan tsan; do
+    flags=$([ $preset = asan ] && echo "-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+                                || echo "-fsanitize=thread")
+    cmake --preset $preset -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
+          -DDDP_WITH_TORCH=OFF -DDDP_WITH_CUDA=OFF -DDDP_BUILD_EXAMPLES=OFF > /dev/null
+    suites=(ddp_inproc_test ddp_trainer_test)
+    [ $preset = asan ] && suites+=(ddp_data_test)
+    cmake --build --preset $preset -j"${DDP_JOBS:-2}" --target "${suites[@]}"
+    for suite in "${suites[@]}"; do
+      echo "== $suite under $preset"
+      ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "build-$preset/tests/$suite" --minimal
+    done
+  done
+fi
+
+# The readers of untrusted files under libFuzzer, from their seed corpora (DDP_FUZZ_SECONDS each).
+scripts/fuzz.sh "${DDP_FUZZ_SECONDS:-30}"

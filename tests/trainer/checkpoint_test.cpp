@@ -4,6 +4,7 @@
 // equivalence bound; and every file that cannot be loaded is an error naming what differs.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -216,4 +217,31 @@ TEST_CASE("a checkpoint that cannot be loaded is an error on every rank naming w
   check_every_rank(load_errors<sgd_trainer>(2, dir, mlp, sgd), "no checkpoint in '" + dir.string() + "'");
   CHECK_FALSE(ddp::has_checkpoint(dir));
   fs::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint whose sections claim more bytes than the file has is refused before allocating") {
+  // A well-formed frame (right length, right checksum) around a section that claims 2^60 bytes.
+  std::vector<std::uint8_t> body;
+  auto put = [&](const void* p, std::size_t n) {
+    body.insert(body.end(), static_cast<const std::uint8_t*>(p), static_cast<const std::uint8_t*>(p) + n);
+  };
+  const std::uint32_t name_size = 1;
+  const std::uint64_t size = std::uint64_t{1} << 60;
+  put(&name_size, 4);
+  put("a", 1);
+  put(&size, 8);
+  std::vector<std::uint8_t> file{'D', 'D', 'P', 'C', 'K', 'P', 'T', '1'};
+  const std::uint64_t length = body.size();
+  file.insert(file.end(), reinterpret_cast<const std::uint8_t*>(&length), reinterpret_cast<const std::uint8_t*>(&length) + 8);
+  file.insert(file.end(), body.begin(), body.end());
+  const std::uint32_t crc = ddp::detail::crc32(body);
+  file.insert(file.end(), reinterpret_cast<const std::uint8_t*>(&crc), reinterpret_cast<const std::uint8_t*>(&crc) + 4);
+  CHECK_THROWS_WITH_AS(ddp::detail::checkpoint_file::decode(file, "crafted"),
+                       doctest::Contains("'crafted' is corrupt: a section runs past the end"), ddp::error);
+  // A length field near 2^64 must not wrap around the size check.
+  auto wrapped = file;
+  const std::uint64_t huge = ~std::uint64_t{0} - 10;
+  std::memcpy(wrapped.data() + 8, &huge, 8);
+  CHECK_THROWS_WITH_AS(ddp::detail::checkpoint_file::decode(wrapped, "crafted"), doctest::Contains("is truncated"),
+                       ddp::error);
 }

@@ -78,7 +78,8 @@ inline idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, 
     const std::uint32_t dim = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) |
                               (std::uint32_t{p[2]} << 8) | std::uint32_t{p[3]};
     h.dims.push_back(dim);
-    h.value_count *= dim;
+    if (__builtin_mul_overflow(h.value_count, std::size_t{dim}, &h.value_count))
+      fail("the header's dimensions multiply past what memory can address (not an IDX file)");
   }
   const std::size_t found = size - h.values_offset;
   if (found != h.value_count) {

@@ -129,7 +129,7 @@ class checkpoint_file {
     std::uint64_t length = 0;
     std::memcpy(&length, bytes.data() + magic.size(), 8);
     const std::size_t head = magic.size() + 8;
-    if (bytes.size() != head + length + 4)
+    if (length > bytes.size() || bytes.size() != head + length + 4)
       fail("is truncated or has trailing bytes: its header says " + std::to_string(head + length + 4) +
            " bytes, the file has " + std::to_string(bytes.size()));
     const auto body = bytes.subspan(head, static_cast<std::size_t>(length));
@@ -144,16 +144,21 @@ class checkpoint_file {
       std::memcpy(p, body.data() + at, n);
       at += n;
     };
+    auto fits = [&](std::uint64_t n) {  // checked before anything of that size is allocated
+      if (n > body.size() - at) fail("is corrupt: a section runs past the end");
+    };
     while (at < body.size()) {
       std::uint32_t name_size = 0;
       std::uint64_t size = 0;
       take(&name_size, 4);
+      fits(name_size);
       std::string name(name_size, '\0');
       take(name.data(), name_size);
       take(&size, 8);
+      fits(size);
       std::vector<std::uint8_t> s(static_cast<std::size_t>(size));
       take(s.data(), s.size());
-      f.sections_[std::move(name)] = std::move(s);
+      if (!f.sections_.emplace(std::move(name), std::move(s)).second) fail("is corrupt: a section appears twice");
     }
     return f;
   }
