@@ -4,6 +4,7 @@
 // producer; an error in the data reaches the loop at its batch. And the memory-mapped data set
 // gives the same examples as the one read into memory.
 #include <doctest/doctest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <atomic>
@@ -223,7 +224,8 @@ TEST_CASE("training from the stream is bitwise the training from batches collate
 
 namespace {
 std::filesystem::path scratch_directory(const char* name) {
-  auto dir = std::filesystem::temp_directory_path() / (std::string("ddp_stream_test_") + name);
+  auto dir = std::filesystem::temp_directory_path() /
+             (std::string("ddp_stream_test_") + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

@@ -4,6 +4,8 @@
 // equivalence bound; and every file that cannot be loaded is an error naming what differs.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,7 +41,8 @@ struct rows {
 };
 
 fs::path scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("ddp_checkpoint_test_" + name);
+  // The process id too: ctest runs the cases of this file in parallel processes.
+  auto dir = fs::temp_directory_path() / ("ddp_checkpoint_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir;
 }
