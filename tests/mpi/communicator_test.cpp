@@ -1,6 +1,8 @@
 // The communicator conformance suite (the one the in-process backend passes) on MPI processes.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include "../conformance/communicator_suite.hpp"
 #include "mpi/world.hpp"
 
@@ -22,6 +24,13 @@ TEST_CASE("mpi placement comes from the launcher") {
   REQUIRE(p.has_value());
   CHECK(p->rank == mpi_test::comm().rank());
   CHECK(p->size == mpi_test::comm().size());
-  CHECK(p->launcher == "mpirun (OpenMPI)");
+  // Under mpirun its OMPI_COMM_WORLD_* variables; under srun (scripts/slurm-one-node.sh) Slurm's.
+  const bool srun = std::getenv("OMPI_COMM_WORLD_RANK") == nullptr && std::getenv("SLURM_PROCID") != nullptr;
+  CHECK(p->launcher == (srun ? "srun (Slurm)" : "mpirun (OpenMPI)"));
+  if (srun) {
+    CHECK(p->rank == std::atoi(std::getenv("SLURM_PROCID")));
+    CHECK(p->size == std::atoi(std::getenv("SLURM_NTASKS")));
+    CHECK(p->local_rank == std::atoi(std::getenv("SLURM_LOCALID")));
+  }
   CHECK(mpi_test::comm().local_rank() == p->local_rank);
 }
