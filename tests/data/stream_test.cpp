@@ -161,25 +161,9 @@ TEST_CASE("an error while making a batch reaches the loop at that batch, after t
 }
 
 namespace {
-// The toy problem as a data set of rows.
-struct rows {
-  struct example {
-    const float* x;
-    std::int32_t y;
-  };
-  using example_type = example;
-  test::batch all;
-  explicit rows(std::size_t n) : all(test::make_batch(n, 17)) {}
-  std::size_t size() const { return all.y.size(); }
-  example get(std::size_t i) const { return {all.x.row(i), all.y[i]}; }
-  static test::batch collate(std::span<const example> xs) {
-    test::batch b{ddp::nn::matrix(xs.size(), test::in_features), {}};
-    for (std::size_t r = 0; r < xs.size(); ++r) {
-      std::copy(xs[r].x, xs[r].x + test::in_features, b.x.row(r));
-      b.y.push_back(xs[r].y);
-    }
-    return b;
-  }
+// The toy problem, one sample per row (seed 17).
+struct rows : test::toy_dataset {
+  explicit rows(std::size_t n) : test::toy_dataset(n, 17) {}
 };
 
 // Two epochs on this rank; `kept` trains from batches collated up front (the loader before it

@@ -16,28 +16,9 @@ namespace {
 using padded = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
 using dropped = ddp::sampler::distributed<true, ddp::sampler::tail::drop>;
 
-// n samples of the toy problem, one per index.
-struct points {
-  struct example {
-    std::vector<float> x;
-    std::int32_t y;
-  };
-  using example_type = example;
-  test::batch all;
-  explicit points(std::size_t n) : all(test::make_batch(n, 99)) {}
-  std::size_t size() const { return all.y.size(); }
-  example get(std::size_t i) const {
-    const float* row = all.x.row(i);
-    return {{row, row + all.x.cols}, all.y[i]};
-  }
-  static test::batch collate(std::span<const example> xs) {
-    test::batch b{ddp::nn::matrix(xs.size(), test::in_features), {}};
-    for (std::size_t r = 0; r < xs.size(); ++r) {
-      std::copy(xs[r].x.begin(), xs[r].x.end(), b.x.row(r));
-      b.y.push_back(xs[r].y);
-    }
-    return b;
-  }
+// The toy problem, one sample per row (seed 99).
+struct points : test::toy_dataset {
+  explicit points(std::size_t n) : test::toy_dataset(n, 99) {}
 };
 
 struct epoch_result {

@@ -1,8 +1,10 @@
 #pragma once
 // Models and data shared by the trainer tests, and a single-process reference trainer that
 // runs the same model on the whole global batch with no ddp machinery at all.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "ddp/core/random.hpp"
@@ -132,6 +134,28 @@ inline batch make_batch(std::size_t n, std::uint64_t seed) {
   }
   return b;
 }
+
+// The toy problem as a data set for ddp::data::loader: n rows of make_batch(n, seed), one sample
+// each, and the collate that puts rows back into a batch.
+struct toy_dataset {
+  struct example {
+    const float* x;
+    std::int32_t y;
+  };
+  using example_type = example;
+  batch all;
+  toy_dataset(std::size_t n, std::uint64_t seed) : all(make_batch(n, seed)) {}
+  std::size_t size() const { return all.y.size(); }
+  example get(std::size_t i) const { return {all.x.row(i), all.y[i]}; }
+  static batch collate(std::span<const example> xs) {
+    batch b{ddp::nn::matrix(xs.size(), in_features), {}};
+    for (std::size_t r = 0; r < xs.size(); ++r) {
+      std::copy(xs[r].x, xs[r].x + in_features, b.x.row(r));
+      b.y.push_back(xs[r].y);
+    }
+    return b;
+  }
+};
 
 // Flat copy of every parameter value, in parameters() order.
 template <class Module>

@@ -11,6 +11,7 @@
 
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/consensus.hpp"
+#include "ddp/trainer/signature.hpp"
 
 namespace ddp::detail {
 
@@ -24,23 +25,17 @@ struct run_position {
 
   // The first slot whose policy differs, "" when none.
   static std::string first_difference(const std::string& saved, const std::string& here) {
-    auto split = [](const std::string& s) {
+    auto slots = [](const std::string& s) {  // "slot=name, slot=name" -> each "slot=name"
       std::vector<std::string> parts;
-      std::size_t at = 0;
-      while (at <= s.size()) {
+      for (std::size_t at = 0;;) {
         const auto comma = s.find(", ", at);
         parts.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-        if (comma == std::string::npos) break;
+        if (comma == std::string::npos) return parts;
         at = comma + 2;
       }
-      return parts;
     };
-    const auto a = split(saved), b = split(here);
-    for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-      const std::string x = i < a.size() ? a[i] : "nothing", y = i < b.size() ? b[i] : "nothing";
-      if (x != y) return "the checkpoint has " + x + ", this trainer " + y;
-    }
-    return {};
+    const auto d = detail::first_difference(slots(saved), slots(here));
+    return d ? "the checkpoint has " + d->first + ", this trainer " + d->second : std::string();
   }
 };
 
@@ -104,13 +99,14 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
     const auto& [step, world] = *committed;
     // The same world: this rank's own file. Another: every file (the optimizer state's shards are
     // re-cut), and rank r's buffers come from rank r, or rank 0 where the old world had no rank r.
+    auto read = [&](int rank) {
+      const auto path = where.rank_file(step, rank, world);
+      files.push_back(checkpoint_file::decode(read_whole_file(path), path.string()));
+    };
     if (world == comm.size()) {
-      files.push_back(checkpoint_file::decode(read_whole_file(where.rank_file(step, comm.rank(), world)),
-                                              where.rank_file(step, comm.rank(), world).string()));
+      read(comm.rank());
     } else {
-      for (int r = 0; r < world; ++r)
-        files.push_back(checkpoint_file::decode(read_whole_file(where.rank_file(step, r, world)),
-                                                where.rank_file(step, r, world).string()));
+      for (int r = 0; r < world; ++r) read(r);
       own = comm.rank() < world ? static_cast<std::size_t>(comm.rank()) : 0;
     }
     const auto& f = files[own];

@@ -4,7 +4,10 @@
 // rank 0's list.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/tensor.hpp"
@@ -24,6 +27,37 @@ struct signature_entry {
   std::string serialize() const { return describe() + "\n"; }
 };
 
+// Two lists of entries compared in order: the first position where they differ, each side's
+// entry there ("nothing" past its end). P5's check and a checkpoint's refusals name it.
+struct list_difference {
+  std::size_t index;
+  std::string first, second;
+};
+inline std::optional<list_difference> first_difference(const std::vector<std::string>& a,
+                                                       const std::vector<std::string>& b) {
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    std::string x = i < a.size() ? a[i] : "nothing", y = i < b.size() ? b[i] : "nothing";
+    if (x != y) return list_difference{i, std::move(x), std::move(y)};
+  }
+  return std::nullopt;
+}
+
+// The lines of a text, without their '\n' (a serialized signature: one entry per line).
+inline std::vector<std::string> lines_of(std::string_view text) {
+  std::vector<std::string> out;
+  std::string line;
+  for (char c : text)
+    if (c == '\n') out.push_back(std::exchange(line, {}));
+    else line += c;
+  return out;
+}
+
+inline std::string serialize(const std::vector<signature_entry>& entries) {
+  std::string text;
+  for (const auto& e : entries) text += e.serialize();
+  return text;
+}
+
 inline std::uint64_t fnv1a(const std::string& s) {
   std::uint64_t h = 1469598103934665603ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -32,8 +66,7 @@ inline std::uint64_t fnv1a(const std::string& s) {
 
 template <communicator C, device D>
 void check_same_model(C& comm, D& dev, const std::vector<signature_entry>& entries) {
-  std::string text;
-  for (const auto& e : entries) text += e.serialize();
+  const std::string text = serialize(entries);
   const auto hash = static_cast<std::int64_t>(fnv1a(text));
   auto hashes = host_all_gather(comm, dev, std::span<const std::int64_t>(&hash, 1));
   if (std::all_of(hashes.begin(), hashes.end(), [&](auto h) { return h == hashes[0]; })) return;
@@ -44,19 +77,10 @@ void check_same_model(C& comm, D& dev, const std::vector<signature_entry>& entri
   if (comm.rank() == 0) std::copy(text.begin(), text.end(), reference.begin());
   host_broadcast(comm, dev, std::span<std::uint8_t>(reference), 0);
 
-  std::vector<std::string> theirs;
-  std::string line;
-  for (auto c : reference) {
-    if (c == '\n') theirs.push_back(std::exchange(line, {}));
-    else line += static_cast<char>(c);
-  }
   std::optional<std::string> problem;
-  for (std::size_t i = 0; i < std::max(entries.size(), theirs.size()) && !problem; ++i) {
-    const std::string mine = i < entries.size() ? entries[i].describe() : "nothing";
-    const std::string ref = i < theirs.size() ? theirs[i] : "nothing";
-    if (mine != ref)
-      problem = "entry " + std::to_string(i) + " is " + mine + ", but on rank 0 it is " + ref;
-  }
+  if (const auto d = first_difference(lines_of(text), lines_of({reinterpret_cast<const char*>(reference.data()),
+                                                                 reference.size()})))
+    problem = "entry " + std::to_string(d->index) + " is " + d->first + ", but on rank 0 it is " + d->second;
   agree_or_throw(comm, dev, problem, "construct",
                  "ranks hold different models (pitfall P5): build the same module, with the same "
                  "parameter and buffer names, dtypes and shapes, on every rank");

@@ -114,10 +114,11 @@ struct trainer_policies {
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core>;
 };
 
-// "slot=name, slot=name, ...", written once for every trainer type.
+// "slot=name, slot=name, ...", written once for every trainer type; a slot with no name is left out.
 inline std::string describe_policies(std::initializer_list<std::pair<std::string_view, std::string_view>> slots) {
   std::string s;
-  for (const auto& [slot, name] : slots) s.append(s.empty() ? "" : ", ").append(slot).append("=").append(name);
+  for (const auto& [slot, name] : slots)
+    if (!name.empty()) s.append(s.empty() ? "" : ", ").append(slot).append("=").append(name);
   return s;
 }
 
@@ -225,29 +226,24 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     epoch_length_.reset();
   }
 
-  static std::string describe_policies() {
-    return detail::describe_policies({{"buffer_sync", buffer_sync_policy::name},
-                                      {"unused_params", unused_params_policy::name},
-                                      {"bucket_cap", bucket_policy{}.describe()},
-                                      {"optimizer", optimizer_type::name},
-                                      {"update", update_policy::name},
-                                      {"communicator", communicator_type::backend_name},
-                                      {"sampler", sampler_policy::name}});
-  }
+  static std::string describe_policies() { return describe_slots(/*with_communicator=*/true); }
 
  private:
   core_type& core() noexcept { return *this; }
 
-  // The policies a checkpoint must match: all but the communicator (a run saved in-process may
-  // go on under mpirun).
-  static std::string checkpoint_policies() {
+  // "slot=name, ..." of every slot; a checkpoint must match all but the communicator (a run
+  // saved in-process may go on under mpirun).
+  static std::string describe_slots(bool with_communicator) {
+    const std::string bucket_cap = bucket_policy{}.describe();
     return detail::describe_policies({{"buffer_sync", buffer_sync_policy::name},
                                       {"unused_params", unused_params_policy::name},
-                                      {"bucket_cap", bucket_policy{}.describe()},
+                                      {"bucket_cap", bucket_cap},
                                       {"optimizer", optimizer_type::name},
                                       {"update", update_policy::name},
+                                      {"communicator", with_communicator ? communicator_type::backend_name : ""},
                                       {"sampler", sampler_policy::name}});
   }
+  static std::string checkpoint_policies() { return describe_slots(/*with_communicator=*/false); }
   detail::run_position position() const {
     const std::uint64_t taken = this->micro_batches_run() - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,

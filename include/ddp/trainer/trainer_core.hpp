@@ -257,12 +257,11 @@ class trainer_core {
   // its meaning (the model's signature, each bucket's size and this rank's shard of it).
   void write_state(detail::checkpoint_file& f) {
     between_steps("save");
-    std::string signature, layout;
-    for (const auto& e : detail::signature_of(param_refs_, buffer_refs_)) signature += e.serialize();
+    std::string layout;
     for (const auto& bk : buckets_)
       layout += std::to_string(bk.numel) + " " + std::to_string(bk.padded) + " " + std::to_string(bk.shard_begin) +
                 " " + std::to_string(bk.shard) + "\n";
-    f.set_text("signature", signature);
+    f.set_text("signature", detail::serialize(detail::signature_of(param_refs_, buffer_refs_)));
     f.set_text("buckets", layout);
     f.set_text("state_slots", std::to_string(parts_.optimizer.state_slots()));
     f.set_text("steps", std::to_string(steps_));
@@ -288,26 +287,10 @@ class trainer_core {
   // Why `f` cannot be loaded into this trainer (another model, another bucket plan, another
   // optimizer's state), or nothing. Reads only; each rank checks the files it will read.
   std::optional<std::string> check_state(const detail::checkpoint_file& f) const {
-    std::string mine;
-    for (const auto& e : detail::signature_of(param_refs_, buffer_refs_)) mine += e.serialize();
-    const std::string theirs = f.text("signature");
-    if (theirs != mine) {
-      auto lines = [](const std::string& s) {
-        std::vector<std::string> out;
-        std::string line;
-        for (char c : s)
-          if (c == '\n') out.push_back(std::exchange(line, {}));
-          else line += c;
-        return out;
-      };
-      const auto a = lines(theirs), b = lines(mine);
-      for (std::size_t i = 0;; ++i) {
-        const std::string x = i < a.size() ? a[i] : "nothing", y = i < b.size() ? b[i] : "nothing";
-        if (x != y)
-          return "'" + f.path() + "' holds another model: its entry " + std::to_string(i) + " is " + x +
-                 ", this module's is " + y;
-      }
-    }
+    if (const auto d = detail::first_difference(detail::lines_of(f.text("signature")),
+                                                detail::lines_of(detail::serialize(detail::signature_of(param_refs_, buffer_refs_)))))
+      return "'" + f.path() + "' holds another model: its entry " + std::to_string(d->index) + " is " + d->first +
+             ", this module's is " + d->second;
     std::string sizes;
     for (const auto& bk : buckets_) sizes += std::to_string(bk.numel) + " ";
     std::string theirs_sizes;
@@ -343,12 +326,14 @@ class trainer_core {
     update_counts_ = f.array<std::int64_t>("update_counts", params_.size());
     steps_ = f.number("steps");
     const auto slots = static_cast<std::size_t>(parts_.optimizer.state_slots());
+    std::vector<std::vector<std::array<std::size_t, 4>>> layouts;
+    for (const auto& file : files) layouts.push_back(parse_layout(file));
     for (std::size_t i = 0; i < buckets_.size(); ++i) {
       auto& bk = buckets_[i];
       std::vector<float> mine(bk.state.size(), 0.0f);
-      for (const auto& file : files) {  // each file's shard [begin, begin + shard) of every slot
-        const auto row = parse_layout(file).at(i);
-        const std::size_t begin = row[2], shard = row[3];
+      for (std::size_t j = 0; j < files.size(); ++j) {  // each file's shard [begin, begin + shard) of every slot
+        const auto& file = files[j];
+        const std::size_t begin = layouts[j].at(i)[2], shard = layouts[j].at(i)[3];
         const auto theirs = file.array<float>("state/" + std::to_string(i), slots * shard);
         const std::size_t lo = std::max(begin, bk.shard_begin), hi = std::min(begin + shard, bk.shard_begin + bk.shard);
         for (std::size_t k = 0; k < slots && lo < hi; ++k)
