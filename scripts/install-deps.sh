@@ -8,7 +8,7 @@ packages=(
   cmake g++ make pkg-config
   doctest-dev librange-v3-dev libcli11-dev libbenchmark-dev
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
-  openmpi-bin libopenmpi-dev
+  openmpi-bin libopenmpi-dev iproute2
   libtorch-dev
 )
 [ "${1:-}" = --fuzz ] && packages+=(clang libclang-rt-14-dev)

@@ -1,7 +1,12 @@
 // The communicator conformance suite (the one the in-process backend passes) on MPI processes.
 #include <doctest/doctest.h>
 
+#include <mpi.h>
+
 #include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "../conformance/communicator_suite.hpp"
 #include "mpi/world.hpp"
@@ -33,4 +38,25 @@ TEST_CASE("mpi placement comes from the launcher") {
     CHECK(p->local_rank == std::atoi(std::getenv("SLURM_LOCALID")));
   }
   CHECK(mpi_test::comm().local_rank() == p->local_rank);
+}
+TEST_CASE("mpi local rank numbers the ranks of each host") {
+  // The local rank picks a rank's GPU: it must count the ranks before it on its own host only.
+  // Under tests/mpi/two_hosts.sh the ranks sit on two hosts (DDP_TEST_HOSTS=2).
+  const int size = mpi_test::comm().size();
+  std::vector<char> names(static_cast<std::size_t>(size) * MPI_MAX_PROCESSOR_NAME, '\0');
+  int length = 0;
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  MPI_Get_processor_name(mine, &length);
+  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  const auto host = [&](int r) { return std::string(names.data() + static_cast<std::ptrdiff_t>(r) * MPI_MAX_PROCESSOR_NAME); };
+  int before_on_my_host = 0;
+  std::set<std::string> hosts;
+  for (int r = 0; r < size; ++r) {
+    hosts.insert(host(r));
+    if (r < mpi_test::comm().rank() && host(r) == host(mpi_test::comm().rank())) ++before_on_my_host;
+  }
+  CAPTURE(host(mpi_test::comm().rank()));
+  CHECK(mpi_test::comm().local_rank() == before_on_my_host);
+  const char* expected = std::getenv("DDP_TEST_HOSTS");
+  CHECK(hosts.size() == static_cast<std::size_t>(expected ? std::atoi(expected) : 1));
 }

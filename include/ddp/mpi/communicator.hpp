@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ddp/comm/progress_thread.hpp"
@@ -101,17 +103,29 @@ class communicator {
   int local_rank() const noexcept { return local_rank_; }
   MPI_Comm native() const noexcept { return comm_; }
 
-  // avg of floating-point data divides each rank's contribution before the sum, so a finite
-  // average stays finite (two ranks at 2^127 average to 2^127); with a power-of-two world that
-  // gives the bits of sum-then-divide. Integers sum, then divide.
+  // avg of floating-point data keeps a finite average finite (two ranks at 2^127 average to
+  // 2^127, not inf) and otherwise has the bits of sum-then-divide, as the in-process backend: at
+  // a power-of-two world each rank's contribution is divided before the sum (exact, so the same
+  // bits); at any other world the sum is divided, and an element whose sum overflowed is summed
+  // again from divided contributions (average_after_sum). Integers sum, then divide.
   work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
     return submit("all_reduce", [=, this](const char* name) {
       require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
+      const int n = count(send.count, name);
+      const auto sum = [&](const void* in, void* out) {
+        check(MPI_Allreduce(in, out, n, datatype_of(send.type), MPI_SUM, comm_), name, rank_);
+      };
+      if (op == reduce_op::avg && is_floating(send.type) && !power_of_two_world()) {
+        const_buffer input = send;
+        if (send.data == recv.data) input.data = keep(send);  // the sum overwrites it
+        average_after_sum(input, recv, sum);
+        return;
+      }
       const bool pre_divide = op == reduce_op::avg && is_floating(send.type);
       if (pre_divide && send.data != recv.data) std::memcpy(recv.data, send.data, send.bytes());
       if (pre_divide) divide(recv);
       const void* in = send.data == recv.data || pre_divide ? MPI_IN_PLACE : send.data;
-      check(MPI_Allreduce(in, recv.data, count(send.count, name), datatype_of(send.type), op_of(op), comm_), name, rank_);
+      check(MPI_Allreduce(in, recv.data, n, datatype_of(send.type), op_of(op), comm_), name, rank_);
       if (op == reduce_op::avg && !pre_divide) divide(recv);
     });
   }
@@ -138,24 +152,26 @@ class communicator {
     return submit("reduce_scatter", [=, this](const char* name) {
       require(send.count == recv.count * static_cast<std::size_t>(size_) && recv.type == send.type, name,
               "send must hold size() * recv.count elements of recv's dtype");
-      if (op == reduce_op::avg && is_floating(send.type)) {  // divided before the sum, as all_reduce
-        if (scratch_.size() < send.bytes()) scratch_.resize(send.bytes());
-        std::memcpy(scratch_.data(), send.data, send.bytes());
-        divide(mutable_buffer{scratch_.data(), send.count, send.type});
-        check(MPI_Reduce_scatter_block(scratch_.data(), recv.data, count(recv.count, name), datatype_of(send.type),
-                                       MPI_SUM, comm_),
-              name, rank_);
-        return;
-      }
       // MPI's in-place form differs from ours (recv inside send): reduce into scratch then.
       const auto* own = static_cast<const char*>(send.data) + static_cast<std::size_t>(rank_) * recv.bytes();
       const bool in_place = own == recv.data && recv.count > 0;
       if (in_place && scratch_.size() < recv.bytes()) scratch_.resize(recv.bytes());
-      void* out = in_place ? scratch_.data() : recv.data;
-      check(MPI_Reduce_scatter_block(send.data, out, count(recv.count, name), datatype_of(send.type), op_of(op), comm_),
-            name, rank_);
+      const mutable_buffer out{in_place ? scratch_.data() : recv.data, recv.count, recv.type};
+      const int n = count(recv.count, name);
+      const auto sum = [&](const void* in, void* to) {
+        check(MPI_Reduce_scatter_block(in, to, n, datatype_of(send.type), MPI_SUM, comm_), name, rank_);
+      };
+      if (op == reduce_op::avg && is_floating(send.type)) {  // as all_reduce
+        if (power_of_two_world()) {
+          sum(divided(send), out.data);
+        } else {
+          average_after_sum(send, out, sum);
+        }
+      } else {
+        check(MPI_Reduce_scatter_block(send.data, out.data, n, datatype_of(send.type), op_of(op), comm_), name, rank_);
+        if (op == reduce_op::avg) divide(out);
+      }
       if (in_place) std::memcpy(recv.data, scratch_.data(), recv.bytes());
-      if (op == reduce_op::avg) divide(recv);
     });
   }
 
@@ -207,6 +223,40 @@ class communicator {
 
   void divide(mutable_buffer b) const {
     visit_host_dtype(b.type, [&]<class T>(T) { host::divide(static_cast<T*>(b.data), b.count, static_cast<T>(size_)); });
+  }
+
+  bool power_of_two_world() const { return (size_ & (size_ - 1)) == 0; }
+
+  // A copy of `b` in the second scratch buffer (the first may hold a collective's output).
+  void* keep(const_buffer b) {
+    if (b.data == kept_.data()) return kept_.data();
+    if (kept_.size() < b.bytes()) kept_.resize(b.bytes());
+    std::memcpy(kept_.data(), b.data, b.bytes());
+    return kept_.data();
+  }
+  const void* divided(const_buffer b) {
+    void* copy = keep(b);
+    divide(mutable_buffer{copy, b.count, b.type});
+    return copy;
+  }
+
+  // out = sum(input) / size, from `sum(in, out)`, which runs the collective's sum of every rank's
+  // `in`. Where a sum overflowed while its average would not, the element is summed again from
+  // contributions divided first. Every rank holds the same sums, so all take the second
+  // collective or none does.
+  template <class Sum>
+  void average_after_sum(const_buffer input, mutable_buffer out, Sum sum) {
+    sum(input.data, out.data);
+    visit_host_dtype(out.type, [&]<class T>(T) {
+      if constexpr (std::is_floating_point_v<T>) {
+        auto* avg = static_cast<T*>(out.data);
+        if (!host::divide_and_find_nonfinite(avg, out.count, static_cast<T>(size_))) return;
+        std::vector<T> again(out.count);
+        sum(divided(input), again.data());
+        for (std::size_t i = 0; i < out.count; ++i)
+          if (!std::isfinite(avg[i]) && std::isfinite(again[i])) avg[i] = again[i];
+      }
+    });
   }
 
   // The watchdog's look: answers peers' roll calls; a collective past the timeout ends the job
@@ -313,7 +363,7 @@ class communicator {
   std::uint64_t next_sequence_ = 0;
   // In-place reduce_scatter's result before it is copied into place; kept between calls (a
   // sharded update does one per bucket per step). Operations run one at a time, in issue order.
-  std::vector<std::uint8_t> scratch_;
+  std::vector<std::uint8_t> scratch_, kept_;
 
   std::mutex watch_mutex_;
   std::optional<running> current_;
