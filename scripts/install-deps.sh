@@ -6,7 +6,7 @@
 set -euo pipefail
 packages=(
   cmake g++ make pkg-config
-  doctest-dev librange-v3-dev libcli11-dev libbenchmark-dev
+  doctest-dev librange-v3-dev libcli11-dev libbenchmark-dev nlohmann-json3-dev
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
   openmpi-bin libopenmpi-dev iproute2
   libtorch-dev

@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", c.checkpoint,
                  "directory for checkpoints: the run goes on from the one there (same flags), and saves one after "
                  "every epoch");
+  app.add_option("--trace", c.trace,
+                 "write every step's phases (forward, backward, each bucket's reduction, update) of every rank as "
+                 "Chrome trace JSON to this file: open it in ui.perfetto.dev or chrome://tracing");
   app.add_option("--prefetch", c.prefetch, "batches made ahead of the step on a thread per rank (0: none)")
       ->check(CLI::Range(0, 64))->capture_default_str();
   app.add_flag("--mapped", c.mapped,

@@ -108,6 +108,8 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
   const auto start = std::chrono::steady_clock::now();
   std::size_t step = trainer.steps();  // the schedule's position: 0, or where a checkpoint left off
   const std::size_t first_step = step;
+  ddp::timeline timeline;  // --trace FILE: every step's phases, written after the last epoch
+  if (!c.trace.empty()) trainer.record_timeline(&timeline);
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::metric loss, accuracy;
@@ -145,6 +147,14 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
       out.epochs.push_back(e);
     }
     if (save) save();
+  }
+  if (!c.trace.empty()) {
+    trainer.record_timeline(nullptr);
+    ddp::write_chrome_trace(trainer.communicator(), dev, timeline, c.trace);
+    if (lead)
+      std::printf("trace: %zu events on rank 0%s, every rank in '%s' (open it in ui.perfetto.dev or chrome://tracing)\n",
+                  timeline.events().size(), timeline.dropped() ? " (the rest dropped: the timeline is full)" : "",
+                  c.trace.c_str());
   }
   if (first_epoch > c.epochs) {  // a checkpoint of the whole run: only the test set to report
     const ddp::metric test = test_accuracy<Platform>(trainer, dev, test_set);

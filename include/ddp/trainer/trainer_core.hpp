@@ -38,6 +38,7 @@
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/signature.hpp"
 #include "ddp/trainer/storage_return.hpp"
+#include "ddp/trainer/timeline.hpp"
 #include "ddp/sampler/sampler.hpp"
 
 namespace ddp {
@@ -191,7 +192,10 @@ class trainer_core {
 
   // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
   // same running statistics (buffer_sync::none leaves each rank's own). Collective.
-  void synchronize_buffers() { parts_.buffer_sync.synchronize(sync_context_); }
+  void synchronize_buffers() {
+    detail::timeline_span span(timeline_, "buffer sync", steps_);
+    parts_.buffer_sync.synchronize(sync_context_);
+  }
 
   // A reduced evaluation over a whole data set (a test set), every sample counted once at any
   // world size: each rank takes its share as sampler::distributed<false, tail::pad> deals it,
@@ -240,6 +244,9 @@ class trainer_core {
     return s;
   }
   const overlap_timing& last_step_overlap() const noexcept { return overlap_; }
+  // Records every following step's phases into `t` (nullptr stops); ddp::write_chrome_trace
+  // writes them (trainer/timeline.hpp). `t` must outlive the recording.
+  void record_timeline(timeline* t) noexcept { timeline_ = t; }
   // Parameters the last step left to the optimizer unchanged because no rank used them.
   std::vector<std::string> skipped_parameters() const {
     std::vector<std::string> names;
@@ -521,6 +528,7 @@ class trainer_core {
   template <class F>
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
     return guarded("step", [&]() -> decltype(auto) {
+      detail::timeline_span span(timeline_, final ? "step" : "accumulate", steps_);
       final_ = final;
       sent_ = false;
       ++micro_batches_;  // this one included, from its start: the control floats may go during its backward
@@ -543,9 +551,13 @@ class trainer_core {
                   "a forward after this step's last backward, whose gradients are already being reduced: "
                   "run every forward of a step before its backwards (innermost first), or give each "
                   "forward-backward pair its own accumulate() and end with step()");
-    parts_.buffer_sync.before_forward(sync_context_);
+    {
+      detail::timeline_span span(timeline_, "buffer sync", steps_);
+      parts_.buffer_sync.before_forward(sync_context_);
+    }
     ++forwards_;
     ++tape_depth_;
+    detail::timeline_span span(timeline_, "forward", steps_);
     return module_.forward(x);
   }
 
@@ -560,6 +572,7 @@ class trainer_core {
     sent_ = sent_ || last;
     active_ = last;
     auto on_ready = [this](std::size_t i) { this->on_ready(i); };
+    detail::timeline_span span(timeline_, "backward", steps_);
     auto done = [&] {
       active_ = false;
       --tape_depth_;
@@ -610,6 +623,7 @@ class trainer_core {
   }
 
   void launch(std::size_t b) {
+    const auto began = timeline_ ? clock::now() : clock::time_point{};
     auto& bk = buckets_[b];
     if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
     if (bk.control) {
@@ -621,6 +635,11 @@ class trainer_core {
       device_.copy_from_host(bk.grads.data() + bk.padded, control.data(), control.size() * sizeof(float));
     }
     parts_.update.reduce(bk);
+    if (timeline_) {
+      launched_.resize(buckets_.size());
+      launched_[b] = clock::now();
+      timeline_->record("bucket " + std::to_string(b) + " pack, launch", timeline_track::step, steps_, began, launched_[b]);
+    }
   }
 
   void end_micro_batch() {
@@ -643,6 +662,7 @@ class trainer_core {
   // and no update, when no rank was active.
   bool shadow_step() {
     return guarded("join", [&] {
+      detail::timeline_span span(timeline_, "shadow step (join)", steps_);
       shadowing_ = true;
       parts_.buffer_sync.before_forward(sync_context_);  // as the active ranks' first forward
       final_ = true;
@@ -660,9 +680,29 @@ class trainer_core {
   void reduce_remaining() {
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
     next_launch_ = buckets_.size();
-    for (auto& bk : buckets_) {
-      bk.work->wait();
-      if (bk.control_work) bk.control_work->wait();
+    {
+      detail::timeline_span span(timeline_, "wait for reductions", steps_);
+      for (auto& bk : buckets_) {
+        bk.work->wait();
+        if (bk.control_work) bk.control_work->wait();
+      }
+    }
+    if (timeline_) record_reductions();
+  }
+
+  // Each bucket's reduction on the collectives track: when it ran, from a work handle that
+  // knows (the progress thread's), else from its launch to when the step saw it done.
+  void record_reductions() {
+    const auto seen = clock::now();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto begin = launched_[b], end = seen;
+      std::string name = "bucket " + std::to_string(b) + " " + std::string(parts_.update.name()) + " reduction";
+      if constexpr (timed_work_handle<typename bucket::work_type>) {
+        begin = buckets_[b].work->started(), end = buckets_[b].work->finished();
+      } else {
+        name += " (launch to wait)";
+      }
+      timeline_->record(std::move(name), timeline_track::collectives, steps_, begin, end);
     }
   }
 
@@ -694,6 +734,7 @@ class trainer_core {
   }
 
   void finish_update() {
+    detail::timeline_span span(timeline_, "update", steps_);
     const float inv_micro = 1.0f / mean_micro_batches_;
     if (mean_micro_batches_ != 1.0f)
       for (auto& bk : buckets_) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
@@ -705,7 +746,10 @@ class trainer_core {
       }
       parts_.update.after_update(bk);
     }
-    for (auto& bk : buckets_) parts_.update.finish(bk);
+    {
+      detail::timeline_span gather(parts_.update.gathers_parameters() ? timeline_ : nullptr, "gather parameters", steps_);
+      for (auto& bk : buckets_) parts_.update.finish(bk);
+    }
     end_step();
     ++steps_;
   }
@@ -806,6 +850,8 @@ class trainer_core {
   std::uint64_t micro_batches_run_ = 0;
   overlap_timing overlap_;
   std::optional<std::string> broken_;
+  timeline* timeline_ = nullptr;                // attached by record_timeline
+  std::vector<clock::time_point> launched_;     // per bucket, while a timeline records
 
   sync_context sync_context_{*this};
   unused_view unused_view_{*this};
