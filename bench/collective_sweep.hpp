@@ -1,100 +1,222 @@
 #pragma once
-// An nccl-tests-style sweep: for each size, time a collective across all ranks and print
-// time, algbw and busbw (busbw = algbw * 2(n-1)/n for all_reduce), beside the single-thread
-// memcpy bandwidth of the same size measured in the same run (the ceiling on this machine).
+// ddp-bench collective: an nccl-tests-style sweep of one collective over any communicator. For
+// every size, dtype and reduction: time, algbw and busbw out of place and in place, the number
+// of wrong elements (-c), and a baseline measured in the same run beside them. Sizes mean what
+// nccl-tests means: the bytes of the whole buffer (all_reduce and broadcast: the buffer;
+// reduce_scatter: the input of all ranks' parts; all_gather: the output), and busbw = algbw x
+// the collective's factor: all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n,
+// broadcast 1.
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <functional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "options.hpp"
+#include "ddp_bench/report.hpp"
+#include "ddp/comm/collectives.hpp"
 
 namespace bench {
 
 using clock_type = std::chrono::steady_clock;
 
-struct sweep_options {
-  std::size_t min_bytes = 4 << 10;
-  std::size_t max_bytes = std::size_t{256} << 20;
-  int iterations = 20;
-  int warmup = 3;
-  std::string csv;
+enum class collective_kind { all_reduce, reduce_scatter, all_gather, broadcast };
+
+struct collective_params {
+  std::string collective = "all_reduce";
+  std::string backend = "inproc";
+  int ranks = 2;                 // in-process ranks (inproc), or GPUs (nccl); mpirun decides for mpi
+  std::size_t min_bytes = 8;     // -b
+  std::size_t max_bytes = std::size_t{64} << 20;  // -e
+  double step_factor = 2;        // -f (used when > 1)
+  std::size_t step_bytes = 0;    // -i (used when -f is 1)
+  int iters = 20;                // -n
+  int warmup = 5;                // -w
+  int check = 1;                 // -c
+  int repeats = 3;               // batches of -n iterations; the best is kept
+  int average = 3;               // -a: across ranks 0 rank 0, 1 mean, 2 min, 3 max (nccl-tests' meaning)
+  std::vector<std::string> dtypes{"float"};
+  std::vector<std::string> ops{"sum"};
+  int root = 0;
+  std::string out;
 };
 
-inline void add_sweep_options(options& app, sweep_options& o) {
-  app.add("--min-bytes", o.min_bytes, "smallest message", 4);
-  app.add("--max-bytes", o.max_bytes, "largest message", 4);
-  app.add("--iterations", o.iterations, "timed iterations per size (scaled up for small sizes)", 1);
-}
+collective_kind parse_collective(const std::string& name);
+std::vector<std::size_t> sweep_sizes(const collective_params& p);
+std::vector<ddp::dtype> parse_dtypes(const std::vector<std::string>& names);
+std::vector<ddp::reduce_op> parse_ops(const std::vector<std::string>& names);
+double bus_factor(collective_kind k, int ranks);
+std::vector<column> collective_columns();
 
-// Seconds per iteration of f, best of `repeats` batches (the least disturbed on a shared host).
-template <class F>
-double seconds_per_call(F&& f, int iterations, int repeats = 3) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = clock_type::now();
-    for (int i = 0; i < iterations; ++i) f();
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / iterations);
-  }
-  return best;
-}
+// The element counts of one call at `bytes`: every rank's send and recv.
+struct call_shape {
+  std::size_t send = 0, recv = 0;
+};
+call_shape shape_of(collective_kind k, std::size_t bytes, ddp::dtype t, int ranks);
 
-inline double memcpy_gbps(std::size_t bytes, int iterations) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const double s = seconds_per_call([&] { std::memcpy(b.data(), a.data(), bytes); }, iterations);
-  volatile char sink = b[bytes / 2];
-  (void)sink;
-  return static_cast<double>(bytes) / s / 1e9;
-}
+// Integer-valued inputs (exact in every dtype), as the conformance suite's.
+void fill_input(ddp::dtype t, void* data, std::size_t count, int rank, std::size_t first_index);
+// Elements of `got` that differ from what the collective must produce on `rank`.
+long long count_wrong(collective_kind k, ddp::dtype t, ddp::reduce_op op, const void* got, std::size_t count, int rank,
+                      int ranks, int root);
 
-inline std::vector<std::size_t> sizes(const sweep_options& o) {
-  std::vector<std::size_t> s;
-  for (std::size_t b = o.min_bytes; b <= o.max_bytes; b *= 4) s.push_back(b);
-  return s;
-}
-
-// Iterations that keep one size's batch near 0.2 s on this kind of machine.
-inline int iterations_for(std::size_t bytes, int requested) {
-  const std::size_t budget = std::size_t{2} << 30;  // bytes moved per batch
-  return std::max(2, std::min<int>(requested * 50, static_cast<int>(budget / std::max<std::size_t>(bytes, 1))));
-}
-
-struct row {
-  std::size_t bytes;
-  double seconds, algbw, busbw, memcpy_bw;
+// Memory the sweep's buffers live in: host vectors, or device memory.
+template <class M>
+concept sweep_memory = requires(M& m, typename M::array& a, const typename M::array& ca, void* p, const void* cp,
+                                std::size_t n) {
+  { m.allocate(n) } -> std::same_as<typename M::array>;
+  { a.data() } -> std::convertible_to<void*>;
+  m.upload(a, cp, n);
+  m.download(p, ca, n);
+  m.synchronize();
 };
 
-inline void print_header(const char* title, const std::string& command) {
-  std::printf("# %s\n# command: %s\n", title, command.c_str());
-  std::printf("%12s %12s %10s %10s %12s %14s\n", "size(B)", "time(us)", "algbw(GB/s)",
-              "busbw(GB/s)", "memcpy(GB/s)", "busbw/memcpy");
-}
+struct host_memory {
+  struct array {
+    std::vector<std::byte> bytes;
+    void* data() { return bytes.data(); }
+    const void* data() const { return bytes.data(); }
+  };
+  array allocate(std::size_t n) { return {std::vector<std::byte>(n)}; }
+  void upload(array& a, const void* src, std::size_t n) { std::memcpy(a.data(), src, n); }
+  void download(void* dst, const array& a, std::size_t n) { std::memcpy(dst, a.data(), n); }
+  void synchronize() {}
+};
 
-inline void print_row(const row& r) {
-  std::printf("%12zu %12.1f %10.2f %10.2f %12.2f %13.0f%%\n", r.bytes, r.seconds * 1e6, r.algbw,
-              r.busbw, r.memcpy_bw, 100.0 * r.busbw / r.memcpy_bw);
-  std::fflush(stdout);
-}
+// A baseline: seconds per call of the reference operation for this call (every rank calls it).
+using baseline_fn = std::function<double(collective_kind, ddp::dtype, ddp::reduce_op, call_shape, void* send, void* recv)>;
 
-inline void write_csv(const std::string& path, const std::vector<row>& rows) {
-  if (path.empty()) return;
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) {
-    std::fprintf(stderr, "cannot write %s\n", path.c_str());
-    return;
-  }
-  std::fprintf(f, "bytes,seconds,algbw_gbps,busbw_gbps,memcpy_gbps\n");
-  for (const auto& r : rows)
-    std::fprintf(f, "%zu,%.9f,%.4f,%.4f,%.4f\n", r.bytes, r.seconds, r.algbw, r.busbw, r.memcpy_bw);
-  std::fclose(f);
-}
+// Runs the sweep on every rank of `comm`; `host` is a host-memory communicator over the same
+// ranks for barriers and the timing reductions (it may be `comm` itself). Rank 0 fills `out`.
+template <class Comm, class Host, sweep_memory Memory>
+void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, const baseline_fn& baseline,
+               report& out) {
+  const auto kind = parse_collective(p.collective);
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool reduces = kind == collective_kind::all_reduce || kind == collective_kind::reduce_scatter;
+  std::vector<ddp::reduce_op> ops = reduces ? parse_ops(p.ops) : std::vector<ddp::reduce_op>{ddp::reduce_op::sum};
+  if (kind == collective_kind::broadcast && (p.root < 0 || p.root >= ranks))
+    throw std::invalid_argument("root " + std::to_string(p.root) + " is not a rank of " + std::to_string(ranks));
 
-inline std::string command_line(int argc, char** argv) {
-  std::string s;
-  for (int i = 0; i < argc; ++i) s += (i ? " " : "") + std::string(argv[i]);
-  return s;
+  // Across ranks as -a asks (a host all_reduce of one double).
+  auto across = [&](double v) {
+    if (p.average == 0) {
+      ddp::broadcast(host, std::span<double>(&v, 1), 0);
+      return v;
+    }
+    const auto op = p.average == 2 ? ddp::reduce_op::min : p.average == 3 ? ddp::reduce_op::max : ddp::reduce_op::sum;
+    ddp::all_reduce(host, std::span<double>(&v, 1), op);
+    return p.average == 1 ? v / ranks : v;
+  };
+  auto timed = [&](const std::function<void()>& call) {
+    for (int i = 0; i < p.warmup; ++i) call();
+    double best = 1e300;
+    for (int r = 0; r < p.repeats; ++r) {
+      ddp::barrier(host);
+      const auto t0 = clock_type::now();
+      for (int i = 0; i < p.iters; ++i) call();
+      best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
+    }
+    return across(best);
+  };
+
+  for (const auto type : parse_dtypes(p.dtypes))
+    for (const auto op : ops)
+      for (const std::size_t bytes : sweep_sizes(p)) {
+        const auto shape = shape_of(kind, bytes, type, ranks);
+        if (shape.send == 0 && shape.recv == 0) continue;
+        const std::size_t esize = ddp::size_of(type);
+        auto send = mem.allocate(std::max<std::size_t>(shape.send, 1) * esize);
+        auto recv = mem.allocate(std::max<std::size_t>(shape.recv, 1) * esize);
+        const std::size_t part = kind == collective_kind::reduce_scatter ? shape.recv : shape.send;
+        auto* send_bytes = static_cast<std::byte*>(send.data());
+        auto* recv_bytes = static_cast<std::byte*>(recv.data());
+        auto call = [&](bool in_place) {
+          switch (kind) {
+            case collective_kind::all_reduce: {
+              void* in = in_place ? recv.data() : send.data();
+              return comm.all_reduce(ddp::const_buffer{in, shape.send, type}, ddp::mutable_buffer{recv.data(), shape.recv, type}, op);
+            }
+            case collective_kind::reduce_scatter: {
+              void* to = in_place ? send_bytes + static_cast<std::size_t>(rank) * part * esize : recv.data();
+              return comm.reduce_scatter(ddp::const_buffer{send.data(), shape.send, type}, ddp::mutable_buffer{to, shape.recv, type}, op);
+            }
+            case collective_kind::all_gather: {
+              void* from = in_place ? recv_bytes + static_cast<std::size_t>(rank) * part * esize : send.data();
+              return comm.all_gather(ddp::const_buffer{from, shape.send, type}, ddp::mutable_buffer{recv.data(), shape.recv, type});
+            }
+            case collective_kind::broadcast: break;
+          }
+          return comm.broadcast(ddp::mutable_buffer{recv.data(), shape.recv, type}, p.root);
+        };
+        auto run = [&](bool in_place) {
+          call(in_place).wait();
+          mem.synchronize();
+        };
+        // Out of place, in place; broadcast has only the in-place form.
+        const bool has_out_of_place = kind != collective_kind::broadcast;
+        std::vector<std::byte> input(std::max(shape.send, shape.recv) * esize), output(shape.recv * esize);
+        auto check = [&](bool in_place) -> long long {
+          if (!p.check) return -1;
+          // The input goes where the call reads it: send, or this rank's place in recv / send.
+          if (kind == collective_kind::broadcast) {
+            fill_input(type, input.data(), shape.recv, rank, 0);
+            mem.upload(recv, input.data(), shape.recv * esize);
+          } else if (kind == collective_kind::all_gather && in_place) {
+            std::vector<std::byte> whole(shape.recv * esize);
+            fill_input(type, whole.data() + static_cast<std::size_t>(rank) * part * esize, part, rank, 0);
+            mem.upload(recv, whole.data(), whole.size());
+          } else if (kind == collective_kind::all_reduce && in_place) {
+            fill_input(type, input.data(), shape.recv, rank, 0);
+            mem.upload(recv, input.data(), shape.recv * esize);
+          } else {
+            fill_input(type, input.data(), shape.send, rank, 0);
+            mem.upload(send, input.data(), shape.send * esize);
+          }
+          mem.synchronize();
+          run(in_place);
+          if (kind == collective_kind::reduce_scatter && in_place) {
+            std::vector<std::byte> whole(shape.send * esize);
+            mem.download(whole.data(), send, whole.size());
+            std::memcpy(output.data(), whole.data() + static_cast<std::size_t>(rank) * part * esize, output.size());
+          } else {
+            mem.download(output.data(), recv, output.size());
+          }
+          double wrong = static_cast<double>(count_wrong(kind, type, op, output.data(), shape.recv, rank, ranks, p.root));
+          ddp::all_reduce(host, std::span<double>(&wrong, 1), ddp::reduce_op::sum);
+          return static_cast<long long>(wrong);
+        };
+        const double factor = bus_factor(kind, ranks);
+        const std::size_t moved = std::max(shape.send, shape.recv) * esize;  // the size, cut to whole elements per rank
+        auto columns = [&](double seconds, long long wrong) {
+          const double algbw = static_cast<double>(moved) / seconds / 1e9;
+          return std::vector<cell>{seconds * 1e6, algbw, algbw * factor, wrong < 0 ? cell{std::string("n/a")} : cell{wrong}};
+        };
+        std::vector<cell> row{static_cast<long long>(moved), static_cast<long long>(std::max(shape.send, shape.recv)),
+                              std::string(ddp::name_of(type)),
+                              reduces ? std::string(ddp::name_of(op)) : std::string("none"),
+                              kind == collective_kind::broadcast ? cell{static_cast<long long>(p.root)} : cell{-1LL}};
+        double oop_seconds = 0;
+        if (has_out_of_place) {
+          oop_seconds = timed([&] { run(false); });
+          const auto c = columns(oop_seconds, check(false));
+          row.insert(row.end(), c.begin(), c.end());
+        } else {
+          for (int i = 0; i < 4; ++i) row.push_back(std::string("n/a"));
+        }
+        const double ip_seconds = timed([&] { run(true); });
+        const auto c = columns(ip_seconds, check(true));
+        row.insert(row.end(), c.begin(), c.end());
+        const double base = baseline(kind, type, op, shape, send.data(), recv.data());
+        const double base_bw = static_cast<double>(moved) / base / 1e9 * (p.backend == "mpi" ? factor : 1.0);
+        const double ddp_busbw = static_cast<double>(moved) / (has_out_of_place ? oop_seconds : ip_seconds) / 1e9 * factor;
+        row.insert(row.end(), {base * 1e6, base_bw, ddp_busbw / base_bw});
+        if (rank == 0) out.add(std::move(row));
+      }
 }
 
 }  // namespace bench

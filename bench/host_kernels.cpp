@@ -1,4 +1,5 @@
-// Host kernels the trainer runs per bucket, against memcpy of the same bytes:
+// Host kernels the trainer runs per bucket, against memcpy of the same bytes, and the cost of one
+// step-timeline phase detached and attached:
 //   host_kernels --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "ddp/host/device.hpp"
+#include "ddp/trainer/timeline.hpp"
 #include "ddp/optim/optimizer.hpp"
 
 namespace {
@@ -74,8 +76,22 @@ void bm_adamw(benchmark::State& s) {
   set_bytes(s, 7 * n * 4);  // read p, g, m, v; write p, m, v
 }
 
+// One phase of the step timeline, detached (what every step pays when no timeline records: a
+// branch on a null pointer) and attached (two clock reads and an event).
+void bm_timeline_span(benchmark::State& s) {
+  ddp::timeline t(std::size_t{1} << 16);
+  ddp::timeline* attached = s.range(0) ? &t : nullptr;
+  benchmark::DoNotOptimize(attached);
+  for (auto _ : s) {
+    ddp::detail::timeline_span span(attached, "forward", 0);
+    benchmark::ClobberMemory();
+    if (t.events().size() == (std::size_t{1} << 16)) t.clear();
+  }
+}
+
 }  // namespace
 
+BENCHMARK(bm_timeline_span)->Arg(0)->Arg(1)->ArgName("attached");
 BENCHMARK(bm_memcpy)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
 BENCHMARK(bm_scale)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
 BENCHMARK(bm_pack)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);

@@ -19,7 +19,7 @@ cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
-cp "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/bench/nccl_all_reduce" \
+cp "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/bench/ddp-bench-gpu" \
   "$build/examples/fashion_mnist/fashion_mnist_gpu" "$stage/bin/"
 # Shared libraries outside glibc/libstdc++ and outside CUDA (the GPU machine brings its own CUDA,
 # cuBLAS and NCCL, matched to its driver).

@@ -29,7 +29,7 @@ source "$here/openblas-env.sh"  # the host reference paths of the tests use Open
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 ldd "$here/bin/ddp_gpu_test" | grep -E "not found|cuda|cublas|nccl|openblas"
 
-if ! "$here/gpu-run-list.sh" "$here/bin/ddp_gpu_test" "$here/bin/gpu_kernels" "$here/bin/nccl_all_reduce" \
+if ! "$here/gpu-run-list.sh" "$here/bin/ddp_gpu_test" "$here/bin/gpu_kernels" "$here/bin/ddp-bench-gpu" \
     "$here/bin/fashion_mnist_gpu" "$here/data"; then
   echo "gpu-run-bundle: FAILED (see above)"
   exit 1

@@ -4,13 +4,13 @@
 # benchmarks, and the example with --device cuda --backend nccl, one in-process rank per GPU, and
 # with --mpirun also one process per GPU under mpirun. Every check runs even after one failed;
 # the exit status is 1 when any failed.
-#   gpu-run-list.sh TESTS KERNELS NCCL EXAMPLE DATA_DIR [--mpirun]
+#   gpu-run-list.sh TESTS KERNELS BENCH EXAMPLE DATA_DIR [--mpirun]   (BENCH: ddp-bench-gpu)
 set -uo pipefail
 if [ $# -lt 5 ]; then
-  echo "usage: $0 TESTS KERNELS NCCL EXAMPLE DATA_DIR [--mpirun]" >&2
+  echo "usage: $0 TESTS KERNELS BENCH EXAMPLE DATA_DIR [--mpirun]" >&2
   exit 2
 fi
-tests=$1 kernels=$2 nccl=$3 example=$4 data=$5 mpi=${6:-}
+tests=$1 kernels=$2 bench=$3 example=$4 data=$5 mpi=${6:-}
 failed=()
 run() {  # run NAME TIMEOUT COMMAND...
   local name=$1 limit=$2
@@ -22,9 +22,10 @@ run() {  # run NAME TIMEOUT COMMAND...
 # GPU machine gives one command, with room to spare (scripts/gpu-check.sh says how long it took).
 run "GPU tests" 90 "$tests"
 run "CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)" 45 "$kernels" --sizes-mib 64,256,1024 --repeats 20
-run "ddp's NCCL all_reduce vs raw ncclAllReduce, one rank per GPU" 45 "$nccl"
 # NCCL refuses two ranks on one GPU: one rank per GPU, so as many ranks as GPUs.
 gpus=$(nvidia-smi -L | wc -l)
+run "ddp-bench collective all_reduce over NCCL, one rank per GPU, cudaMemcpy beside it" 45 \
+  "$bench" collective all_reduce --backend nccl --ranks "$gpus" -b 8 -e 256M -f 4 -n 20 --out "${DDP_GPU_OUT:-.}/nccl_all_reduce.json"
 run "example: $gpus in-process rank(s), one GPU each" 60 "$example" --ranks "$gpus" --epochs 2 --no-progress --data-dir "$data"
 if [ "$mpi" = --mpirun ] && command -v mpirun >/dev/null 2>&1; then
   run "example: mpirun -np $gpus, one process per GPU" 50 \

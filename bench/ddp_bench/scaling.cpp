@@ -1,18 +1,14 @@
-// Data-parallel scaling of the Fashion-MNIST example's model on in-process ranks, measured in
-// one run with four set-ups interleaved in short rounds, so that a neighbour who takes cores or
-// memory bandwidth for a few seconds slows all of them alike:
+// ddp-bench scaling: data-parallel scaling of the Fashion-MNIST example's model on in-process
+// ranks, four set-ups interleaved in short rounds, so that a neighbour who takes cores or memory
+// bandwidth for a few seconds slows all of them alike:
 //   1 rank        one rank trains alone (the baseline);
-//   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch, every rank
-//                 updating every parameter (update::replicated, the default);
+//   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch (update::replicated);
 //   N sharded     the same with update::sharded: each rank updates 1/N of the parameters;
 //   N x 1 rank    N independent single-rank trainings at the same time, no communication:
 //                 what this machine allows N ranks of this model, whatever ddp does.
 // Speed-up = samples/s of N ranks over 1 rank; ceiling = N x 1 rank over 1 rank; ddp's
 // efficiency = speed-up / ceiling (sharded can pass 100%: it does less optimizer work per rank
 // than an independent training). Medians over the rounds; only training steps are timed.
-//   rank_scaling [--ranks 2] [--rounds 15] [--steps 120] [--batch 64] [--optimizer sgd|adamw]
-//                [--data-dir DIR]
-
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -21,21 +17,20 @@
 #include <thread>
 #include <vector>
 
-#include "collective_sweep.hpp"
-#include "options.hpp"
+#include "ddp_bench/commands.hpp"
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "model.hpp"
 
+namespace bench {
 namespace {
 
 using ddp::data::fashion_mnist;
 template <class Optimizer, class Update = ddp::update::replicated>
 using trainer_for = ddp::trainer<fmnist::model, Optimizer, Update>;
 using batches_t = std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>;
-using clock_type = std::chrono::steady_clock;
 
 const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
 const ddp::optim::adamw adamw{.lr = 1e-3f};
@@ -107,7 +102,8 @@ double median(std::vector<double> v) {
 
 // Runs every set-up `rounds` times in rotating order and prints the medians and ratios.
 template <class Optimizer>
-void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int rounds, int steps, std::size_t batch) {
+void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int rounds, int steps, std::size_t batch,
+             report& out) {
   ddp::data::loader loader(train, batch, &fashion_mnist::collate);
   auto make_states = [&](int n, int world) {
     std::vector<replica_state> s;
@@ -142,47 +138,44 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     }
 
   const double single_rate = median(setups[0].rates), independent_rate = median(setups[3].rates);
-  std::printf("optimizer %s, per-rank batch %zu, %d steps per rank per set-up, %d rounds (medians; min - max):\n",
-              Optimizer::name, batch, steps, rounds);
   for (const auto& s : setups) {
     const auto [lo, hi] = std::ranges::minmax(s.rates);
-    std::printf("  %-12s %8.0f samples/s   (%.0f - %.0f)\n", s.name.c_str(), median(s.rates), lo, hi);
+    const double rate = median(s.rates);
+    out.add({s.name, rate, lo, hi, rate / single_rate, rate / independent_rate});
   }
-  std::printf("ceiling (%d independent / 1 rank): %.2fx\n", ranks, independent_rate / single_rate);
+  char line[200];
+  std::snprintf(line, sizeof line, "ceiling (%d independent / 1 rank): %.2fx", ranks, independent_rate / single_rate);
+  out.note(line);
   for (std::size_t k : {1, 2}) {
     const double rate = median(setups[k].rates);
-    std::printf("speed-up %-11s / 1 rank: %.2fx; ddp efficiency %.0f%% of the ceiling\n", setups[k].name.c_str(),
-                rate / single_rate, 100 * rate / independent_rate);
+    std::snprintf(line, sizeof line, "speed-up %s / 1 rank: %.2fx; ddp efficiency %.0f%% of the ceiling", setups[k].name.c_str(),
+                  rate / single_rate, 100 * rate / independent_rate);
+    out.note(line);
   }
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  bench::options app{"data-parallel scaling of the Fashion-MNIST model: N ranks against 1 rank and against N "
-               "independent single-rank runs, interleaved in one run"};
-  int ranks = 2, rounds = 15, steps = 120;
-  std::size_t batch = 64;
-  std::string data_dir(fashion_mnist::default_directory), optimizer = "sgd";
-  app.add("--ranks", ranks, "ranks of the data-parallel set-up", 2, 64);
-  app.add("--rounds", rounds, "rounds; each runs every set-up once, in rotating order", 1);
-  app.add("--steps", steps, "training steps per rank in each set-up of a round", 1);
-  app.add("--batch", batch, "batch per rank", 2, 60000);
-  app.add("--optimizer", optimizer, "optimizer: sgd (momentum 0.9) or adamw", {"sgd", "adamw"});
-  app.add("--data-dir", data_dir, "directory with the Fashion-MNIST .gz files");
-  if (auto exit_code = app.parse(argc, argv)) return *exit_code;
-  std::printf("# command: %s   (%u hardware threads)\n", bench::command_line(argc, argv).c_str(),
-              std::thread::hardware_concurrency());
 
-  const auto train = fashion_mnist::load(fashion_mnist::split::train, data_dir);
-  if (batch > train.size() / static_cast<std::size_t>(ranks)) {
-    std::fprintf(stderr, "rank_scaling: --batch %zu is more than one rank's share of the %zu training images at "
-                 "--ranks %d; use --batch %zu or less\n", batch, train.size(), ranks,
-                 train.size() / static_cast<std::size_t>(ranks));
-    return 1;
-  }
-  if (optimizer == "sgd")
-    compare(sgd, train, ranks, rounds, steps, batch);
-  else
-    compare(adamw, train, ranks, rounds, steps, batch);
+int run_scaling(const scaling_params& p) {
+  const std::string dir = p.data_dir.empty() ? std::string(fashion_mnist::default_directory) : p.data_dir;
+  const auto train = fashion_mnist::load(fashion_mnist::split::train, dir);
+  if (p.batch > train.size() / static_cast<std::size_t>(p.ranks))
+    throw std::invalid_argument("--batch " + std::to_string(p.batch) + " is more than one rank's share of the " +
+                                std::to_string(train.size()) + " training images at --ranks " + std::to_string(p.ranks) +
+                                "; use --batch " + std::to_string(train.size() / static_cast<std::size_t>(p.ranks)) +
+                                " or less");
+  report out("scaling",
+             "the example's model (784-512-512-10, batch_norm), optimizer " + p.optimizer + ", batch " +
+                 std::to_string(p.batch) + " per rank, " + std::to_string(p.steps) + " steps per set-up, " +
+                 std::to_string(p.rounds) + " rounds (medians)",
+             {{"setup", 12, 0}, {"samples/s", 10, 0}, {"min", 8, 0}, {"max", 8, 0}, {"vs_1_rank", 9, 2},
+              {"vs_ceiling", 10, 2}});
+  out.begin(true);
+  if (p.optimizer == "sgd") compare(sgd, train, p.ranks, p.rounds, p.steps, p.batch, out);
+  else compare(adamw, train, p.ranks, p.rounds, p.steps, p.batch, out);
+  out.write(p.out);
+  return 0;
 }
+
+}  // namespace bench

@@ -1,0 +1,81 @@
+// ddp-bench collective --backend nccl (the GPU build, ddp-bench-gpu): one in-process rank per
+// GPU, buffers in device memory, and cudaMemcpy device to device of the same bytes as the
+// baseline. Each call is timed as the trainer uses it: launched, then waited for on the device
+// (wait() and the compute stream). One GPU: NCCL does nothing for an in-place all_reduce, so
+// only the out-of-place columns (a copy) measure bandwidth; the in-place time is the per-call
+// overhead.
+#include <nccl.h>
+
+#include <cstdio>
+
+#include "ddp_bench/commands.hpp"
+#include "ddp/cuda/device.hpp"
+#include "ddp/cuda/device_vector.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/nccl/communicator.hpp"
+
+namespace bench {
+namespace {
+
+struct device_memory {
+  ddp::cuda::device& dev;
+  struct array {
+    ddp::cuda::device_vector<std::uint8_t> bytes;
+    void* data() { return bytes.data(); }
+    const void* data() const { return bytes.data(); }
+  };
+  array allocate(std::size_t n) { return {ddp::cuda::device_vector<std::uint8_t>::zeros(dev, n)}; }
+  void upload(array& a, const void* src, std::size_t n) { dev.copy_from_host(a.data(), src, n); }
+  void download(void* dst, const array& a, std::size_t n) { dev.copy_to_host(dst, a.data(), n); }
+  void synchronize() { dev.synchronize(); }
+};
+
+std::string version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+}  // namespace
+
+int run_collective_nccl(const collective_params& p, report& out) {
+  const int gpus = p.ranks;
+  if (gpus > ddp::cuda::device_count())
+    throw std::invalid_argument("--ranks " + std::to_string(gpus) + ": this machine has " +
+                                std::to_string(ddp::cuda::device_count()) + " GPU(s); NCCL takes one rank per GPU");
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  int driver = 0, runtime = 0, nccl = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  ncclGetVersion(&nccl);
+  set_gpu_info(prop.name, version(driver), version(runtime),
+               std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100));
+  out.begin(true);
+  ddp::inproc::launch(gpus, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(host.rank(), host.rank());
+    auto comm = ddp::nccl::bootstrap(host, dev);
+    device_memory mem{dev};
+    const baseline_fn baseline = [&](collective_kind, ddp::dtype type, ddp::reduce_op, call_shape shape, void* send,
+                                     void* recv) {
+      const std::size_t bytes = std::max(shape.send, shape.recv) * ddp::size_of(type);
+      auto a = ddp::cuda::device_vector<std::uint8_t>::zeros(dev, std::max<std::size_t>(bytes, 1));
+      auto b = ddp::cuda::device_vector<std::uint8_t>::zeros(dev, a.size());
+      (void)send, (void)recv;
+      auto copy = [&] {
+        ddp::cuda::check(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, dev.stream()),
+                         "cudaMemcpyAsync", dev.site());
+        dev.synchronize();
+      };
+      for (int i = 0; i < p.warmup; ++i) copy();
+      double best = 1e300;
+      for (int r = 0; r < p.repeats; ++r) {
+        const auto t0 = clock_type::now();
+        for (int i = 0; i < p.iters; ++i) copy();
+        best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
+      }
+      ddp::all_reduce(host, std::span<double>(&best, 1), ddp::reduce_op::max);
+      return best;
+    };
+    run_sweep(comm, host, mem, p, baseline, out);
+  });
+  return 0;
+}
+
+}  // namespace bench

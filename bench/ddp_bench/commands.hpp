@@ -1,0 +1,39 @@
+#pragma once
+// ddp-bench's subcommands, one translation unit each; main.cpp parses the flags (CLI11) and calls
+// one of them. Each returns the process's exit code.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "collective_sweep.hpp"
+
+namespace bench {
+
+int run_collective(const collective_params& p);
+// In a GPU build (ddp-bench-gpu) only: --backend nccl.
+int run_collective_nccl(const collective_params& p, report& out);
+
+struct step_params {
+  std::vector<int> ranks{1, 2};
+  std::size_t params = 1'300'000;     // parameters of the synthetic model
+  std::string profile = "flat";       // hidden widths: flat, funnel (2h, h, h/2) or wide (4h, h, h)
+  std::size_t batch = 64;             // per rank
+  int steps = 30;                     // timed steps per measurement
+  int repeats = 3;                    // alternating batches of each configuration; the best is kept
+  std::vector<std::string> vary{"bucket_cap", "buffer_sync", "unused_params", "update"};
+  std::string out;
+};
+int run_step(const step_params& p);
+
+struct scaling_params {
+  int ranks = 2;
+  int rounds = 15;
+  int steps = 120;
+  std::size_t batch = 64;
+  std::string optimizer = "sgd";
+  std::string data_dir;
+  std::string out;
+};
+int run_scaling(const scaling_params& p);
+
+}  // namespace bench

@@ -1,0 +1,103 @@
+// ddp-bench: micro-benchmarks of ddp in one tool.
+//   ddp-bench collective all_reduce --backend inproc|mpi|nccl -b 8 -e 64M -f 2 [-d float] [-o sum] [--out r.json]
+//   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update]
+//   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120]
+// Every subcommand prints a table and, with --out FILE (.json or .csv), writes it with the
+// command line, the date, the machine and the library version. docs/benchmarking.md has the rest.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "ddp_bench/commands.hpp"
+
+namespace {
+
+// "64M", "256K", "1G" or a plain count, as nccl-tests reads -b and -e.
+std::size_t parse_size(const std::string& text) {
+  std::size_t pos = 0;
+  const double v = std::stod(text, &pos);
+  const std::string unit = text.substr(pos);
+  double scale = 1;
+  if (unit == "K" || unit == "k") scale = 1024;
+  else if (unit == "M" || unit == "m") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g") scale = 1024.0 * 1024 * 1024;
+  else if (!unit.empty()) throw CLI::ValidationError("size", "'" + text + "': use a count with K, M or G, as 64M");
+  return static_cast<std::size_t>(v * scale);
+}
+
+void add_size(CLI::App* app, const std::string& flag, std::size_t& value, const std::string& help) {
+  app->add_option_function<std::string>(flag, [&value](const std::string& s) { value = parse_size(s); }, help)
+      ->default_str(std::to_string(value));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::set_command_line(argc, argv);
+  CLI::App app{"ddp-bench: collectives over every backend, trainer steps over every policy, and scaling, in one tool"};
+  app.require_subcommand(1);
+
+  bench::collective_params c;
+  auto* col = app.add_subcommand("collective", "an nccl-tests-style sweep of one collective, with a baseline beside it");
+  col->add_option("collective", c.collective, "all_reduce, reduce_scatter, all_gather or broadcast")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast"}))->capture_default_str();
+  col->add_option("--backend", c.backend, "inproc (threads), mpi (under mpirun) or nccl (GPU build)")
+      ->check(CLI::IsMember({"inproc", "mpi", "nccl"}))->capture_default_str();
+  col->add_option("--ranks,-g", c.ranks, "in-process ranks (inproc) or GPUs (nccl); mpirun -np sets MPI's")
+      ->check(CLI::Range(1, 256))->capture_default_str();
+  add_size(col, "-b,--minbytes", c.min_bytes, "smallest size in bytes (K, M, G allowed)");
+  add_size(col, "-e,--maxbytes", c.max_bytes, "largest size in bytes");
+  col->add_option("-f,--stepfactor", c.step_factor, "multiply the size by this between steps")->capture_default_str();
+  add_size(col, "-i,--stepbytes", c.step_bytes, "add this many bytes between steps (when -f is 1)");
+  col->add_option("-n,--iters", c.iters, "timed iterations per batch")->check(CLI::Range(1, 1000000))->capture_default_str();
+  col->add_option("-w,--warmup_iters", c.warmup, "untimed iterations first")->check(CLI::Range(0, 1000000))->capture_default_str();
+  col->add_option("-c,--check", c.check, "check every result element (0: no, #wrong reads n/a)")->capture_default_str();
+  col->add_option("--repeats", c.repeats, "batches of -n iterations; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
+  col->add_option("-a,--average", c.average, "time across ranks: 0 rank 0, 1 mean, 2 min, 3 max")->check(CLI::Range(0, 3))->capture_default_str();
+  col->add_option("-d,--datatype", c.dtypes, "float, double, int32, int64, uint8 or all")->delimiter(',')->capture_default_str();
+  col->add_option("-o,--op", c.ops, "sum, avg, min, max or all")->delimiter(',')->capture_default_str();
+  col->add_option("-r,--root", c.root, "broadcast's root")->capture_default_str();
+  col->add_option("--out", c.out, "also write the table to this .json or .csv file");
+
+  bench::step_params s;
+  auto* step = app.add_subcommand("step", "a trainer step over a synthetic MLP, one policy varied at a time, against "
+                                          "the same step without synchronisation");
+  step->add_option("--ranks", s.ranks, "world sizes (in-process ranks)")->delimiter(',')->capture_default_str();
+  step->add_option_function<std::string>("--params", [&s](const std::string& v) { s.params = parse_size(v); },
+                                         "parameters of the synthetic model (K, M allowed)")->default_str("1.3M");
+  step->add_option("--profile", s.profile, "hidden widths: flat (h, h, h), funnel (2h, h, h/2), wide (4h, h, h)")
+      ->check(CLI::IsMember({"flat", "funnel", "wide"}))->capture_default_str();
+  step->add_option("--batch", s.batch, "batch per rank")->check(CLI::Range(1, 100000))->capture_default_str();
+  step->add_option("--steps", s.steps, "timed steps per measurement")->check(CLI::Range(1, 100000))->capture_default_str();
+  step->add_option("--repeats", s.repeats, "alternating measurements of each configuration; the best is kept")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  step->add_option("--vary", s.vary, "the policies varied from the defaults, one at a time")
+      ->delimiter(',')->check(CLI::IsMember({"bucket_cap", "buffer_sync", "unused_params", "update", "none"}))
+      ->capture_default_str();
+  step->add_option("--out", s.out, "also write the table to this .json or .csv file");
+
+  bench::scaling_params sc;
+  auto* scaling = app.add_subcommand("scaling", "the example's model: 1 rank, N ranks (replicated and sharded) and N "
+                                                "independent ranks, interleaved in rounds");
+  scaling->add_option("--ranks", sc.ranks, "ranks of the data-parallel set-up")->check(CLI::Range(2, 64))->capture_default_str();
+  scaling->add_option("--rounds", sc.rounds, "rounds; each runs every set-up once, in rotating order")
+      ->check(CLI::Range(1, 10000))->capture_default_str();
+  scaling->add_option("--steps", sc.steps, "training steps per rank in each set-up of a round")
+      ->check(CLI::Range(1, 100000))->capture_default_str();
+  scaling->add_option("--batch", sc.batch, "batch per rank")->check(CLI::Range(2, 60000))->capture_default_str();
+  scaling->add_option("--optimizer", sc.optimizer, "sgd (momentum 0.9) or adamw")
+      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  scaling->add_option("--data-dir", sc.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
+  scaling->add_option("--out", sc.out, "also write the table to this .json or .csv file");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (col->parsed()) return bench::run_collective(c);
+    if (step->parsed()) return bench::run_step(s);
+    return bench::run_scaling(sc);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,289 @@
+// ddp-bench step: one trainer step over a synthetic MLP (batch_norm after each hidden layer, so
+// buffer sync has work), each policy varied from the defaults one at a time, at each world size.
+// Per configuration:
+//   - the step time: the best of --repeats alternating measurements, each the slowest rank's
+//     mean over --steps steps;
+//   - its parts, from runs with the step timeline recording (the least disturbed of --repeats):
+//     compute = forward + backward, the buckets' reductions, the share of them that ran while
+//     backward still computed, the wait for them, the update;
+//   - the bytes each rank hands to collectives per step;
+//   - the ratio to the same step without synchronisation: the step by hand, without ddp, on as
+//     many threads at once, measured in the same run (what the machine allows that many ranks of
+//     this model whatever ddp does; at world 1, what the trainer itself costs).
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "ddp_bench/commands.hpp"
+#include "ddp/core/random.hpp"
+#include "ddp/ddp.hpp"
+#include "ddp/host/kernels.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/nn/batch_norm.hpp"
+#include "ddp/nn/cross_entropy.hpp"
+#include "ddp/nn/linear.hpp"
+#include "ddp/nn/relu.hpp"
+#include "ddp/nn/sequential.hpp"
+
+namespace bench {
+namespace {
+
+using ddp::nn::batch_norm, ddp::nn::linear, ddp::nn::relu;
+using model = ddp::nn::sequential<linear, batch_norm, relu, linear, batch_norm, relu, linear, batch_norm, relu, linear>;
+constexpr std::size_t inputs = 512, classes = 16;
+
+struct widths {
+  std::size_t a, b, c;
+};
+
+widths widths_for(const std::string& profile, std::size_t h) {
+  if (profile == "funnel") return {2 * h, h, std::max<std::size_t>(h / 2, 1)};
+  if (profile == "wide") return {4 * h, h, h};
+  return {h, h, h};
+}
+
+std::size_t parameter_count(const widths& w) {
+  auto layer = [](std::size_t in, std::size_t out) { return in * out + out; };
+  return layer(inputs, w.a) + layer(w.a, w.b) + layer(w.b, w.c) + layer(w.c, classes) + 2 * (w.a + w.b + w.c);
+}
+
+// The smallest base width whose model has at least `target` parameters.
+widths solve(const std::string& profile, std::size_t target) {
+  std::size_t lo = 1, hi = 1;
+  while (parameter_count(widths_for(profile, hi)) < target) hi *= 2;
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    if (parameter_count(widths_for(profile, mid)) < target) lo = mid + 1;
+    else hi = mid;
+  }
+  return widths_for(profile, lo);
+}
+
+model make_model(const widths& w) {
+  return model(linear(inputs, w.a, 1), batch_norm(w.a), relu(), linear(w.a, w.b, 2), batch_norm(w.b), relu(),
+               linear(w.b, w.c, 3), batch_norm(w.c), relu(), linear(w.c, classes, 4));
+}
+
+struct batch {
+  ddp::nn::matrix x;
+  std::vector<std::int32_t> y;
+};
+batch make_batch(std::size_t n, std::uint64_t seed) {
+  ddp::splitmix64 rng(seed);
+  batch b{ddp::nn::matrix(n, inputs), std::vector<std::int32_t>(n)};
+  for (auto& v : b.x.data) v = rng.uniform(-1, 1);
+  for (auto& y : b.y) y = static_cast<std::int32_t>(rng.below(classes));
+  return b;
+}
+
+const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
+
+// One measurement's figures, per step (medians over the timed steps for the parts).
+struct figures {
+  double step = 0, compute = 0, reduction = 0, overlapped = 0, wait = 0, update = 0;
+  double bytes = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::ranges::sort(v);
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// The parts of each step from rank 0's timeline.
+void read_timeline(const ddp::timeline& t, figures& f) {
+  std::map<std::uint64_t, std::map<std::string, double>> per_step;
+  for (const auto& e : t.events()) {
+    const double s = std::chrono::duration<double>(e.end - e.begin).count();
+    std::string key = e.name;
+    if (e.track == ddp::timeline_track::collectives) key = "reduction";
+    per_step[e.step][key] += s;
+  }
+  std::vector<double> compute, reduction, wait, update;
+  for (auto& [step, parts] : per_step) {
+    if (!parts.count("step")) continue;
+    compute.push_back(parts["forward"] + parts["backward"]);
+    reduction.push_back(parts["reduction"]);
+    wait.push_back(parts["wait for reductions"]);
+    update.push_back(parts["update"]);
+  }
+  f.compute = median(compute), f.reduction = median(reduction), f.wait = median(wait), f.update = median(update);
+}
+
+template <class Trainer>
+figures measure(int world, const widths& w, const step_params& p, bool breakdown) {
+  std::vector<figures> per_rank = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    auto m = make_model(w);
+    ddp::host::device dev;
+    Trainer t(m, comm, dev, sgd);
+    const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(comm.rank()));
+    auto one = [&] { t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); }); };
+    one(), one();  // warm-up
+    ddp::timeline timeline;
+    if (breakdown) t.record_timeline(&timeline);
+    double overlapped = 0, reduced = 0;
+    ddp::barrier(comm);
+    const auto t0 = clock_type::now();
+    for (int s = 0; s < p.steps; ++s) {
+      one();
+      overlapped += t.last_step_overlap().overlapped_seconds;
+      reduced += t.last_step_overlap().reduction_seconds;
+    }
+    figures f;
+    f.step = std::chrono::duration<double>(clock_type::now() - t0).count() / p.steps;
+    ddp::all_reduce(comm, std::span<double>(&f.step, 1), ddp::reduce_op::max);
+    if (breakdown) read_timeline(timeline, f);
+    f.overlapped = reduced > 0 ? overlapped / reduced : 0;
+    // Bytes this rank hands to collectives per step: every bucket's gradients (and, sharded, the
+    // gathered parameters), and the buffers when the policy moves them.
+    double grads = 0;
+    for (const auto n : t.bucket_sizes()) grads += 4.0 * static_cast<double>(n);
+    if (Trainer::update_policy::gathers_parameters) grads *= 2;
+    double buffers = 0;
+    for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
+    const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;
+    f.bytes = world > 1 ? grads + (moves_buffers ? buffers : 0) : 0;
+    return f;
+  });
+  return per_rank[0];
+}
+
+// The same step by hand (forward, loss, backward, SGD with momentum, zero the gradients), as a
+// single-process loop without ddp does it.
+class step_by_hand {
+ public:
+  explicit step_by_hand(model& m) : m_(m) {
+    for (auto& p : m_.parameters()) {
+      params_.push_back(p);
+      momentum_.emplace_back(p.value.numel(), 0.0f);
+    }
+  }
+  void operator()(const batch& b) {
+    auto ce = ddp::nn::softmax_cross_entropy(m_.forward(b.x), b.y);
+    m_.backward(ce.grad, {});
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto v = params_[i].value.as<float>();
+      auto g = params_[i].grad.as<float>();
+      ddp::host::rule_segment(v.data(), g.data(), momentum_[i].data(), v.size(), sgd.at(1));
+      std::fill(g.begin(), g.end(), 0.0f);
+    }
+  }
+
+ private:
+  model& m_;
+  std::vector<ddp::parameter_ref> params_;
+  std::vector<std::vector<float>> momentum_;
+};
+
+// That step on `world` threads at once, each on its own replica: no synchronisation and no ddp.
+figures measure_unsynchronised(int world, const widths& w, const step_params& p) {
+  std::barrier start(world);
+  std::vector<double> seconds(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < world; ++i)
+    threads.emplace_back([&, i] {
+      auto m = make_model(w);
+      step_by_hand one(m);
+      const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(i));
+      one(b), one(b);
+      start.arrive_and_wait();
+      const auto t0 = clock_type::now();
+      for (int s = 0; s < p.steps; ++s) one(b);
+      seconds[static_cast<std::size_t>(i)] = std::chrono::duration<double>(clock_type::now() - t0).count() / p.steps;
+    });
+  for (auto& t : threads) t.join();
+  return {.step = *std::ranges::max_element(seconds)};
+}
+
+struct configuration {
+  std::string slot, policy;
+  std::function<figures(int, const widths&, const step_params&, bool)> run;
+};
+
+template <class... Policies>
+configuration config(std::string slot, std::string policy) {
+  return {std::move(slot), std::move(policy), [](int world, const widths& w, const step_params& p, bool breakdown) {
+            return measure<ddp::trainer<model, Policies...>>(world, w, p, breakdown);
+          }};
+}
+
+std::vector<configuration> configurations(const std::vector<std::string>& vary) {
+  auto varies = [&](const char* slot) { return std::ranges::find(vary, slot) != vary.end(); };
+  std::vector<configuration> c{config<>("defaults", "(all four)")};
+  if (varies("bucket_cap")) {
+    c.push_back(config<ddp::bucket_cap<std::size_t{256} << 10>>("bucket_cap", "256 KiB"));
+    c.push_back(config<ddp::bucket_cap<std::size_t{1} << 20>>("bucket_cap", "1 MiB"));
+    c.push_back(config<ddp::bucket_cap<std::size_t{4} << 20>>("bucket_cap", "4 MiB"));
+  }
+  if (varies("buffer_sync")) {
+    c.push_back(config<ddp::buffer_sync::none>("buffer_sync", "none"));
+    c.push_back(config<ddp::buffer_sync::broadcast_each_forward>("buffer_sync", "broadcast_each_forward"));
+    c.push_back(config<ddp::buffer_sync::average_once_per_step>("buffer_sync", "average_once_per_step"));
+  }
+  if (varies("unused_params")) {
+    c.push_back(config<ddp::unused_params::detect_each_step>("unused_params", "detect_each_step"));
+    c.push_back(config<ddp::unused_params::static_graph>("unused_params", "static_graph"));
+  }
+  if (varies("update")) c.push_back(config<ddp::update::sharded>("update", "sharded"));
+  return c;
+}
+
+}  // namespace
+
+int run_step(const step_params& p) {
+  const auto w = solve(p.profile, p.params);
+  const auto count = parameter_count(w);
+  report out("step",
+             "MLP " + std::to_string(inputs) + "-" + std::to_string(w.a) + "-" + std::to_string(w.b) + "-" +
+                 std::to_string(w.c) + "-" + std::to_string(classes) + " with batch_norm (" + std::to_string(count) +
+                 " parameters), batch " + std::to_string(p.batch) + " per rank, SGD momentum; best of " +
+                 std::to_string(p.repeats) + " x " + std::to_string(p.steps) + " steps",
+             {{"ranks", 5, 0}, {"slot", 13, 0}, {"policy", 22, 0}, {"step(ms)", 9, 3}, {"compute(ms)", 11, 3},
+              {"reduce(ms)", 10, 3}, {"overlap", 7, 2}, {"wait(ms)", 9, 3}, {"update(ms)", 10, 3},
+              {"bytes/step", 11, 0}, {"vs_no_sync", 10, 3}});
+  out.begin(true);
+  const auto configs = configurations(p.vary);
+  for (const int world : p.ranks) {
+    if (world < 1) throw std::invalid_argument("--ranks takes world sizes of 1 or more");
+    // Alternate every configuration and the unsynchronised step, so drifts of a shared machine
+    // hit them alike; keep each one's best.
+    std::vector<double> best(configs.size(), 1e300);
+    std::vector<figures> parts(configs.size(), figures{.step = 1e300});  // with the timeline recording
+    double unsynchronised = 1e300;
+    measure_unsynchronised(world, w, p);  // warm-up: page in, grow the heaps
+    for (const auto& c : configs) c.run(world, w, p, false);
+    for (int r = 0; r < p.repeats; ++r) {
+      unsynchronised = std::min(unsynchronised, measure_unsynchronised(world, w, p).step);
+      for (std::size_t i = 0; i < configs.size(); ++i) {
+        best[i] = std::min(best[i], configs[i].run(world, w, p, false).step);
+        const auto f = configs[i].run(world, w, p, true);
+        if (f.step < parts[i].step) parts[i] = f;  // the least disturbed run's parts
+      }
+    }
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      const auto& f = parts[i];
+      out.add({static_cast<long long>(world), configs[i].slot, configs[i].policy, best[i] * 1e3, f.compute * 1e3,
+               f.reduction * 1e3, f.overlapped, f.wait * 1e3, f.update * 1e3, static_cast<long long>(f.bytes),
+               best[i] / unsynchronised});
+    }
+    out.add({static_cast<long long>(world), std::string("no sync"), std::string(std::to_string(world) + " x by hand"),
+             unsynchronised * 1e3, std::string("-"), std::string("-"), std::string("-"), std::string("-"),
+             std::string("-"), 0LL, 1.0});
+    char line[200];
+    std::snprintf(line, sizeof line, "world %d: the timeline recording costs %+.1f%% of the default step (%.3f against %.3f ms)",
+                  world, 100 * (parts[0].step / best[0] - 1), parts[0].step * 1e3, best[0] * 1e3);
+    out.note(line);
+  }
+  out.note("defaults: bucket_cap 25 MiB, buffer_sync broadcast_once_per_step, unused_params forbid, update replicated; "
+           "compute = forward + backward; reduce = the buckets' collectives (they overlap compute); overlap = the "
+           "share of them that ran while backward computed; vs_no_sync = step / the same step by hand "
+           "(no ddp: forward, loss, backward, SGD with momentum) on as many threads at once, each on its own replica");
+  out.write(p.out);
+  return 0;
+}
+
+}  // namespace bench

@@ -1,0 +1,112 @@
+// ddp-bench's output files, written by the ctest entries bench_* (each subcommand run briefly at
+// its smallest sizes): each parses, says what produced it, has rows, and every check column
+// reads zero wrong elements.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::filesystem::path outputs() {
+  const char* dir = std::getenv("DDP_BENCH_OUTPUTS");
+  REQUIRE_MESSAGE(dir != nullptr, "DDP_BENCH_OUTPUTS names the directory the bench_* entries wrote to");
+  return dir;
+}
+
+nlohmann::json read_json(const std::string& name) {
+  const auto path = outputs() / name;
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "ddp-bench did not write ", path.string());
+  return nlohmann::json::parse(in);
+}
+
+void check_common(const nlohmann::json& j, const std::string& subcommand) {
+  CHECK(j.at("tool") == "ddp-bench");
+  CHECK(j.at("subcommand") == subcommand);
+  CHECK(j.at("command").get<std::string>().find(subcommand) != std::string::npos);
+  CHECK(j.at("date").get<std::string>().size() == 20);  // 2026-12-01T22:29:31Z
+  CHECK(!j.at("machine").at("cpu").get<std::string>().empty());
+  CHECK(j.at("machine").at("cores").get<int>() >= 1);
+  CHECK(!j.at("library_version").get<std::string>().empty());
+  REQUIRE(!j.at("rows").empty());
+  for (const auto& row : j.at("rows"))
+    for (const auto& column : j.at("columns")) CHECK(row.contains(column.get<std::string>()));
+}
+
+void check_collective(const std::string& name, const std::string& collective, int ranks) {
+  CAPTURE(name);
+  const auto j = read_json(name);
+  check_common(j, "collective");
+  CHECK(j.at("title").get<std::string>().find(collective) == 0);
+  CHECK(j.at("title").get<std::string>().find(std::to_string(ranks) + " rank(s)") != std::string::npos);
+  for (const auto& row : j.at("rows")) {
+    CAPTURE(row.dump());
+    CHECK(row.at("ip_#wrong") == 0);
+    if (collective == "broadcast") CHECK(row.at("oop_#wrong") == "n/a");
+    else CHECK(row.at("oop_#wrong") == 0);
+    CHECK(row.at("ip_time(us)").get<double>() > 0);
+    CHECK(row.at("base_time(us)").get<double>() > 0);
+    CHECK(row.at("size(B)").get<long long>() > 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ddp-bench collective: every collective, every dtype and reduction, in-process at 3 ranks, no wrong element") {
+  for (const std::string c : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"})
+    check_collective("collective_" + c + "_inproc.json", c, 3);
+}
+
+TEST_CASE("ddp-bench collective over MPI at 2 ranks, with raw MPI as the baseline") {
+  check_collective("collective_all_reduce_mpi.json", "all_reduce", 2);
+  const auto j = read_json("collective_all_reduce_mpi.json");
+  CHECK(j.at("notes").at(0).get<std::string>().find("raw MPI") != std::string::npos);
+}
+
+TEST_CASE("ddp-bench step: every configuration at each world, against the unsynchronised step") {
+  const auto j = read_json("step.json");
+  check_common(j, "step");
+  int no_sync = 0, sharded = 0;
+  for (const auto& row : j.at("rows")) {
+    CAPTURE(row.dump());
+    CHECK(row.at("step(ms)").get<double>() > 0);
+    if (row.at("slot") == "no sync") {
+      ++no_sync;
+      CHECK(row.at("vs_no_sync") == 1.0);
+      continue;
+    }
+    CHECK(row.at("compute(ms)").get<double>() > 0);
+    CHECK(row.at("vs_no_sync").get<double>() > 0);
+    if (row.at("ranks") == 1) CHECK(row.at("bytes/step") == 0);
+    if (row.at("ranks") == 2) CHECK(row.at("bytes/step").get<long long>() > 0);
+    sharded += row.at("policy") == "sharded";
+  }
+  CHECK(no_sync == 2);
+  CHECK(sharded == 2);
+  CHECK(j.at("rows").size() == 2 * 11);  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, no sync
+}
+
+TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
+  std::ifstream in(outputs() / "scaling.csv");
+  REQUIRE(in.good());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() >= 6);
+  CHECK(lines[0].starts_with("# ddp-bench scaling: "));
+  CHECK(lines[1].starts_with("# command: "));
+  CHECK(lines[2].starts_with("# date: "));
+  CHECK(lines[3].starts_with("# machine: "));
+  CHECK(lines[4].starts_with("# library_version: "));
+  std::size_t header = 5;
+  while (header < lines.size() && lines[header].starts_with("#")) ++header;
+  REQUIRE(header + 4 < lines.size() + 1);
+  CHECK(lines[header] == "setup,samples/s,min,max,vs_1_rank,vs_ceiling");
+  CHECK(lines.size() - header - 1 == 4);  // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank
+}
