@@ -4,7 +4,7 @@
 # Each run trains 2 epochs; the rate of an epoch counts training steps only (the example times
 # the epoch before it evaluates). The best epoch of each rank count is kept: on a shared machine
 # the least disturbed one.
-# Then build/bench/rank_scaling measures the same model in one process, 1 rank, 2 ranks and two
+# Then build/bench/ddp-bench scaling measures the same model in one process, 1 rank, 2 ranks and two
 # independent single-rank trainings at once interleaved in short rounds: the last is what this
 # machine allows two ranks of this model without any communication (the ceiling), and the ratio
 # of 2 ranks to it is what ddp itself costs.
@@ -28,4 +28,4 @@ done
 awk -v a="${best[1]}" -v b="${best[2]}" \
   'BEGIN { printf "best epoch: 1 rank %d samples/s, 2 ranks %d samples/s, speed-up %.2fx\n", a, b, b / a }'
 [ -x "$build/bench/hardware_scaling" ] && "$build/bench/hardware_scaling"
-if [ -x "$build/bench/rank_scaling" ]; then "$build/bench/rank_scaling" --rounds 16 --steps 80; fi
+if [ -x "$build/bench/ddp-bench" ]; then "$build/bench/ddp-bench" scaling --rounds 16 --steps 80; fi

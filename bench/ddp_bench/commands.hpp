@@ -10,7 +10,8 @@
 namespace bench {
 
 int run_collective(const collective_params& p);
-// In a GPU build (ddp-bench-gpu) only: --backend nccl.
+// --backend nccl: collective_nccl.cpp in ddp-bench-gpu (the GPU build); no_nccl.cpp in ddp-bench
+// says where to find it.
 int run_collective_nccl(const collective_params& p, report& out);
 
 struct step_params {

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 
 #include "ddp_bench/commands.hpp"
 
@@ -94,8 +95,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (col->parsed()) return bench::run_collective(c);
+#if DDP_BENCH_WITH_TRAINER
     if (step->parsed()) return bench::run_step(s);
     return bench::run_scaling(sc);
+#else
+    throw std::invalid_argument("step and scaling need ddp::nn and ddp::data (OpenBLAS, zlib), which this build lacks");
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp-bench: %s\n", e.what());
     return 1;

@@ -1,4 +1,4 @@
-// The snippets of docs/trainer.md, docs/loaders.md and docs/choosing-policies.md, compiled.
+// The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md and docs/benchmarking.md, compiled.
 #include <array>
 #include <filesystem>
 #include <functional>
@@ -147,6 +147,20 @@ void join(trainer_t& trainer, const std::vector<fashion_mnist::batch>& my_batche
   // [end doc]
 }
 
+void timeline(trainer_t& trainer, const std::vector<fashion_mnist::batch>& my_batches) {
+  // [doc: benchmarking.md]
+  #include <ddp/ddp.hpp>
+
+  ddp::timeline timeline;                  // holds the events; outlives the recording
+  trainer.record_timeline(&timeline);      // every following step's phases
+  for (const auto& b : my_batches)
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  trainer.record_timeline(nullptr);        // stop
+  // Collective: every rank's events go to rank 0, which writes one file.
+  ddp::write_chrome_trace(trainer.communicator(), trainer.device(), timeline, "trace.json");
+  // [end doc]
+}
+
 void using_the_loader(trainer_t& trainer, int epochs) {
   // [doc: loaders.md]
   #include <ddp/ddp.hpp>
@@ -284,6 +298,7 @@ void instantiate() {
     parameter_groups(trainer);
     clipping(trainer, plain[0]);
     join(trainer, plain);
+    timeline(trainer, plain);
     using_the_loader(trainer, 1);
     checkpoints(trainer, l, "/tmp/ddp-snippet-checkpoint", 1, 0.1f, ddp::schedule::constant{});
     generator g = make_model(2);
