@@ -694,6 +694,7 @@ class trainer_core {
   // knows (the progress thread's), else from its launch to when the step saw it done.
   void record_reductions() {
     const auto seen = clock::now();
+    launched_.resize(buckets_.size(), seen);  // a timeline attached in the middle of this step
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto begin = launched_[b], end = seen;
       std::string name = "bucket " + std::to_string(b) + " " + std::string(parts_.update.name()) + " reduction";
