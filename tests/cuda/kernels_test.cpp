@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddp/core/random.hpp"
+#include "ddp/cuda/blas.hpp"
 #include "ddp/cuda/device_vector.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/optim/optimizer.hpp"
@@ -233,4 +234,11 @@ TEST_CASE("cuda pack, unpack and SGD over more segments than one launch holds, o
       check_close(tensors[own].to_host(), host_tensors[own], 1e-5f);
       ++own;
     }
+}
+
+// Needs no GPU: the size check runs before cuBLAS is called.
+TEST_CASE("cuBLAS sizes past its int range are an error naming the dimension and the device") {
+  CHECK(ddp::cuda::blas::blas_int(2147483647, "m", {0, 0}) == 2147483647);
+  CHECK_THROWS_WITH(ddp::cuda::blas::blas_int(std::size_t{2147483648}, "k", {3, 1}),
+                    doctest::Contains("k = 2147483648 exceeds cuBLAS's int sizes (2^31 - 1) on device 1"));
 }

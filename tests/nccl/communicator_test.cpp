@@ -143,3 +143,12 @@ TEST_CASE("abort() fails every later collective on this rank, naming the reason"
       },
       {}, /*aborts=*/true);
 }
+
+// Needs no GPU: NCCL's error strings are host code.
+TEST_CASE("ncclInvalidUsage hints two ranks on one GPU only where a communicator is created") {
+  const auto at_init = ddp::nccl::describe(ncclInvalidUsage, nullptr, "ncclCommInitRankConfig");
+  const auto in_call = ddp::nccl::describe(ncclInvalidUsage, nullptr, "all_reduce");
+  CHECK(at_init.find("two ranks on one GPU") != std::string::npos);
+  CHECK(in_call.find("two ranks on one GPU") == std::string::npos);
+  CHECK(in_call.find("rejected an argument") != std::string::npos);
+}

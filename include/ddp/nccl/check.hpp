@@ -3,6 +3,7 @@
 #include <nccl.h>
 
 #include <string>
+#include <string_view>
 
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
@@ -10,12 +11,19 @@
 
 namespace ddp::nccl {
 
-inline std::string describe(ncclResult_t r, ncclComm_t comm) {
+// NCCL's message and last error, with the usual cause and fix. `operation` decides the hint for
+// ncclInvalidUsage: at communicator creation it is most often two ranks on one GPU, elsewhere an
+// argument NCCL rejected or a call on a communicator that was destroyed or aborted.
+inline std::string describe(ncclResult_t r, ncclComm_t comm, std::string_view operation = {}) {
   std::string s = ncclGetErrorString(r);
   if (const char* last = ncclGetLastError(comm); last && *last) s += std::string(" (") + last + ")";
   switch (r) {
     case ncclInvalidUsage:
-      s += "; NCCL refuses two ranks on one GPU: give every rank its own device (one rank per GPU)";
+      if (operation.starts_with("ncclCommInit"))
+        s += "; NCCL refuses two ranks on one GPU: give every rank its own device (one rank per GPU)";
+      else
+        s += "; NCCL rejected an argument (count, dtype, reduction, root, a buffer on another device) or the "
+             "communicator was destroyed or aborted: check the call named here";
       break;
     case ncclRemoteError:
     case ncclSystemError:
@@ -29,7 +37,7 @@ inline std::string describe(ncclResult_t r, ncclComm_t comm) {
 
 inline void check(ncclResult_t r, const char* operation, int rank, ncclComm_t comm = nullptr) {
   if (r == ncclSuccess || r == ncclInProgress) return;
-  throw error("nccl", operation, rank, std::string(operation) + " failed: " + describe(r, comm));
+  throw error("nccl", operation, rank, std::string(operation) + " failed: " + describe(r, comm, operation));
 }
 
 inline ncclDataType_t datatype_of(dtype t) {

@@ -192,7 +192,7 @@ class core {
       ncclCommGetAsyncError(comm_, &state);
       if (state == ncclSuccess) return;
       std::string why;
-      if (state != ncclInProgress) why = describe(state, comm_);
+      if (state != ncclInProgress) why = describe(state, comm_, "ncclCommInitRankConfig");
       else if (auto peer = channel_.poll()) why = "rank " + std::to_string(peer->first) + " gave up: " + peer->second;
       else if (clock::now() > deadline)
         why = "it did not finish within " + std::to_string(options_.timeout.count()) +
@@ -215,7 +215,7 @@ class core {
       ncclCommGetAsyncError(comm_, &r);
     }
     if (r != ncclSuccess) {
-      const std::string what = std::string(name) + " failed on rank " + std::to_string(rank_) + ": " + describe(r, comm_);
+      const std::string what = std::string(name) + " failed on rank " + std::to_string(rank_) + ": " + describe(r, comm_, name);
       fail_locked({rank_, what, false});
       channel_.abort(what);
       throw error("nccl", name, rank_, what);
