@@ -38,4 +38,4 @@ if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
 fi
 
 # The readers of untrusted files under libFuzzer, from their seed corpora (DDP_FUZZ_SECONDS each).
-scripts/fuzz.sh "${DDP_FUZZ_SECONDS:-20}"
+scripts/fuzz.sh "${DDP_FUZZ_SECONDS:-10}"
