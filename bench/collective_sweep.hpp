@@ -45,6 +45,22 @@ struct collective_params {
   std::string out;
 };
 
+// Seconds per call: `p.warmup` untimed calls, then the best of `p.repeats` batches of `p.iters`
+// calls (a shared machine's least disturbed), each batch after `start()`: a barrier, so that the
+// ranks begin together.
+template <class Call, class Start>
+double best_seconds_per_call(const collective_params& p, Call&& call, Start&& start) {
+  for (int i = 0; i < p.warmup; ++i) call();
+  double best = 1e300;
+  for (int r = 0; r < p.repeats; ++r) {
+    start();
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < p.iters; ++i) call();
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
+  }
+  return best;
+}
+
 collective_kind parse_collective(const std::string& name);
 std::vector<std::size_t> sweep_sizes(const collective_params& p);
 std::vector<ddp::dtype> parse_dtypes(const std::vector<std::string>& names);
@@ -58,7 +74,7 @@ struct call_shape {
 };
 call_shape shape_of(collective_kind k, std::size_t bytes, ddp::dtype t, int ranks);
 
-// Integer-valued inputs (exact in every dtype), as the conformance suite's.
+// Integer-valued inputs (exact in every dtype): the conformance suite's (tests/conformance/expected.hpp).
 void fill_input(ddp::dtype t, void* data, std::size_t count, int rank, std::size_t first_index);
 // Elements of `got` that differ from what the collective must produce on `rank`.
 long long count_wrong(collective_kind k, ddp::dtype t, ddp::reduce_op op, const void* got, std::size_t count, int rank,
@@ -113,15 +129,7 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
     return p.average == 1 ? v / ranks : v;
   };
   auto timed = [&](const std::function<void()>& call) {
-    for (int i = 0; i < p.warmup; ++i) call();
-    double best = 1e300;
-    for (int r = 0; r < p.repeats; ++r) {
-      ddp::barrier(host);
-      const auto t0 = clock_type::now();
-      for (int i = 0; i < p.iters; ++i) call();
-      best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
-    }
-    return across(best);
+    return across(best_seconds_per_call(p, call, [&] { ddp::barrier(host); }));
   };
 
   for (const auto type : parse_dtypes(p.dtypes))

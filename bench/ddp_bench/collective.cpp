@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "conformance/expected.hpp"
 #include "ddp_bench/commands.hpp"
 #include "ddp/inproc/launch.hpp"
 #if DDP_BENCH_WITH_MPI
@@ -98,24 +99,6 @@ call_shape shape_of(collective_kind k, std::size_t bytes, ddp::dtype t, int rank
 namespace {
 
 template <class T>
-T input(int rank, std::size_t i) {
-  return static_cast<T>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11) + 1);
-}
-
-template <class T>
-T reduced(ddp::reduce_op op, std::size_t i, int ranks) {
-  T acc = input<T>(0, i);
-  for (int r = 1; r < ranks; ++r) {
-    const T x = input<T>(r, i);
-    if (op == ddp::reduce_op::min) acc = std::min(acc, x);
-    else if (op == ddp::reduce_op::max) acc = std::max(acc, x);
-    else acc = static_cast<T>(acc + x);
-  }
-  if (op == ddp::reduce_op::avg) acc = static_cast<T>(acc / static_cast<T>(ranks));
-  return acc;
-}
-
-template <class T>
 bool same(T got, T want, ddp::reduce_op op, int ranks) {
   // NCCL's avg multiplies by 1/n before the sum: exact only at a power-of-two world.
   if constexpr (std::is_floating_point_v<T>)
@@ -129,7 +112,7 @@ bool same(T got, T want, ddp::reduce_op op, int ranks) {
 void fill_input(ddp::dtype t, void* data, std::size_t count, int rank, std::size_t first_index) {
   ddp::visit_host_dtype(t, [&]<class T>(T) {
     auto* p = static_cast<T*>(data);
-    for (std::size_t i = 0; i < count; ++i) p[i] = input<T>(rank, first_index + i);
+    for (std::size_t i = 0; i < count; ++i) p[i] = conformance::input<T>(rank, first_index + i);
   });
 }
 
@@ -142,10 +125,12 @@ long long count_wrong(collective_kind k, ddp::dtype t, ddp::reduce_op op, const 
     for (std::size_t i = 0; i < count; ++i) {
       T want{};
       switch (k) {
-        case collective_kind::all_reduce: want = reduced<T>(op, i, ranks); break;
-        case collective_kind::reduce_scatter: want = reduced<T>(op, static_cast<std::size_t>(rank) * count + i, ranks); break;
-        case collective_kind::all_gather: want = input<T>(static_cast<int>(i / part), i % part); break;
-        case collective_kind::broadcast: want = input<T>(root, i); break;
+        case collective_kind::all_reduce: want = conformance::expected_reduction<T>(ranks, i, op); break;
+        case collective_kind::reduce_scatter:
+          want = conformance::expected_reduction<T>(ranks, static_cast<std::size_t>(rank) * count + i, op);
+          break;
+        case collective_kind::all_gather: want = conformance::input<T>(static_cast<int>(i / part), i % part); break;
+        case collective_kind::broadcast: want = conformance::input<T>(root, i); break;
       }
       wrong += !same(p[i], want, op, ranks);
     }
@@ -239,14 +224,7 @@ int run_mpi(const collective_params& p) {
           break;
       }
     };
-    for (int i = 0; i < p.warmup; ++i) call();
-    double best = 1e300;
-    for (int r = 0; r < p.repeats; ++r) {
-      MPI_Barrier(world);
-      const auto t0 = clock_type::now();
-      for (int i = 0; i < p.iters; ++i) call();
-      best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
-    }
+    double best = best_seconds_per_call(p, call, [&] { MPI_Barrier(world); });
     MPI_Allreduce(MPI_IN_PLACE, &best, 1, MPI_DOUBLE, MPI_MAX, world);
     return best;
   };

@@ -63,13 +63,7 @@ int run_collective_nccl(const collective_params& p, report& out) {
                          "cudaMemcpyAsync", dev.site());
         dev.synchronize();
       };
-      for (int i = 0; i < p.warmup; ++i) copy();
-      double best = 1e300;
-      for (int r = 0; r < p.repeats; ++r) {
-        const auto t0 = clock_type::now();
-        for (int i = 0; i < p.iters; ++i) copy();
-        best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
-      }
+      double best = best_seconds_per_call(p, copy, [] {});
       ddp::all_reduce(host, std::span<double>(&best, 1), ddp::reduce_op::max);
       return best;
     };

@@ -49,6 +49,9 @@ class report {
   bool print_ = true;
 };
 
+// The median of `v` (0 when empty): the summary of repeated measurements.
+double median(std::vector<double> v);
+
 // The command line as typed, and the UTC date and time.
 void set_command_line(int argc, char** argv);
 const std::string& command_line();

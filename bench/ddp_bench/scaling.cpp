@@ -94,12 +94,6 @@ double run_independent(std::vector<replica_state>& states, int steps, std::size_
   return samples_per_second(seconds, steps, batch);
 }
 
-double median(std::vector<double> v) {
-  std::ranges::sort(v);
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Runs every set-up `rounds` times in rotating order and prints the medians and ratios.
 template <class Optimizer>
 void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int rounds, int steps, std::size_t batch,

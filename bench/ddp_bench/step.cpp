@@ -88,12 +88,6 @@ struct figures {
   double bytes = 0;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::ranges::sort(v);
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 // The parts of each step from rank 0's timeline.
 void read_timeline(const ddp::timeline& t, figures& f) {
   std::map<std::uint64_t, std::map<std::string, double>> per_step;

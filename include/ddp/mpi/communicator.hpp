@@ -115,18 +115,21 @@ class communicator {
       const auto sum = [&](const void* in, void* out) {
         check(MPI_Allreduce(in, out, n, datatype_of(send.type), MPI_SUM, comm_), name, rank_);
       };
-      if (op == reduce_op::avg && is_floating(send.type) && !power_of_two_world()) {
-        const_buffer input = send;
-        if (send.data == recv.data) input.data = keep(send);  // the sum overwrites it
-        average_after_sum(input, recv, sum);
+      if (op == reduce_op::avg && is_floating(send.type)) {
+        if (power_of_two_world()) {
+          if (send.data != recv.data) std::memcpy(recv.data, send.data, send.bytes());
+          divide(recv);
+          sum(MPI_IN_PLACE, recv.data);
+        } else {
+          const_buffer input = send;
+          if (send.data == recv.data) input.data = keep(send);  // the sum overwrites it
+          average_after_sum(input, recv, sum);
+        }
         return;
       }
-      const bool pre_divide = op == reduce_op::avg && is_floating(send.type);
-      if (pre_divide && send.data != recv.data) std::memcpy(recv.data, send.data, send.bytes());
-      if (pre_divide) divide(recv);
-      const void* in = send.data == recv.data || pre_divide ? MPI_IN_PLACE : send.data;
+      const void* in = send.data == recv.data ? MPI_IN_PLACE : send.data;
       check(MPI_Allreduce(in, recv.data, n, datatype_of(send.type), op_of(op), comm_), name, rank_);
-      if (op == reduce_op::avg && !pre_divide) divide(recv);
+      if (op == reduce_op::avg) divide(recv);  // integers: sum, then divide
     });
   }
 
