@@ -139,6 +139,14 @@ inline std::vector<timeline_event> parse_events(std::span<const std::uint8_t> by
   return events;
 }
 
+inline void write_text_file(const std::string& path, const std::string& text, int rank) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f)
+    throw error("timeline", "write", rank, "cannot write the trace to '" + path + "'; check the directory exists and is writable");
+}
+
 }  // namespace detail
 
 // Chrome trace JSON of every rank's events (ranks[r] is rank r's): "X" (complete) events in
@@ -184,14 +192,6 @@ inline std::string chrome_trace(std::span<const std::vector<timeline_event>> ran
   return out;
 }
 
-inline void write_text_file(const std::string& path, const std::string& text, int rank) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f)
-    throw error("timeline", "write", rank, "cannot write the trace to '" + path + "'; check the directory exists and is writable");
-}
-
 // Gathers every rank's timeline on rank 0 and writes one Chrome trace there; returns true on the
 // rank that wrote. Collective: every rank calls it with its own timeline.
 template <communicator C, device D>
@@ -207,7 +207,7 @@ bool write_chrome_trace(C& comm, D& dev, const timeline& mine, const std::string
   std::vector<std::vector<timeline_event>> ranks;
   for (std::size_t r = 0; r < sizes.size(); ++r)
     ranks.push_back(detail::parse_events(std::span(all).subspan(r * longest, static_cast<std::size_t>(sizes[r]))));
-  write_text_file(path, chrome_trace(ranks), comm.rank());
+  detail::write_text_file(path, chrome_trace(ranks), comm.rank());
   return true;
 }
 
