@@ -42,6 +42,7 @@ struct collective_params {
   std::vector<std::string> dtypes{"float"};
   std::vector<std::string> ops{"sum"};
   int root = 0;
+  bool bind = false;             // inproc: bind each rank's thread to a core of its own (inproc::options)
   std::string out;
 };
 

@@ -7,17 +7,36 @@
 # scripts/gpu-run-list.sh.
 # On the GPU machine: mkdir -p /tmp/g && tar xf ddp-gpu.tar.xz -C /tmp/g && /tmp/g/gpu-run-bundle.sh
 #   scripts/gpu-bundle.sh [build-dir]     (default build-gpu-bundle; about 4 minutes on 2 cores)
+#   scripts/gpu-bundle.sh --from BUILD --dir DIR
+#       packs the ddp_gpu targets already built in BUILD into the directory DIR, unpacked and
+#       without building or installing anything (tests/gpu/no_gpu.sh runs such a bundle here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build-gpu-bundle}
+build=build-gpu-bundle from= dir=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --from) from=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
+    *) build=$1; shift ;;
+  esac
+done
 out=.gpu-bundle
-scripts/install-deps.sh
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_MPI=OFF -DDDP_BUILD_TESTS=ON \
-  -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON >/dev/null
-cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
+if [ -n "$from" ]; then
+  build=$from
+else
+  scripts/install-deps.sh
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_WITH_MPI=OFF -DDDP_BUILD_TESTS=ON \
+    -DDDP_BUILD_EXAMPLES=ON -DDDP_BUILD_BENCHMARKS=ON >/dev/null
+  cmake --build "$build" -j"${DDP_JOBS:-2}" --target ddp_gpu
+fi
 
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
+if [ -n "$dir" ]; then
+  stage=$dir
+  mkdir -p "$stage"
+else
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+fi
 mkdir -p "$stage/bin" "$stage/lib" "$stage/data"
 cp "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/bench/ddp-bench-gpu" \
   "$build/examples/fashion_mnist/fashion_mnist_gpu" "$stage/bin/"
@@ -35,6 +54,7 @@ done
 cp /usr/share/datasets/fashion-mnist/*.gz "$stage/data/"
 cp scripts/gpu-run-bundle.sh scripts/gpu-run-list.sh scripts/openblas-env.sh "$stage/"
 git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+[ -n "$dir" ] && { echo "bundle in $dir; run $dir/gpu-run-bundle.sh"; exit 0; }
 mkdir -p "$out"
 tar -C "$stage" -cJf "$out/ddp-gpu.tar.xz" .
 ls -la "$out/ddp-gpu.tar.xz"

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 mkdir -p "$build"
 exec > >(tee "$build/gpu-check.log") 2>&1
+tee_pid=$!
+trap 'exec >&- 2>&-; wait $tee_pid' EXIT  # return only once the log is complete
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "gpu-check: FAILED: no GPU visible (nvidia-smi lists none). This script runs the GPU tests and"

@@ -7,9 +7,11 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 log=${OUT:-$here}/gpu-check.log
 exec > >(tee "$log") 2>&1
+tee_pid=$!
+trap 'exec >&- 2>&-; wait $tee_pid' EXIT  # return only once the log is complete
 echo "gpu-run-bundle: ddp commit $(cat "$here/commit"), $(date -u +'%Y-%m-%d %H:%M UTC')"
-if ! nvidia-smi -L; then
-  echo "gpu-run-bundle: FAILED: no GPU visible"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L; then
+  echo "gpu-run-bundle: FAILED: no usable GPU (nvidia-smi lists none)"
   exit 1
 fi
 # CUDA runtime, cuBLAS and NCCL from this machine: the toolkit, system folders, or the NVIDIA
@@ -25,6 +27,9 @@ for pattern in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; d
 done
 export LD_LIBRARY_PATH="$here/lib:$(printf '%s\n' "${dirs[@]}" | sort -u | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+# The versions first: a mismatch between them is the likeliest reason for what follows to fail.
+echo "driver (nvidia-smi): $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+"$here/bin/ddp-bench-gpu" versions || echo "gpu-run-bundle: ddp-bench-gpu could not start (see above)"
 source "$here/openblas-env.sh"  # the host reference paths of the tests use OpenBLAS
 echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 ldd "$here/bin/ddp_gpu_test" | grep -E "not found|cuda|cublas|nccl|openblas"

@@ -16,7 +16,12 @@ run() {  # run NAME TIMEOUT COMMAND...
   local name=$1 limit=$2
   shift 2
   echo "== $name"
-  timeout "$limit" "$@" || failed+=("$name")
+  local rc=0
+  timeout "$limit" "$@" || rc=$?
+  if [ $rc != 0 ]; then
+    echo "-- $name: exit $rc$([ $rc = 124 ] && echo ", timed out after $limit s")"
+    failed+=("$name")
+  fi
 }
 # Every check is bounded and the bounds add up to 290 s: the whole run fits the 5 minutes a lent
 # GPU machine gives one command, with room to spare (scripts/gpu-check.sh says how long it took).

@@ -184,10 +184,15 @@ int run_inproc(const collective_params& p) {
   const baseline_fn baseline = [&](collective_kind, ddp::dtype type, ddp::reduce_op, call_shape shape, void*, void*) {
     return memcpy_time.at(std::max(shape.send, shape.recv) * ddp::size_of(type));
   };
-  ddp::inproc::launch(p.ranks, [&](ddp::inproc::communicator& comm) {
-    host_memory mem;
-    run_sweep(comm, comm, mem, p, baseline, out);
-  });
+  ddp::inproc::options options;
+  options.bind_to_cores = p.bind;
+  ddp::inproc::launch(
+      p.ranks,
+      [&](ddp::inproc::communicator& comm) {
+        host_memory mem;
+        run_sweep(comm, comm, mem, p, baseline, out);
+      },
+      options);
   out.note(baseline_note(p.backend));
   out.write(p.out);
   return 0;

@@ -34,6 +34,15 @@ std::string version(int v) { return std::to_string(v / 1000) + "." + std::to_str
 
 }  // namespace
 
+gpu_versions find_gpu_versions() {
+  int driver = 0, runtime = 0, nccl = 0;
+  cudaDriverGetVersion(&driver);  // 0 where no driver is installed
+  cudaRuntimeGetVersion(&runtime);
+  ncclGetVersion(&nccl);
+  return {driver ? version(driver) : "none", version(runtime),
+          std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100)};
+}
+
 int run_collective_nccl(const collective_params& p, report& out) {
   const int gpus = p.ranks;
   if (gpus > ddp::cuda::device_count())
@@ -41,12 +50,8 @@ int run_collective_nccl(const collective_params& p, report& out) {
                                 std::to_string(ddp::cuda::device_count()) + " GPU(s); NCCL takes one rank per GPU");
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  int driver = 0, runtime = 0, nccl = 0;
-  cudaDriverGetVersion(&driver);
-  cudaRuntimeGetVersion(&runtime);
-  ncclGetVersion(&nccl);
-  set_gpu_info(prop.name, version(driver), version(runtime),
-               std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100));
+  const auto v = find_gpu_versions();
+  set_gpu_info(prop.name, v.driver, v.cuda_runtime, v.nccl);
   out.begin(true);
   ddp::inproc::launch(gpus, [&](ddp::inproc::communicator& host) {
     ddp::cuda::device dev(host.rank(), host.rank());

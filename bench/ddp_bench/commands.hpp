@@ -13,6 +13,12 @@ int run_collective(const collective_params& p);
 // --backend nccl: collective_nccl.cpp in ddp-bench-gpu (the GPU build); no_nccl.cpp in ddp-bench
 // says where to find it.
 int run_collective_nccl(const collective_params& p, report& out);
+// The CUDA driver, CUDA runtime and NCCL versions this binary finds ("" each without the GPU
+// build); none needs a GPU.
+struct gpu_versions {
+  std::string driver, cuda_runtime, nccl;
+};
+gpu_versions find_gpu_versions();
 
 struct step_params {
   std::vector<int> ranks{1, 2};

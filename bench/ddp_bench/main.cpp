@@ -2,6 +2,7 @@
 //   ddp-bench collective all_reduce --backend inproc|mpi|nccl -b 8 -e 64M -f 2 [-d float] [-o sum] [--out r.json]
 //   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update]
 //   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120]
+//   ddp-bench versions
 // Every subcommand prints a table and, with --out FILE (.json or .csv), writes it with the
 // command line, the date, the machine and the library version. docs/benchmarking.md has the rest.
 #include <CLI/CLI.hpp>
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   col->add_option("-d,--datatype", c.dtypes, "float, double, int32, int64, uint8 or all")->delimiter(',')->capture_default_str();
   col->add_option("-o,--op", c.ops, "sum, avg, min, max or all")->delimiter(',')->capture_default_str();
   col->add_option("-r,--root", c.root, "broadcast's root")->capture_default_str();
+  col->add_option("--bind", c.bind, "inproc: bind rank r's thread to the r-th CPU, as mpirun binds processes (0 or 1)")
+      ->capture_default_str();
   col->add_option("--out", c.out, "also write the table to this .json or .csv file");
 
   bench::step_params s;
@@ -92,8 +95,18 @@ int main(int argc, char** argv) {
   scaling->add_option("--data-dir", sc.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
   scaling->add_option("--out", sc.out, "also write the table to this .json or .csv file");
 
+  auto* versions = app.add_subcommand("versions", "ddp's version; in the GPU build also the CUDA driver, CUDA "
+                                                  "runtime and NCCL versions it finds (no GPU needed)");
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (versions->parsed()) {
+      std::printf("ddp %s\n", bench::library_version());
+      const auto v = bench::find_gpu_versions();
+      if (!v.cuda_runtime.empty())
+        std::printf("CUDA driver %s, CUDA runtime %s, NCCL %s\n", v.driver.c_str(), v.cuda_runtime.c_str(), v.nccl.c_str());
+      return 0;
+    }
     if (col->parsed()) return bench::run_collective(c);
 #if DDP_BENCH_WITH_TRAINER
     if (step->parsed()) return bench::run_step(s);

@@ -10,4 +10,6 @@ int run_collective_nccl(const collective_params&, report&) {
                               "build/bench/ddp-bench-gpu collective --backend nccl");
 }
 
+gpu_versions find_gpu_versions() { return {}; }
+
 }  // namespace bench

@@ -14,6 +14,8 @@
 #endif
 
 namespace bench {
+
+const char* library_version() { return DDP_VERSION; }
 namespace {
 
 std::string& command_storage() {

@@ -25,6 +25,8 @@ struct machine_info {
   std::string gpu, driver, cuda_runtime, nccl;
 };
 machine_info describe_machine();
+// ddp's version, as every report records it.
+const char* library_version();
 // Filled in by a GPU build before a run (bench/ddp_bench/collective_nccl.cpp).
 void set_gpu_info(std::string gpu, std::string driver, std::string cuda_runtime, std::string nccl);
 

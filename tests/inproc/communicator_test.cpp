@@ -1,6 +1,7 @@
 // The conformance suite on in-process ranks, for every world size the contract names.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -57,6 +58,35 @@ TEST_CASE("inproc waiting threads spin long only when every rank has a core of i
   CHECK(spin_budget_for(cores + 1) == ddp::detail::spin_budget);  // ranks share cores
   if (cores >= 2) CHECK(spin_budget_for(2) == ddp::detail::dedicated_core_spin_budget);
   CHECK(ddp::detail::dedicated_core_spin_budget > ddp::detail::spin_budget);
+}
+
+TEST_CASE("inproc bind_to_cores puts each rank, and the threads it starts, on a CPU of its own") {
+  const auto cpus = ddp::detail::usable_cpus();
+  REQUIRE(!cpus.empty());
+  // Up to 5 ranks: where there are fewer CPUs, ranks cycle over them.
+  const int world = static_cast<int>(std::min<std::size_t>(cpus.size() + 1, 5));
+  ddp::inproc::options opts;
+  opts.bind_to_cores = true;
+  auto placed = ddp::inproc::launch(
+      world,
+      [](ddp::inproc::communicator& comm) {
+        std::vector<int> started;
+        std::thread([&] { started = ddp::detail::usable_cpus(); }).join();
+        std::vector<float> v(100, static_cast<float>(comm.rank() + 1));
+        ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+        CHECK(v.front() == static_cast<float>(comm.size() * (comm.size() + 1) / 2));
+        CHECK(started == ddp::detail::usable_cpus());
+        return ddp::detail::usable_cpus();
+      },
+      opts);
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    REQUIRE(placed[r].size() == 1);
+    CHECK(placed[r].front() == cpus[static_cast<std::size_t>(r) % cpus.size()]);
+  }
+  // Without the option the ranks keep the launching thread's CPUs.
+  auto unbound = ddp::inproc::launch(2, [](ddp::inproc::communicator&) { return ddp::detail::usable_cpus(); });
+  CHECK(unbound[0] == cpus);
 }
 
 TEST_CASE("inproc avg: ranks at the largest power of two average to it, not inf (the sum would overflow)") {

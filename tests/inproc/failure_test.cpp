@@ -173,3 +173,71 @@ TEST_CASE("invalid arguments are errors that name the collective") {
   CHECK(o.rank_errors[0].find("all_gather") != std::string::npos);
   CHECK(o.rethrown.find("recv must hold size() * send.count") != std::string::npos);
 }
+
+// The barrier before a collective's body is all or nothing: a rank that arrives just as its peers
+// time out must not pass while they fail (it would read their freed buffers), nor fail while they
+// pass (they would wait for it forever). Many worlds, the late rank's delay straddling the timeout.
+TEST_CASE("a rank that arrives as its peers time out passes with them or fails with them") {
+  ddp::inproc::options opts;
+  opts.timeout = 2ms;
+  int passed_together = 0, failed_together = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    std::vector<int> passed(3, -1);
+    const auto delay = std::chrono::microseconds(1000 + 25 * trial);  // 1 to 4 ms
+    try {
+      ddp::inproc::launch(
+          3,
+          [&](ddp::inproc::communicator& comm) {
+            std::vector<float> v(64, 1.0f);
+            ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+            if (comm.rank() == 2) std::this_thread::sleep_for(delay);
+            try {
+              ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+              passed[comm.rank()] = 1;
+            } catch (const ddp::timeout_error&) {
+              passed[comm.rank()] = 0;
+              throw;
+            }
+          },
+          opts);
+    } catch (const ddp::inproc::launch_error&) {
+    }
+    CAPTURE(trial);
+    CHECK(passed[0] == passed[1]);
+    CHECK(passed[1] == passed[2]);
+    (passed[0] == 1 ? passed_together : failed_together) += 1;
+  }
+  MESSAGE(passed_together << " trials passed together, " << failed_together << " failed together");
+}
+
+// A failure anywhere in a stream of small collectives, some waited at once and some queued, stops
+// every rank at the same collective.
+TEST_CASE("a rank that fails mid-stream stops every rank at the same collective") {
+  for (int fail_after = 0; fail_after < 60; fail_after += 7) {
+    std::vector<int> completed(3, 0);
+    auto o = run(3, [&](auto& comm) {
+      std::vector<float> a(16, 1.0f), b(16, 1.0f);
+      for (int k = 0; k < 80; ++k) {
+        if (comm.rank() == 1 && k == fail_after) throw std::runtime_error("injected at " + std::to_string(k));
+        if (k % 3 == 0) {  // two queued, then waited in order
+          auto first = comm.all_reduce(ddp::as_buffer(std::span<const float>(a)), ddp::as_buffer(std::span<float>(a)),
+                                       ddp::reduce_op::max);
+          auto second = comm.all_reduce(ddp::as_buffer(std::span<const float>(b)), ddp::as_buffer(std::span<float>(b)),
+                                        ddp::reduce_op::max);
+          first.wait();
+          second.wait();
+          completed[comm.rank()] += 2;
+        } else {
+          ddp::all_reduce(comm, std::span<float>(a), ddp::reduce_op::max);
+          completed[comm.rank()] += 1;
+        }
+      }
+    });
+    CAPTURE(fail_after);
+    CHECK(o.cause == 1);
+    CHECK(o.nested.find("injected at " + std::to_string(fail_after)) != std::string::npos);
+    CHECK(completed[0] == completed[1]);
+    CHECK(completed[2] == completed[1]);
+    for (int r : {0, 2}) CHECK(o.rank_errors[r].find("rank 1 failed: injected") != std::string::npos);
+  }
+}

@@ -1,6 +1,13 @@
 #pragma once
-// A FIFO queue of operations run by one background thread, and the work handle each submitted
-// operation returns. Host backends use it to run collectives asynchronously in issue order.
+// A FIFO queue of operations run in issue order, one at a time, and the work handle each
+// submitted operation returns. Host backends use it to run collectives asynchronously.
+//
+// Whoever gets to the head of the queue first runs it: the queue's progress thread, or a thread
+// waiting for one of its operations (on machines with as many busy ranks as cores, the progress
+// thread's wake-up is most of a small collective's cost). The progress thread spins a while
+// after each operation, then sleeps until a submission wakes it. Nothing on the way takes a
+// lock that another thread holds for long, and nothing calls into the kernel unless a thread
+// sleeps: a small collective costs a few hundred nanoseconds of bookkeeping.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -17,13 +24,17 @@
 
 namespace ddp {
 
+struct progress_options {
+  // How long the progress thread, and a thread waiting for an operation, spin before they sleep
+  // (spin_wait.hpp).
+  std::chrono::microseconds spin = detail::spin_budget;
+  std::chrono::microseconds grace{10};  // see op_queue::grace_over
+};
+
 namespace detail {
 struct work_state {
-  std::mutex mutex;
-  std::condition_variable done_cv;
-  bool done = false;
-  std::atomic<bool> done_flag{false};  // `done`, readable without the lock
-  std::exception_ptr failure;
+  std::atomic<bool> done{false};
+  std::exception_ptr failure;  // written before `done`
   std::chrono::steady_clock::time_point started, finished;
 };
 
@@ -32,47 +43,56 @@ struct queued_op {
   std::shared_ptr<work_state> state;
 };
 
-// The FIFO shared by the progress thread and threads that wait for a work handle. Whoever takes
-// the head runs it; one at a time (`running`), so operations still run in issue order.
 struct op_queue {
   std::mutex mutex;
-  std::condition_variable cv;  // an operation was queued or finished, or stopping
+  std::condition_variable progress_cv;  // the progress thread sleeps here
+  std::condition_variable waiters_cv;   // threads waiting for an operation sleep here
   std::deque<queued_op> ops;
   bool running = false;
   bool stopping = false;
-  std::atomic<int> pending{0};  // ops.size(), readable without the lock
-  const std::chrono::microseconds spin;  // how long a thread spins before it sleeps
+  int waiters_asleep = 0;
+  bool progress_asleep = false;
+  // Readable without the lock, for spinning: ops.size() and `running`.
+  std::atomic<int> pending{0};
+  std::atomic<bool> busy{false};
+  std::atomic<std::chrono::steady_clock::rep> last_submit{0};
+  const progress_options options;
 
-  explicit op_queue(std::chrono::microseconds spin_budget) : spin(spin_budget) {}
+  explicit op_queue(progress_options o) : options(o) {}
 
   bool runnable() const { return !running && !ops.empty(); }
+  // The progress thread leaves a fresh submission to its submitter for a moment: a caller that
+  // waits at once runs it on its own thread, without handing it over.
+  bool grace_over() const {
+    return std::chrono::steady_clock::now().time_since_epoch().count() - last_submit.load(std::memory_order_relaxed) >=
+           std::chrono::nanoseconds(options.grace).count();
+  }
+  bool maybe_runnable() const {
+    return pending.load(std::memory_order_acquire) != 0 && !busy.load(std::memory_order_acquire);
+  }
 
-  // Caller holds `lock` and saw runnable(): runs the head outside the lock.
+  // Caller holds `lock` and saw runnable(): runs the head outside the lock; holds it again on return.
   void run_head(std::unique_lock<std::mutex>& lock) {
     queued_op item = std::move(ops.front());
     ops.pop_front();
     pending.fetch_sub(1, std::memory_order_relaxed);
     running = true;
+    busy.store(true, std::memory_order_relaxed);
     lock.unlock();
-    std::exception_ptr failure;
-    const auto started = std::chrono::steady_clock::now();
+    auto& state = *item.state;
+    state.started = std::chrono::steady_clock::now();
     try {
       item.op();
     } catch (...) {
-      failure = std::current_exception();
+      state.failure = std::current_exception();
     }
-    {
-      std::lock_guard state_lock(item.state->mutex);
-      item.state->started = started;
-      item.state->finished = std::chrono::steady_clock::now();
-      item.state->failure = failure;
-      item.state->done = true;
-      item.state->done_flag.store(true, std::memory_order_release);
-    }
-    item.state->done_cv.notify_all();
+    state.finished = std::chrono::steady_clock::now();
+    state.done.store(true, std::memory_order_release);
     lock.lock();
     running = false;
-    cv.notify_all();
+    busy.store(false, std::memory_order_release);
+    if (waiters_asleep) waiters_cv.notify_all();
+    if (!ops.empty() && progress_asleep) progress_cv.notify_one();  // a waiter ran this one: the rest are the thread's
   }
 };
 }  // namespace detail
@@ -84,40 +104,38 @@ class work {
   work(std::shared_ptr<detail::work_state> s, std::shared_ptr<detail::op_queue> q)
       : state_(std::move(s)), queue_(std::move(q)) {}
 
-  // Blocks until the operation finished; rethrows its failure (on every call). A waiter whose
-  // operation is still queued runs the queue's head itself instead of sleeping until the
-  // progress thread gets a core: on machines with as many busy ranks as cores that wake-up is
-  // most of a small collective's cost.
+  // Blocks until the operation finished, running queued operations (this one and those before
+  // it) itself when no other thread runs them; rethrows its failure (on every call).
   void wait() const {
     if (!state_) return;
-    if (!state_->done_flag.load(std::memory_order_acquire) && queue_) {
-      std::unique_lock lock(queue_->mutex);
-      while (!state_->done_flag.load(std::memory_order_acquire)) {
-        if (queue_->runnable()) {
-          queue_->run_head(lock);
+    if (!is_done()) {
+      auto& q = *queue_;
+      std::unique_lock lock(q.mutex);
+      while (!is_done()) {
+        if (q.runnable()) {
+          q.run_head(lock);
           continue;
         }
-        lock.unlock();  // another thread runs an operation, perhaps this one: spin a while
-        const bool done = detail::spin_until([&] { return state_->done_flag.load(std::memory_order_acquire); },
-                                             queue_->spin);
+        lock.unlock();  // another thread runs an operation, perhaps this one
+        detail::spin_until([&] { return is_done() || q.maybe_runnable(); }, q.options.spin, detail::spin_kind::for_core);
         lock.lock();
-        if (!done && !queue_->runnable() && !state_->done_flag.load(std::memory_order_acquire)) queue_->cv.wait(lock);
+        if (!is_done() && !q.runnable()) {
+          ++q.waiters_asleep;
+          q.waiters_cv.wait(lock);
+          --q.waiters_asleep;
+        }
       }
     }
-    std::unique_lock lock(state_->mutex);
-    state_->done_cv.wait(lock, [&] { return state_->done; });
     if (state_->failure) std::rethrow_exception(state_->failure);
   }
-  bool test() const noexcept {
-    if (!state_) return true;
-    std::lock_guard lock(state_->mutex);
-    return state_->done;
-  }
+  bool test() const noexcept { return !state_ || is_done(); }
   // When the operation started and finished (valid once test()).
   std::chrono::steady_clock::time_point started() const { return state_->started; }
   std::chrono::steady_clock::time_point finished() const { return state_->finished; }
 
  private:
+  bool is_done() const noexcept { return state_->done.load(std::memory_order_acquire); }
+
   std::shared_ptr<detail::work_state> state_;
   std::shared_ptr<detail::op_queue> queue_;
 };
@@ -126,10 +144,8 @@ static_assert(work_handle<work>);
 
 class progress_thread {
  public:
-  // `spin`: how long the thread, and a waiter on its operations, spin before sleeping
-  // (see spin_wait.hpp).
-  explicit progress_thread(std::chrono::microseconds spin = detail::spin_budget)
-      : queue_(std::make_shared<detail::op_queue>(spin)), thread_([this] { run(); }) {}
+  explicit progress_thread(progress_options options = {})
+      : queue_(std::make_shared<detail::op_queue>(options)), thread_([this] { run(); }) {}
   progress_thread(const progress_thread&) = delete;
   progress_thread& operator=(const progress_thread&) = delete;
 
@@ -139,30 +155,48 @@ class progress_thread {
       std::lock_guard lock(queue_->mutex);
       queue_->stopping = true;
     }
-    queue_->cv.notify_all();
+    queue_->progress_cv.notify_all();
     thread_.join();
   }
 
+  const progress_options& options() const noexcept { return queue_->options; }
+
   work submit(std::function<void()> op) {
     auto state = std::make_shared<detail::work_state>();
+    auto& q = *queue_;
+    bool wake = false;
     {
-      std::lock_guard lock(queue_->mutex);
-      queue_->ops.push_back({std::move(op), state});
-      queue_->pending.fetch_add(1, std::memory_order_release);
+      std::lock_guard lock(q.mutex);
+      q.ops.push_back({std::move(op), state});
+      q.pending.fetch_add(1, std::memory_order_release);
+      q.last_submit.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      wake = q.progress_asleep;
     }
-    queue_->cv.notify_all();
+    if (wake) q.progress_cv.notify_one();
     return work(std::move(state), queue_);
   }
 
  private:
   void run() {
     auto& q = *queue_;
+    std::unique_lock lock(q.mutex);
     for (;;) {
-      detail::spin_until([&] { return q.pending.load(std::memory_order_acquire) != 0; }, q.spin);
-      std::unique_lock lock(q.mutex);
-      q.cv.wait(lock, [&] { return q.runnable() || (q.stopping && q.ops.empty() && !q.running); });
-      if (!q.runnable()) return;
-      q.run_head(lock);
+      if (q.runnable()) {
+        q.run_head(lock);
+        continue;
+      }
+      if (q.stopping && q.ops.empty() && !q.running) return;
+      lock.unlock();
+      const bool more = detail::spin_until([&] { return q.maybe_runnable() && q.grace_over(); }, q.options.spin,
+                                           detail::spin_kind::for_core);
+      lock.lock();
+      if (more) continue;  // runnable, or a waiter took it meanwhile: spin again
+      q.progress_asleep = true;
+      if (q.stopping)  // until a waiter's operation ends
+        q.progress_cv.wait_for(lock, q.options.spin);
+      else
+        q.progress_cv.wait(lock);
+      q.progress_asleep = false;
     }
   }
 

@@ -11,24 +11,12 @@
 #include <chrono>
 #include <thread>
 
-#if defined(__linux__)
-#include <sched.h>
-#endif
+#include "ddp/core/cpu_affinity.hpp"
 
 namespace ddp::detail {
 
 inline constexpr std::chrono::microseconds spin_budget{20};
 inline constexpr std::chrono::microseconds dedicated_core_spin_budget{2000};
-
-// The cores this process may run on (its affinity mask: taskset, cpusets), else all of them.
-inline int usable_cores() {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-#endif
-  return static_cast<int>(std::thread::hardware_concurrency());
-}
 
 // The budget for `ranks` in-process ranks: long when there are peers to wait for and a core
 // for each rank.
@@ -36,12 +24,38 @@ inline std::chrono::microseconds spin_budget_for(int ranks) {
   return ranks >= 2 && ranks <= usable_cores() ? dedicated_core_spin_budget : spin_budget;
 }
 
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+enum class spin_kind {
+  for_peer,  // a thread on another core will make `ready` true: pause first, then yield
+  for_core,  // the thread that makes it true may need this core: only yield
+};
+
+// Spins until ready() or the budget is spent; true when ready. The first rounds only pause the
+// core (for_peer): a peer on a core of its own arrives within a few hundred nanoseconds, less than
+// one sched_yield costs. The pause rounds are few because, when the scheduler has put the peer on
+// this very core, each of them delays it. Later rounds yield, so that a thread waiting for this
+// core gets it.
 template <class Ready>
-bool spin_until(Ready ready, std::chrono::microseconds budget = spin_budget) {
+bool spin_until(Ready ready, std::chrono::microseconds budget = spin_budget, spin_kind kind = spin_kind::for_peer) {
+  constexpr int pause_rounds = 32;  // about a microsecond, by the CPU's pause latency
+  if (kind == spin_kind::for_peer)
+    for (int i = 0; i < pause_rounds; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
   const auto deadline = std::chrono::steady_clock::now() + budget;
   do {
-    if (ready()) return true;
-    std::this_thread::yield();
+    for (int i = 0; i < 4; ++i) {
+      if (ready()) return true;
+      std::this_thread::yield();
+    }
   } while (std::chrono::steady_clock::now() < deadline);
   return ready();
 }

@@ -10,6 +10,10 @@
 #include <span>
 #include <type_traits>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "ddp/core/reduce_op.hpp"
 #include "ddp/core/segment.hpp"
 #include "ddp/core/vectorize.hpp"
@@ -134,11 +138,48 @@ DDP_VECTORIZE inline bool divide_and_find_nonfinite(T* DDP_RESTRICT x, std::size
 // overflows, that element is computed again dividing each input first, which keeps a finite
 // average finite (two ranks at 2^127 average to 2^127, not inf); every other element keeps the
 // bits of the sum-then-divide.
+// A copy whose destination bypasses the cache (non-temporal stores), for outputs too large to
+// stay there: an ordinary store first reads each destination line it will overwrite, so a large
+// reduction would read its outputs as well as its inputs. Callers issue stream_fence() before
+// another thread reads the destination.
+inline void stream_copy(void* dst, const void* src, std::size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  std::size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// Outputs from this many bytes per target on are written with stream_copy.
+inline constexpr std::size_t stream_output_bytes = std::size_t{1} << 20;
+
 template <class T>
 void reduce_to_all(std::span<const T* const> sources, std::span<T* const> targets,
                    std::size_t n, reduce_op op, std::size_t world) {
   constexpr std::size_t chunk = 4096 / sizeof(T) * 4;  // 16 KiB of accumulator
   alignas(64) T acc[chunk];
+  const bool stream = n * sizeof(T) >= stream_output_bytes;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t len = std::min(chunk, n - begin);
     if (sources.size() == 1) {
@@ -155,8 +196,15 @@ void reduce_to_all(std::span<const T* const> sources, std::span<T* const> target
         divide(acc, len, static_cast<T>(world));
       }
     }
-    for (T* t : targets) std::memcpy(t + begin, acc, len * sizeof(T));
+    for (T* t : targets) {
+      // An output that is also an input (in place) was just read into the cache: store normally.
+      if (stream && std::find(sources.begin(), sources.end(), t) == sources.end())
+        stream_copy(t + begin, acc, len * sizeof(T));
+      else
+        std::memcpy(t + begin, acc, len * sizeof(T));
+    }
   }
+  if (stream) stream_fence();
 }
 
 inline void pack(std::span<const segment> segments, float* bucket) {

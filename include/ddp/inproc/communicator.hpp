@@ -25,7 +25,9 @@ class communicator {
   static constexpr std::string_view backend_name = "inproc";
 
   communicator(std::shared_ptr<inproc::world> w, int rank)
-      : world_(std::move(w)), rank_(rank), progress_(world_->spin_budget()) {
+      : world_(std::move(w)),
+        rank_(rank),
+        progress_(progress_options{.spin = world_->spin_budget()}) {
     if (rank < 0 || rank >= world_->size())
       throw error("inproc", "communicator", rank,
                   "rank " + std::to_string(rank) + " is outside a world of size " +

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ddp/core/cpu_affinity.hpp"
 #include "ddp/inproc/communicator.hpp"
 
 namespace ddp::inproc {
@@ -53,8 +54,15 @@ auto launch(int world_size, F&& fn, options opts = {}) {
   using stored = std::conditional_t<std::is_void_v<result>, char, std::optional<result>>;
   std::vector<stored> results(world_size);
 
+  const std::vector<int> cpus = opts.bind_to_cores ? detail::usable_cpus() : std::vector<int>{};
   auto body = [&](int rank) {
     try {
+      if (!cpus.empty()) try {
+          detail::bind_this_thread(cpus[static_cast<std::size_t>(rank) % cpus.size()], "inproc", rank);
+        } catch (const std::exception& e) {
+          w->fail(rank, e.what());
+          throw;
+        }
       communicator comm(w, rank);
       try {
         if constexpr (std::is_void_v<result>) {
