@@ -150,3 +150,40 @@ TEST_CASE("reduce_to_all avg keeps a finite average finite where the sum overflo
     CHECK(std::isinf(out[2]));
   }
 }
+
+TEST_CASE("stream_copy copies like memcpy at every destination alignment, with any head and tail") {
+  std::vector<unsigned char> src(4096 + 64), dst(4096 + 64);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (std::size_t offset = 0; offset < 16; ++offset)
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{63},
+                              std::size_t{64}, std::size_t{65}, std::size_t{200}, std::size_t{4096}}) {
+      std::fill(dst.begin(), dst.end(), 0xEE);
+      ddp::host::stream_copy(dst.data() + offset, src.data() + 1, bytes);
+      ddp::host::stream_fence();
+      CAPTURE(offset);
+      CAPTURE(bytes);
+      CHECK(std::equal(src.begin() + 1, src.begin() + 1 + static_cast<std::ptrdiff_t>(bytes), dst.begin() + static_cast<std::ptrdiff_t>(offset)));
+      CHECK(std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(offset), [](unsigned char c) { return c == 0xEE; }));
+      CHECK(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(offset + bytes), dst.end(), [](unsigned char c) { return c == 0xEE; }));
+    }
+}
+
+TEST_CASE("reduce_to_all gives the same bits with and without streamed outputs") {
+  const std::size_t n = ddp::host::stream_output_bytes / sizeof(float) + 37;  // past the threshold, with a tail
+  std::vector<float> a(n), b(n), streamed(n + 1), plain(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    a[i] = 0.1f * static_cast<float>(i % 1000);
+    b[i] = 1.0f / static_cast<float>(i + 1);
+  }
+  const float* sources[] = {a.data(), b.data()};
+  float* out_streamed[] = {streamed.data() + 1};  // misaligned by 4 bytes
+  ddp::host::reduce_to_all<float>(sources, out_streamed, n, ddp::reduce_op::sum, 2);
+  // In place, the outputs are inputs and are stored normally.
+  std::vector<float> a2 = a;
+  const float* sources2[] = {a2.data(), b.data()};
+  float* out_plain[] = {a2.data()};
+  ddp::host::reduce_to_all<float>(sources2, out_plain, n, ddp::reduce_op::sum, 2);
+  for (std::size_t i = 0; i < n; ++i) plain[i] = a[i] + b[i];
+  CHECK(std::memcmp(streamed.data() + 1, plain.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(a2.data(), plain.data(), n * sizeof(float)) == 0);
+}

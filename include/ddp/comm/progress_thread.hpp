@@ -62,7 +62,8 @@ struct op_queue {
 
   bool runnable() const { return !running && !ops.empty(); }
   // The progress thread leaves a fresh submission to its submitter for a moment: a caller that
-  // waits at once runs it on its own thread, without handing it over.
+  // waits at once runs it on its own thread, without handing it over. The moment counts from
+  // when the queue stopped being empty, so a burst of submissions does not hold the first back.
   bool grace_over() const {
     return std::chrono::steady_clock::now().time_since_epoch().count() - last_submit.load(std::memory_order_relaxed) >=
            std::chrono::nanoseconds(options.grace).count();
@@ -169,7 +170,8 @@ class progress_thread {
       std::lock_guard lock(q.mutex);
       q.ops.push_back({std::move(op), state});
       q.pending.fetch_add(1, std::memory_order_release);
-      q.last_submit.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      if (q.ops.size() == 1)  // grace counts from when the queue stopped being empty
+        q.last_submit.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
       wake = q.progress_asleep;
     }
     if (wake) q.progress_cv.notify_one();

@@ -62,9 +62,13 @@ class device {
     check(cudaMalloc(&p, bytes), "cudaMalloc", site_);
     return p;
   }
-  // cudaFree waits for the device first: no queued kernel still reads the memory.
+  // Waits for the device first, so that no queued kernel (on any stream: NCCL's too) still reads
+  // the memory: cudaFree itself only "may" synchronise (CUDA 13's header).
   void deallocate(void* p, std::size_t) noexcept {
-    if (p) cudaFree(p);
+    if (!p) return;
+    cudaSetDevice(site_.device);
+    cudaDeviceSynchronize();
+    cudaFree(p);
   }
 
   void copy(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToDevice); }

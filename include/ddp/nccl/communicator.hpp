@@ -42,8 +42,11 @@
 namespace ddp::nccl {
 
 struct options {
-  // A collective (or the set-up) that runs longer than this fails on every rank.
+  // A collective that runs longer than this on the GPU (counted from when its stream reaches it,
+  // not from when the host queued it), or a set-up that takes longer, fails on every rank.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // How long the destructor waits for queued collectives to finish before it aborts NCCL.
+  std::chrono::milliseconds teardown{std::chrono::seconds(30)};
 };
 
 // How ranks tell each other that one gave up, beside NCCL: `abort` tells every peer (or ends
@@ -60,11 +63,12 @@ namespace detail {
 using clock = std::chrono::steady_clock;
 
 struct pending {
-  pending(cuda::call_site site, const char* n, std::uint64_t seq) : done(site), name(n), sequence(seq) {}
+  pending(cuda::call_site site, const char* n, std::uint64_t seq) : started(site), done(site), name(n), sequence(seq) {}
+  cuda::event started;  // reached on NCCL's stream: the compute before it has finished
   cuda::event done;
   const char* name;
   std::uint64_t sequence;
-  clock::time_point issued = clock::now();
+  std::optional<clock::time_point> seen_started;  // when the watchdog first saw `started` (its lock)
 };
 
 using comm::failure;
@@ -98,8 +102,10 @@ class core {
     std::lock_guard lock(nccl_mutex_);
     if (comm_ && !failure_.failed()) {
       // Finish what is queued, then take the communicator down; abort if that cannot finish.
+      // A peer that gave up will never finish its part: stop waiting then, and after
+      // options.teardown at most.
       ncclResult_t r = ncclCommFinalize(comm_);
-      const auto deadline = clock::now() + options_.timeout;
+      const auto deadline = clock::now() + std::min(options_.teardown, options_.timeout);
       while (r == ncclSuccess || r == ncclInProgress) {
         ncclResult_t state = ncclInProgress;
         ncclCommGetAsyncError(comm_, &state);
@@ -107,7 +113,10 @@ class core {
           r = state;
           break;
         }
-        if (clock::now() > deadline) break;
+        if (clock::now() > deadline || channel_.poll()) {
+          r = ncclInProgress;
+          break;
+        }
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
       if (r == ncclSuccess) ncclCommDestroy(comm_);
@@ -131,6 +140,7 @@ class core {
     auto p = std::make_shared<pending>(device_->site(), name, next_sequence_++);
     ready_.record(device_->stream());
     stream_.wait(ready_.get());
+    p->started.record(stream_.get());
     {
       std::lock_guard lock(nccl_mutex_);
       if (!comm_) throw_if_failed(name);
@@ -259,8 +269,22 @@ class core {
       return false;
     }
     std::optional<failure> found;
-    if (!in_flight_.empty() && clock::now() - in_flight_.front()->issued > options_.timeout)
-      found = failure{rank_, describe_timeout(*in_flight_.front()), true};
+    if (!in_flight_.empty()) {
+      // The clock starts when the stream reaches the collective: compute queued before it (a
+      // long forward, say) is not the collective's time.
+      auto& front = *in_flight_.front();
+      bool started = front.seen_started.has_value();
+      if (!started) {
+        try {
+          started = front.started.done();
+        } catch (const std::exception&) {
+          started = false;  // a device error: the next look reports it through `done`
+        }
+        if (started) front.seen_started = clock::now();
+      }
+      if (started && clock::now() - *front.seen_started > options_.timeout)
+        found = failure{rank_, describe_timeout(front), true};
+    }
     lock.unlock();
     bool tell = true;
     if (!found) {
