@@ -9,7 +9,7 @@
 #   scripts/gpu-bundle.sh [build-dir]     (default build-gpu-bundle; about 4 minutes on 2 cores)
 #   scripts/gpu-bundle.sh --from BUILD --dir DIR
 #       packs the ddp_gpu targets already built in BUILD into the directory DIR, unpacked and
-#       without building or installing anything (tests/gpu/no_gpu.sh runs such a bundle here).
+#       without building or installing anything (tests/cuda/no_gpu.sh runs such a bundle here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-gpu-bundle from= dir=

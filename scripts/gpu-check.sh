@@ -14,7 +14,7 @@ tee_pid=$!
 trap 'exec >&- 2>&-; wait $tee_pid' EXIT  # return only once the log is complete
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu-check: FAILED: no GPU visible (nvidia-smi lists none). This script runs the GPU tests and"
+  echo "gpu-check: FAILED: no usable GPU (nvidia-smi lists none). This script runs the GPU tests and"
   echo "benchmarks and must fail without a GPU; the host suite is ./scripts/test.sh."
   exit 1
 fi

@@ -160,8 +160,6 @@ class progress_thread {
     thread_.join();
   }
 
-  const progress_options& options() const noexcept { return queue_->options; }
-
   work submit(std::function<void()> op) {
     auto state = std::make_shared<detail::work_state>();
     auto& q = *queue_;

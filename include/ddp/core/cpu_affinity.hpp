@@ -37,16 +37,18 @@ inline int usable_cores() {
 // Binds the calling thread, which runs rank `rank` of `backend`, to `cpu`; threads it starts
 // afterwards inherit the binding.
 inline void bind_this_thread(int cpu, const char* backend, int rank) {
-  const std::string what = "cannot bind rank " + std::to_string(rank) + "'s thread to CPU " + std::to_string(cpu) + ": ";
+  auto failed = [&](const std::string& why) {
+    return error(backend, "bind", rank,
+                 "cannot bind rank " + std::to_string(rank) + "'s thread to CPU " + std::to_string(cpu) + ": " + why);
+  };
 #if defined(__linux__)
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   if (sched_setaffinity(0, sizeof set, &set) != 0)
-    throw error(backend, "bind", rank,
-                what + std::strerror(errno) + "; allow that CPU (taskset, cpuset) or run without binding");
+    throw failed(std::string(std::strerror(errno)) + "; allow that CPU (taskset, cpuset) or run without binding");
 #else
-  throw error(backend, "bind", rank, what + "binding threads needs Linux; run without binding");
+  throw failed("binding threads needs Linux; run without binding");
 #endif
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -130,14 +131,6 @@ DDP_VECTORIZE inline bool divide_and_find_nonfinite(T* DDP_RESTRICT x, std::size
   return found != 0;
 }
 
-// Reduces `sources` (fixed order: index 0 first, so every rank computes the same bits)
-// elementwise and writes the result to every pointer in `targets`. Works in chunks that stay
-// in L1, so a target may alias a source.
-//
-// avg sums, then divides (a power-of-two world divides exactly). Where the sum of finite inputs
-// overflows, that element is computed again dividing each input first, which keeps a finite
-// average finite (two ranks at 2^127 average to 2^127, not inf); every other element keeps the
-// bits of the sum-then-divide.
 // A copy whose destination bypasses the cache (non-temporal stores), for outputs too large to
 // stay there: an ordinary store first reads each destination line it will overwrite, so a large
 // reduction would read its outputs as well as its inputs. Callers issue stream_fence() before
@@ -174,12 +167,24 @@ inline void stream_fence() {
 // Outputs from this many bytes per target on are written with stream_copy.
 inline constexpr std::size_t stream_output_bytes = std::size_t{1} << 20;
 
+// Reduces `sources` (fixed order: index 0 first, so every rank computes the same bits)
+// elementwise and writes the result to every pointer in `targets`. Works in chunks that stay
+// in L1, so a target may alias a source.
+//
+// avg sums, then divides (a power-of-two world divides exactly). Where the sum of finite inputs
+// overflows, that element is computed again dividing each input first, which keeps a finite
+// average finite (two ranks at 2^127 average to 2^127, not inf); every other element keeps the
+// bits of the sum-then-divide.
 template <class T>
 void reduce_to_all(std::span<const T* const> sources, std::span<T* const> targets,
                    std::size_t n, reduce_op op, std::size_t world) {
   constexpr std::size_t chunk = 4096 / sizeof(T) * 4;  // 16 KiB of accumulator
   alignas(64) T acc[chunk];
-  const bool stream = n * sizeof(T) >= stream_output_bytes;
+  // An output that is also an input (in place) is read into the cache just before it is written:
+  // only the others are streamed.
+  std::vector<char> streamed(n * sizeof(T) >= stream_output_bytes ? targets.size() : 0);
+  for (std::size_t k = 0; k < streamed.size(); ++k)
+    streamed[k] = std::find(sources.begin(), sources.end(), targets[k]) == sources.end();
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t len = std::min(chunk, n - begin);
     if (sources.size() == 1) {
@@ -196,15 +201,14 @@ void reduce_to_all(std::span<const T* const> sources, std::span<T* const> target
         divide(acc, len, static_cast<T>(world));
       }
     }
-    for (T* t : targets) {
-      // An output that is also an input (in place) was just read into the cache: store normally.
-      if (stream && std::find(sources.begin(), sources.end(), t) == sources.end())
-        stream_copy(t + begin, acc, len * sizeof(T));
+    for (std::size_t k = 0; k < targets.size(); ++k) {
+      if (k < streamed.size() && streamed[k])
+        stream_copy(targets[k] + begin, acc, len * sizeof(T));
       else
-        std::memcpy(t + begin, acc, len * sizeof(T));
+        std::memcpy(targets[k] + begin, acc, len * sizeof(T));
     }
   }
-  if (stream) stream_fence();
+  if (!streamed.empty()) stream_fence();
 }
 
 inline void pack(std::span<const segment> segments, float* bucket) {
