@@ -93,8 +93,9 @@ auto launch(int world_size, F&& fn, options opts = {}) {
 
   if (!failure_order.empty()) {
     // The root cause: the rank the world blames, else the first to fail.
+    // (A failure's origin may be unknown, -1.)
     int origin = w->failed_rank().value_or(failure_order.front());
-    if (!failures[static_cast<std::size_t>(origin)]) origin = failure_order.front();
+    if (origin < 0 || origin >= world_size || !failures[static_cast<std::size_t>(origin)]) origin = failure_order.front();
     std::vector<std::string> messages(static_cast<std::size_t>(world_size));
     for (int r = 0; r < world_size; ++r) {
       if (!failures[static_cast<std::size_t>(r)]) continue;

@@ -126,6 +126,9 @@ class world {
           missing += (missing.empty() ? "" : ", ") + std::to_string(r);
           if (first_missing < 0) first_missing = r;
         }
+      // A rank records its arrival just before it counts itself in: when none is missing, the
+      // last one is counting itself in right now.
+      if (first_missing < 0) continue;
       if (!entry_.poison(generation)) break;  // the last rank arrived just now
       failure_.set({first_missing,
                     call.describe() + " timed out after " + std::to_string(options_.timeout.count()) +
