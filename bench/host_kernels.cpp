@@ -3,6 +3,7 @@
 //   host_kernels --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -47,6 +48,39 @@ void bm_pack(benchmark::State& s) {
     benchmark::DoNotOptimize(bucket.data());
   }
   set_bytes(s, 2 * n * 4);
+}
+
+// A communication hook's casts: f32 scaled into 16 bits (its bytes: 4 read, 2 written per
+// element) and back (2 read, 4 written), arg 1 = bf16, 0 = f16; and the portable loop beside the
+// x86 forms (arg 2: 1 = portable).
+void bm_narrow(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<float> a(n, 0.3f);
+  std::vector<std::uint16_t> h(n);
+  const bool bf16 = s.range(1) != 0, portable = s.range(2) != 0;
+  for (auto _ : s) {
+    if (bf16) portable ? ddp::host::narrow_loop<ddp::host::bf16_format>(a.data(), h.data(), n, 0.5f)
+                       : ddp::host::narrow<ddp::host::bf16_format>(a.data(), h.data(), n, 0.5f);
+    else portable ? ddp::host::narrow_loop<ddp::host::f16_format>(a.data(), h.data(), n, 0.5f)
+                  : ddp::host::narrow<ddp::host::f16_format>(a.data(), h.data(), n, 0.5f);
+    benchmark::DoNotOptimize(h.data());
+  }
+  set_bytes(s, 6 * n);
+}
+
+void bm_widen(benchmark::State& s) {
+  const auto n = static_cast<std::size_t>(s.range(0));
+  std::vector<std::uint16_t> h(n, 0x3c00);
+  std::vector<float> a(n);
+  const bool bf16 = s.range(1) != 0, portable = s.range(2) != 0;
+  for (auto _ : s) {
+    if (bf16) portable ? ddp::host::widen_loop<ddp::host::bf16_format>(h.data(), a.data(), n)
+                       : ddp::host::widen<ddp::host::bf16_format>(h.data(), a.data(), n);
+    else portable ? ddp::host::widen_loop<ddp::host::f16_format>(h.data(), a.data(), n)
+                  : ddp::host::widen<ddp::host::f16_format>(h.data(), a.data(), n);
+    benchmark::DoNotOptimize(a.data());
+  }
+  set_bytes(s, 6 * n);
 }
 
 void bm_sgd(benchmark::State& s) {
@@ -95,6 +129,8 @@ BENCHMARK(bm_timeline_span)->Arg(0)->Arg(1)->ArgName("attached");
 BENCHMARK(bm_memcpy)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
 BENCHMARK(bm_scale)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
 BENCHMARK(bm_pack)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
+BENCHMARK(bm_narrow)->ArgsProduct({{1 << 20}, {1, 0}, {0, 1}})->ArgNames({"n", "bf16", "portable"});
+BENCHMARK(bm_widen)->ArgsProduct({{1 << 20}, {1, 0}, {0, 1}})->ArgNames({"n", "bf16", "portable"});
 BENCHMARK(bm_sgd)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
 BENCHMARK(bm_adamw)->RangeMultiplier(16)->Range(1 << 16, 1 << 24);
 BENCHMARK_MAIN();

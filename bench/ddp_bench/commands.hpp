@@ -27,7 +27,7 @@ struct step_params {
   std::size_t batch = 64;             // per rank
   int steps = 30;                     // timed steps per measurement
   int repeats = 3;                    // alternating batches of each configuration; the best is kept
-  std::vector<std::string> vary{"bucket_cap", "buffer_sync", "unused_params", "update"};
+  std::vector<std::string> vary{"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook"};
   std::string out;
 };
 int run_step(const step_params& p);
@@ -38,6 +38,7 @@ struct scaling_params {
   int steps = 120;
   std::size_t batch = 64;
   std::string optimizer = "sgd";
+  std::vector<std::string> hooks;  // comm_hook set-ups beside the four: bf16, fp16
   std::string data_dir;
   std::string out;
 };

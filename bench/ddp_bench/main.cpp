@@ -1,6 +1,6 @@
 // ddp-bench: micro-benchmarks of ddp in one tool.
 //   ddp-bench collective all_reduce --backend inproc|mpi|nccl -b 8 -e 64M -f 2 [-d float] [-o sum] [--out r.json]
-//   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update]
+//   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update,comm_hook]
 //   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120]
 //   ddp-bench versions
 // Every subcommand prints a table and, with --out FILE (.json or .csv), writes it with the
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   step->add_option("--repeats", s.repeats, "alternating measurements of each configuration; the best is kept")
       ->check(CLI::Range(1, 1000))->capture_default_str();
   step->add_option("--vary", s.vary, "the policies varied from the defaults, one at a time")
-      ->delimiter(',')->check(CLI::IsMember({"bucket_cap", "buffer_sync", "unused_params", "update", "none"}))
+      ->delimiter(',')->check(CLI::IsMember({"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook", "none"}))
       ->capture_default_str();
   step->add_option("--out", s.out, "also write the table to this .json or .csv file");
 
@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
   scaling->add_option("--batch", sc.batch, "batch per rank")->check(CLI::Range(2, 60000))->capture_default_str();
   scaling->add_option("--optimizer", sc.optimizer, "sgd (momentum 0.9) or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  scaling->add_option("--hooks", sc.hooks, "also N ranks with these communication hooks (bf16, fp16)")
+      ->delimiter(',')->check(CLI::IsMember({"bf16", "fp16"}));
   scaling->add_option("--data-dir", sc.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
   scaling->add_option("--out", sc.out, "also write the table to this .json or .csv file");
 

@@ -5,7 +5,8 @@
 //   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch (update::replicated);
 //   N sharded     the same with update::sharded: each rank updates 1/N of the parameters;
 //   N x 1 rank    N independent single-rank trainings at the same time, no communication:
-//                 what this machine allows N ranks of this model, whatever ddp does.
+//                 what this machine allows N ranks of this model, whatever ddp does;
+//   N ranks bf16  (--hooks bf16,fp16) N ranks whose gradients travel in 16 bits (comm_hook).
 // Speed-up = samples/s of N ranks over 1 rank; ceiling = N x 1 rank over 1 rank; ddp's
 // efficiency = speed-up / ceiling (sharded can pass 100%: it does less optimizer work per rank
 // than an independent training). Medians over the rounds; only training steps are timed.
@@ -28,8 +29,8 @@ namespace bench {
 namespace {
 
 using ddp::data::fashion_mnist;
-template <class Optimizer, class Update = ddp::update::replicated>
-using trainer_for = ddp::trainer<fmnist::model, Optimizer, Update>;
+template <class Optimizer, class Update = ddp::update::replicated, class Hook = ddp::comm_hook::none>
+using trainer_for = ddp::trainer<fmnist::model, Optimizer, Update, Hook>;
 using batches_t = std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>;
 
 const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
@@ -97,7 +98,7 @@ double run_independent(std::vector<replica_state>& states, int steps, std::size_
 // Runs every set-up `rounds` times in rotating order and prints the medians and ratios.
 template <class Optimizer>
 void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int rounds, int steps, std::size_t batch,
-             report& out) {
+             const std::vector<std::string>& hooks, report& out) {
   ddp::data::loader loader(train, batch, &fashion_mnist::collate);
   auto make_states = [&](int n, int world) {
     std::vector<replica_state> s;
@@ -110,7 +111,7 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     return s;
   };
   auto single = make_states(1, 1), parallel = make_states(ranks, ranks), sharded = make_states(ranks, ranks),
-       independent = make_states(ranks, 1);
+       independent = make_states(ranks, 1), hooked = make_states(ranks, ranks);
 
   struct setup {
     std::string name;
@@ -118,11 +119,16 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   };
   const std::string n = std::to_string(ranks);
   std::vector<setup> setups{{"1 rank", {}}, {n + " ranks", {}}, {n + " sharded", {}}, {n + " x 1 rank", {}}};
+  for (const auto& h : hooks) setups.push_back({n + " ranks " + h, {}});
+  using replicated = ddp::update::replicated;
   auto run = [&](std::size_t which) {
     if (which == 0) return run_world<trainer_for<Optimizer>>(single, steps, batch, opt);
     if (which == 1) return run_world<trainer_for<Optimizer>>(parallel, steps, batch, opt);
     if (which == 2) return run_world<trainer_for<Optimizer, ddp::update::sharded>>(sharded, steps, batch, opt);
-    return run_independent(independent, steps, batch, opt);
+    if (which == 3) return run_independent(independent, steps, batch, opt);
+    if (hooks[which - 4] == "bf16")
+      return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
+    return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::fp16>>(hooked, steps, batch, opt);
   };
   for (std::size_t i = 0; i < setups.size(); ++i) run(i);  // warm-up: page in, grow the heaps
   for (int r = 0; r < rounds; ++r)
@@ -140,7 +146,8 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   char line[200];
   std::snprintf(line, sizeof line, "ceiling (%d independent / 1 rank): %.2fx", ranks, independent_rate / single_rate);
   out.note(line);
-  for (std::size_t k : {1, 2}) {
+  for (std::size_t k = 1; k < setups.size(); ++k) {
+    if (k == 3) continue;
     const double rate = median(setups[k].rates);
     std::snprintf(line, sizeof line, "speed-up %s / 1 rank: %.2fx; ddp efficiency %.0f%% of the ceiling", setups[k].name.c_str(),
                   rate / single_rate, 100 * rate / independent_rate);
@@ -166,8 +173,8 @@ int run_scaling(const scaling_params& p) {
              {{"setup", 12, 0}, {"samples/s", 10, 0}, {"min", 8, 0}, {"max", 8, 0}, {"vs_1_rank", 9, 2},
               {"vs_ceiling", 10, 2}});
   out.begin(true);
-  if (p.optimizer == "sgd") compare(sgd, train, p.ranks, p.rounds, p.steps, p.batch, out);
-  else compare(adamw, train, p.ranks, p.rounds, p.steps, p.batch, out);
+  if (p.optimizer == "sgd") compare(sgd, train, p.ranks, p.rounds, p.steps, p.batch, p.hooks, out);
+  else compare(adamw, train, p.ranks, p.rounds, p.steps, p.batch, p.hooks, out);
   out.write(p.out);
   return 0;
 }

@@ -134,9 +134,11 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     f.overlapped = reduced > 0 ? overlapped / reduced : 0;
     // Bytes this rank hands to collectives per step: every bucket's gradients (and, sharded, the
     // gathered parameters), and the buffers when the policy moves them.
+    // A compressing hook's gradients travel in 16 bits (its control floats, a few, in f32).
+    const double per_gradient = std::is_same_v<typename Trainer::comm_hook_policy, ddp::comm_hook::none> ? 4.0 : 2.0;
     double grads = 0;
-    for (const auto n : t.bucket_sizes()) grads += 4.0 * static_cast<double>(n);
-    if (Trainer::update_policy::gathers_parameters) grads *= 2;
+    for (const auto n : t.bucket_sizes()) grads += per_gradient * static_cast<double>(n);
+    if (Trainer::update_policy::gathers_parameters) grads += 4.0 * grads / per_gradient;
     double buffers = 0;
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
     const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;
@@ -207,7 +209,7 @@ configuration config(std::string slot, std::string policy) {
 
 std::vector<configuration> configurations(const std::vector<std::string>& vary) {
   auto varies = [&](const char* slot) { return std::ranges::find(vary, slot) != vary.end(); };
-  std::vector<configuration> c{config<>("defaults", "(all four)")};
+  std::vector<configuration> c{config<>("defaults", "(all five)")};
   if (varies("bucket_cap")) {
     c.push_back(config<ddp::bucket_cap<std::size_t{256} << 10>>("bucket_cap", "256 KiB"));
     c.push_back(config<ddp::bucket_cap<std::size_t{1} << 20>>("bucket_cap", "1 MiB"));
@@ -223,6 +225,10 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
     c.push_back(config<ddp::unused_params::static_graph>("unused_params", "static_graph"));
   }
   if (varies("update")) c.push_back(config<ddp::update::sharded>("update", "sharded"));
+  if (varies("comm_hook")) {
+    c.push_back(config<ddp::comm_hook::bf16>("comm_hook", "bf16"));
+    c.push_back(config<ddp::comm_hook::fp16>("comm_hook", "fp16"));
+  }
   return c;
 }
 
@@ -272,7 +278,8 @@ int run_step(const step_params& p) {
                   world, 100 * (parts[0].step / best[0] - 1), parts[0].step * 1e3, best[0] * 1e3);
     out.note(line);
   }
-  out.note("defaults: bucket_cap 25 MiB, buffer_sync broadcast_once_per_step, unused_params forbid, update replicated; "
+  out.note("defaults: bucket_cap 25 MiB, buffer_sync broadcast_once_per_step, unused_params forbid, update replicated, "
+           "comm_hook none; "
            "compute = forward + backward; reduce = the buckets' collectives (they overlap compute); overlap = the "
            "share of them that ran while backward computed; vs_no_sync = step / the same step by hand "
            "(no ddp: forward, loss, backward, SGD with momentum) on as many threads at once, each on its own replica");

@@ -19,6 +19,7 @@ struct config {
   std::string sampler = "distributed";
   std::string optimizer = "sgd";
   std::string update = "replicated";
+  std::string hook = "none";   // how gradients travel: none (f32), bf16 or fp16
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool mapped = false;         // memory-map uncompressed IDX files instead of reading the .gz ones
   std::size_t prefetch = 0;    // batches made ahead on a thread per rank (0: on the rank's thread)

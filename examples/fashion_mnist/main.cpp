@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
                  "Update policy: every rank updates every parameter (replicated), or each updates 1/N of them and "
                  "the ranks gather the result (sharded)")
       ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
+  app.add_option("--hook", c.hook,
+                 "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
+                 "bits (bf16, fp16), half the bytes")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}))->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
   // Each binary runs one platform; a flag value that belongs to another binary says which one.
 #if DDP_EXAMPLE_WITH_TORCH

@@ -176,6 +176,7 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   opt.weight_decay = c.weight_decay;
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
+  trainer.template policy<ddp::comm_hook::slot>().select(c.hook);
   ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
   // --checkpoint DIR: go on from the checkpoint there, if any, and save one after every epoch.
   std::function<void()> save;
@@ -192,7 +193,7 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   run_epochs<Platform, typename Trainer::core_type>(
       trainer, [&] { return trainer.epoch(loader); }, trainer.steps_per_epoch(train_set.size(), c.batch),
       static_cast<int>(trainer.epochs_started()) + 1, save, m, dev, c, test_set, out);
-  if (comm.rank() == 0) out.policies = Trainer::describe_policies();
+  if (comm.rank() == 0) out.policies = trainer.describe();
 }
 
 template <class F>
@@ -227,6 +228,9 @@ void with_optimizer(const std::string& name, F f) {
   else if (name == "adamw") f(ddp::optim::adamw{});
 }
 
+// --hook: chosen at run time inside one trainer type, so it does not multiply the combinations.
+using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16>;
+
 // One rank's training with the trainer type the flags name. Every trainer type shares one
 // trainer_core per communicator (docs/trainer.md), so each of the 192 combinations costs a thin
 // layer, not a copy of the step.
@@ -239,7 +243,7 @@ void train_with_flags(Comm& comm, typename Platform::device& dev, const config& 
         with_sampler(c.sampler, [&](auto sampler) {
           with_optimizer(c.optimizer, [&](auto optimizer) {
             using trainer_t = ddp::trainer<typename Platform::model, decltype(sync), decltype(update), decltype(unused),
-                                           decltype(sampler), decltype(optimizer), ddp::use_communicator<Comm>,
+                                           decltype(sampler), decltype(optimizer), hook_choice, ddp::use_communicator<Comm>,
                                            ddp::use_device<typename Platform::device>>;
             train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
           });

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,6 +75,8 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   const auto j = read_json("step.json");
   check_common(j, "step");
   int no_sync = 0, sharded = 0;
+  std::map<std::string, long long> hooked;
+  std::map<int, long long> plain, no_buffers;
   for (const auto& row : j.at("rows")) {
     CAPTURE(row.dump());
     CHECK(row.at("step(ms)").get<double>() > 0);
@@ -87,10 +90,20 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
     if (row.at("ranks") == 1) CHECK(row.at("bytes/step") == 0);
     if (row.at("ranks") == 2) CHECK(row.at("bytes/step").get<long long>() > 0);
     sharded += row.at("policy") == "sharded";
+    if (row.at("slot") == "comm_hook") hooked[row.at("policy").get<std::string>() + std::to_string(row.at("ranks").get<int>())] =
+        row.at("bytes/step").get<long long>();
+    if (row.at("slot") == "defaults") plain[row.at("ranks").get<int>()] = row.at("bytes/step").get<long long>();
+    if (row.at("policy") == "none") no_buffers[row.at("ranks").get<int>()] = row.at("bytes/step").get<long long>();
   }
   CHECK(no_sync == 2);
   CHECK(sharded == 2);
-  CHECK(j.at("rows").size() == 2 * 11);  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, no sync
+  // A 16-bit hook moves half the bytes of the f32 gradients (buffer_sync none moves those alone),
+  // and the buffers as before.
+  const long long grads = no_buffers.at(2), buffers = plain.at(2) - grads;
+  CHECK(hooked.at("bf162") == grads / 2 + buffers);
+  CHECK(hooked.at("fp162") == grads / 2 + buffers);
+  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, bf16, fp16, no sync
+  CHECK(j.at("rows").size() == 2 * 13);
 }
 
 TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
@@ -108,5 +121,6 @@ TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
   while (header < lines.size() && lines[header].starts_with("#")) ++header;
   REQUIRE(header + 4 < lines.size() + 1);
   CHECK(lines[header] == "setup,samples/s,min,max,vs_1_rank,vs_ceiling");
-  CHECK(lines.size() - header - 1 == 4);  // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank
+  CHECK(lines.size() - header - 1 == 5);  // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank, 2 ranks bf16
+  CHECK(lines.back().starts_with("2 ranks bf16,"));
 }

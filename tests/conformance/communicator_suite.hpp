@@ -14,6 +14,7 @@
 
 #include "expected.hpp"
 #include "ddp/comm/collectives.hpp"
+#include "ddp/host/half.hpp"
 
 namespace conformance {
 
@@ -166,6 +167,73 @@ void reduce_scatter_cases(Comm& comm) {
       }
   reduce_scatter_case<float>(comm, large_bytes / sizeof(float) / comm.size() + 1,
                              ddp::reduce_op::sum, false);
+}
+
+// f16 and bf16, which have no C++ type here: raw 16-bit buffers, converted with the host's
+// formats. Sums of the integer inputs are exact in 16 bits at these world sizes (at most 11 * 8 <
+// 2^8), so sum, min and max must be exact in any summation order; avg is exact at a power-of-two
+// world and within one 16-bit ulp otherwise (a backend may divide before or after the sum).
+template <class Format, class Comm>
+void half_case(Comm& comm, std::size_t n, ddp::reduce_op op, bool scatter, bool in_place) {
+  const int r = comm.rank(), w = comm.size();
+  constexpr ddp::dtype type = Format::type;
+  const std::size_t total = scatter ? n * static_cast<std::size_t>(w) : n;
+  std::vector<std::uint16_t> send(total), recv(n, 0);
+  for (std::size_t i = 0; i < total; ++i) send[i] = Format::to(input<float>(r, i));
+  const std::size_t first = scatter ? n * static_cast<std::size_t>(r) : 0;  // of the result in the inputs
+  if (scatter) {
+    std::uint16_t* out = in_place ? send.data() + first : recv.data();
+    comm.reduce_scatter(ddp::const_buffer{send.data(), total, type}, ddp::mutable_buffer{out, n, type}, op).wait();
+    if (in_place) std::copy_n(send.begin() + static_cast<std::ptrdiff_t>(first), n, recv.begin());
+  } else if (in_place) {
+    comm.all_reduce(ddp::const_buffer{send.data(), n, type}, ddp::mutable_buffer{send.data(), n, type}, op).wait();
+    recv = send;
+  } else {
+    comm.all_reduce(ddp::const_buffer{send.data(), n, type}, ddp::mutable_buffer{recv.data(), n, type}, op).wait();
+  }
+  const bool exact = op != ddp::reduce_op::avg || (w & (w - 1)) == 0;
+  const float ulp = type == ddp::dtype::bf16 ? 0x1p-7f : 0x1p-10f;  // relative, at the top of a binade
+  const char* collective = scatter ? "reduce_scatter " : "all_reduce ";
+  INFO(collective, ddp::name_of(type), " ", ddp::name_of(op), " count ", n,
+       in_place ? " in place" : " out of place", " world ", w, " rank ", r);
+  CHECK(first_mismatch<std::uint16_t>(recv, [&](std::size_t i) -> std::uint16_t {
+          const float want = expected_reduction<float>(w, first + i, op), got = Format::from(recv[i]);
+          if (exact || std::fabs(got - want) > ulp * std::fabs(want)) return Format::to(want);
+          return recv[i];
+        }) == -1);
+}
+
+template <class Comm>
+void half_cases(Comm& comm) {
+  auto each_format = [&](auto format) {
+    using F = decltype(format);
+    for (auto op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min, ddp::reduce_op::max})
+      for (std::size_t n : {0, 1, 7, 1001, 8197})  // 8197: past two of the host's 4096-element chunks
+        for (bool scatter : {false, true})
+          for (bool in_place : {false, true}) half_case<F>(comm, n, op, scatter, in_place);
+    // Moved as bytes: broadcast and all_gather.
+    const int w = comm.size();
+    std::vector<std::uint16_t> b(1001), all(1001 * static_cast<std::size_t>(w));
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = F::to(input<float>(comm.rank(), i));
+    comm.all_gather(ddp::const_buffer{b.data(), b.size(), F::type}, ddp::mutable_buffer{all.data(), all.size(), F::type})
+        .wait();
+    comm.broadcast(ddp::mutable_buffer{b.data(), b.size(), F::type}, w - 1).wait();
+    INFO("all_gather and broadcast of ", ddp::name_of(F::type), " rank ", comm.rank());
+    CHECK(first_mismatch<std::uint16_t>(all, [&](std::size_t i) {
+            return F::to(input<float>(static_cast<int>(i / b.size()), i % b.size()));
+          }) == -1);
+    CHECK(first_mismatch<std::uint16_t>(b, [&](std::size_t i) { return F::to(input<float>(w - 1, i)); }) == -1);
+    // avg keeps a finite average finite: every rank at 2^15 (f16: its largest power of two) or
+    // 2^127 (bf16) averages to it, though the 16-bit sum overflows.
+    const float big = F::type == ddp::dtype::f16 ? 0x1p15f : 0x1p127f;
+    std::vector<std::uint16_t> v(37, F::to(big));
+    comm.all_reduce(ddp::const_buffer{v.data(), v.size(), F::type}, ddp::mutable_buffer{v.data(), v.size(), F::type},
+                    ddp::reduce_op::avg)
+        .wait();
+    CHECK(first_mismatch<std::uint16_t>(v, [&](std::size_t) { return F::to(big); }) == -1);
+  };
+  each_format(ddp::host::bf16_format{});
+  each_format(ddp::host::f16_format{});
 }
 
 // avg keeps a finite average finite: every rank at 2^127 averages to 2^127, though the sum

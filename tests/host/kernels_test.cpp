@@ -39,6 +39,93 @@ TEST_CASE("f16 and bf16 casts round to nearest even and round-trip exactly repre
                        doctest::Contains("source has 2 elements but destination 3"), ddp::error);
 }
 
+TEST_CASE("a cast to 16 bits may scale first, bf16 rounds ties to even and keeps NaN a NaN") {
+  ddp::host::device dev;
+  std::vector<float> x{3.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, std::numeric_limits<float>::quiet_NaN(), -6.0f};
+  std::vector<std::uint16_t> h(x.size());
+  std::vector<float> back(x.size());
+  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::bf16}, 0.5f);
+  dev.cast({h.data(), h.size(), ddp::dtype::bf16}, ddp::as_buffer(std::span<float>(back)));
+  CHECK(back[0] == 1.5f);
+  CHECK(back[1] == 0.5f);                     // (1 + 2^-8) / 2 is a tie: to the even 0.5
+  CHECK(back[2] == 0.5f + 0x1p-7f);           // (1 + 3 * 2^-8) / 2 is a tie: to the even neighbour above
+  CHECK(std::isnan(back[3]));
+  CHECK(back[4] == -3.0f);
+  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::f16}, 0.25f);
+  dev.cast({h.data(), h.size(), ddp::dtype::f16}, ddp::as_buffer(std::span<float>(back)));
+  CHECK(back[0] == 0.75f);
+  CHECK(back[4] == -1.5f);
+  CHECK_THROWS_WITH_AS(dev.cast({h.data(), 1, ddp::dtype::f16}, {back.data(), 1, ddp::dtype::f32}, 2.0f),
+                       doctest::Contains("a factor only from f32"), ddp::error);
+}
+
+TEST_CASE("the x86 16-bit conversions give the portable loops' bits, NaN payloads aside") {
+  // Every 65537th f32 bit pattern, so every exponent, both signs, NaNs, infinities and
+  // subnormals, at a count with a tail past the 8-wide loops.
+  std::vector<float> x;
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 65537) {
+    const auto bits = static_cast<std::uint32_t>(u);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    x.push_back(f);
+  }
+  auto check = [&]<class F>(F) {
+    std::vector<std::uint16_t> fast(x.size()), portable(x.size());
+    ddp::host::narrow<F>(x.data(), fast.data(), x.size(), 0.75f);
+    ddp::host::narrow_loop<F>(x.data(), portable.data(), x.size(), 0.75f);
+    std::vector<float> wide_fast(x.size()), wide_portable(x.size());
+    ddp::host::widen<F>(portable.data(), wide_fast.data(), x.size());
+    ddp::host::widen_loop<F>(portable.data(), wide_portable.data(), x.size());
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const bool nan = std::isnan(F::from(portable[i]));
+      wrong += nan ? !std::isnan(F::from(fast[i])) : fast[i] != portable[i];
+      wrong += nan ? !std::isnan(wide_fast[i])
+                   : std::memcmp(&wide_fast[i], &wide_portable[i], sizeof(float)) != 0;
+    }
+    CAPTURE(ddp::name_of(F::type));
+    CHECK(wrong == 0);
+  };
+  check(ddp::host::bf16_format{});
+  check(ddp::host::f16_format{});
+#if defined(DDP_HALF_X86)
+  // The SSE2 form, which a CPU without AVX2 takes.
+  std::vector<std::uint16_t> sse(x.size()), portable(x.size());
+  ddp::host::half_x86::narrow_bf16(x.data(), sse.data(), x.size(), 0.75f);
+  ddp::host::narrow_loop<ddp::host::bf16_format>(x.data(), portable.data(), x.size(), 0.75f);
+  CHECK(sse == portable);
+#endif
+}
+
+TEST_CASE("16-bit reductions combine in f32 and round once, in every target") {
+  const std::size_t n = 10007, world = 3;
+  std::vector<std::vector<std::uint16_t>> in(world, std::vector<std::uint16_t>(n));
+  std::uint64_t state = 7;
+  for (auto& v : in)
+    for (auto& e : v) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      e = ddp::host::to_bf16(static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) * 0x1p-20f);
+    }
+  std::vector<const std::uint16_t*> sources{in[0].data(), in[1].data(), in[2].data()};
+  for (auto op : {ddp::reduce_op::sum, ddp::reduce_op::avg, ddp::reduce_op::min, ddp::reduce_op::max}) {
+    CAPTURE(ddp::name_of(op));
+    std::vector<std::uint16_t> a(n), b(n);
+    std::vector<std::uint16_t*> targets{a.data(), b.data()};
+    ddp::host::reduce_to_all_half<ddp::host::bf16_format>(sources, targets, n, op, world);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      float acc = ddp::host::from_bf16(in[0][i]);
+      for (std::size_t k = 1; k < world; ++k) {
+        const float x = ddp::host::from_bf16(in[k][i]);
+        acc = op == ddp::reduce_op::min ? std::min(acc, x) : op == ddp::reduce_op::max ? std::max(acc, x) : acc + x;
+      }
+      if (op == ddp::reduce_op::avg) acc /= static_cast<float>(world);
+      wrong += a[i] != ddp::host::to_bf16(acc) || b[i] != a[i];
+    }
+    CHECK(wrong == 0);
+  }
+}
+
 TEST_CASE("sgd with momentum and nesterov follows PyTorch's rule") {
   ddp::host::device dev;
   for (bool nesterov : {false, true}) {

@@ -36,6 +36,11 @@ TEST_CASE("inproc reduce_scatter: every dtype, op and size, in and out of place"
     ddp::inproc::launch(w, [](auto& comm) { conformance::reduce_scatter_cases(comm); });
 }
 
+TEST_CASE("inproc f16 and bf16: all_reduce and reduce_scatter in f32 arithmetic, rounded once, and moved as bytes") {
+  for (int w : world_sizes)
+    ddp::inproc::launch(w, [](auto& comm) { conformance::half_cases(comm); });
+}
+
 TEST_CASE("inproc asynchronous collectives complete in issue order") {
   for (int w : world_sizes)
     ddp::inproc::launch(w, [](auto& comm) { conformance::async_cases(comm); });

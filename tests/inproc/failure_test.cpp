@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <span>
+#include <regex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -207,8 +209,12 @@ TEST_CASE("a rank that arrives as its peers time out passes with them or fails w
     CAPTURE(trial);
     CHECK(passed[0] == passed[1]);
     CHECK(passed[1] == passed[2]);
-    // A timeout names the late rank, even when it was counting itself in as its peers gave up.
-    if (passed[0] == 0) CHECK(timeout_message.find("rank(s) 2 never arrived") != std::string::npos);
+    // A timeout names late ranks of this world, even when one was counting itself in as its peers
+    // gave up: rank 2, and under load (a sanitizer on two busy cores) at times rank 0 or 1 as well,
+    // whose threads had not yet been scheduled when a peer's 2 ms ran out.
+    CAPTURE(timeout_message);
+    if (passed[0] == 0)
+      CHECK(std::regex_search(timeout_message, std::regex("rank\\(s\\) [0-2](, [0-2])* never arrived")));
     (passed[0] == 1 ? passed_together : failed_together) += 1;
   }
   MESSAGE(passed_together << " trials passed together, " << failed_together << " failed together");

@@ -18,6 +18,7 @@ TEST_CASE("mpi reduce_scatter: every dtype, op and size, in and out of place") {
 TEST_CASE("mpi avg: ranks at the largest power of two average to it, not inf") {
   conformance::avg_overflow_cases(mpi_test::comm());
 }
+TEST_CASE("mpi f16 and bf16: reduced by ddp's MPI operations, moved as bytes") { conformance::half_cases(mpi_test::comm()); }
 TEST_CASE("mpi asynchronous collectives complete in issue order") { conformance::async_cases(mpi_test::comm()); }
 TEST_CASE("mpi all_reduce is bitwise identical on every rank and in every run") {
   auto first = conformance::determinism_case(mpi_test::comm());

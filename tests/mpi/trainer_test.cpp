@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include "mpi/world.hpp"
+#include "support/constant_gradient.hpp"
 #include "trainer/equivalence.hpp"
+#include "trainer/hook_bound.hpp"
 
 using namespace equivalence;
 
@@ -32,6 +34,33 @@ TEST_CASE("mpi: update::sharded leaves every process with bitwise the parameters
     CHECK(run_rank<sync, detect, communicator, sharded, ddp::optim::adamw>(comm, how).params ==
           run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
   }
+}
+
+TEST_CASE("mpi: bf16 and fp16 hooks stay within the derived bound, with every step of the sum rounded to 16 bits") {
+  using ddp::mpi::communicator;
+  auto& comm = mpi_test::comm();
+  const int n = comm.size();
+  auto run = [&]<class Hook, class Update>(double u, double absolute) {
+    INFO("hook ", Hook::name, ", update ", Update::name);
+    const auto ref = hook_bound::reference_with_bound(n, hook_bound::rho(n, u, n - 1), 2 * n * absolute);
+    const auto params = run_rank<ddp::buffer_sync::none, ddp::unused_params::forbid, communicator, Update,
+                                 ddp::optim::sgd, test::mlp, Hook>(comm, shape::one_forward)
+                            .params;
+    hook_bound::check(params, ref);
+  };
+  run.template operator()<ddp::comm_hook::bf16, ddp::update::replicated>(0x1p-8, 0.0);
+  run.template operator()<ddp::comm_hook::bf16, ddp::update::sharded>(0x1p-8, 0.0);
+  run.template operator()<ddp::comm_hook::fp16, ddp::update::replicated>(0x1p-11, 0x1p-25);
+}
+
+TEST_CASE("mpi: fp16 divides before the sum, which MPI rounds to f16 at every step") {
+  auto& comm = mpi_test::comm();
+  test::constant_gradient m;
+  ddp::host::device dev;
+  ddp::trainer<test::constant_gradient, ddp::comm_hook::fp16, ddp::use_communicator<ddp::mpi::communicator>> trainer(
+      m, comm, dev, ddp::optim::sgd{.lr = 1.0f});
+  trainer.step([](auto& r) { r.backward(r.forward(40000.0f)); });  // the sum, 40000 N, is past f16's 65504
+  for (float x : m.value) CHECK(x == -40000.0f);
 }
 
 TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)") {

@@ -45,6 +45,7 @@ TEST_CASE("nccl conformance suite on one GPU") {
     conformance::broadcast_cases(s);
     conformance::all_gather_cases(s);
     conformance::reduce_scatter_cases(s);
+    conformance::half_cases(s);
     conformance::async_cases(s);
     CHECK(conformance::determinism_case(s) == conformance::determinism_case(s));
   });

@@ -11,6 +11,7 @@
 
 #include <ddp/policy/bucket_cap.hpp>
 #include <ddp/policy/buffer_sync.hpp>
+#include <ddp/policy/comm_hook.hpp>
 #include <ddp/policy/unused_params.hpp>
 #include <ddp/policy/update.hpp>
 #include <ddp/sampler/sampler.hpp>
@@ -93,5 +94,30 @@ struct reversed_blocks {
     return out;
   }
 };
+
+// [doc: policies.md]
+#include <ddp/policy/comm_hook.hpp>
+
+// CommHook: gradients averaged in f64, which ddp does not ship. The loops run on the host, so
+// this hook is for ddp::host::device, whose memory they may read.
+struct average_in_f64 {
+  using slot = ddp::comm_hook::slot;
+  static constexpr std::string_view name = "average_in_f64";
+  int finished = 0;
+  void reduce(ddp::comm_hook::bucket_io& b) {
+    auto* wide = static_cast<double*>(b.scratch(0, b.size() * sizeof(double)));
+    const float* g = b.gradients();
+    for (std::size_t i = 0; i < b.size(); ++i) wide[i] = g[i];
+    b.reduce_like_gradients({wide, b.size(), ddp::dtype::f64}, ddp::reduce_op::avg);
+  }
+  void finish(ddp::comm_hook::bucket_io& b) {
+    b.wait();
+    const auto* wide = static_cast<const double*>(b.scratch(0, b.size() * sizeof(double)));
+    float* g = b.gradients();
+    for (std::size_t i = b.shard_begin(); i < b.shard_begin() + b.shard(); ++i) g[i] = static_cast<float>(wide[i]);
+    ++finished;
+  }
+};
+// [end doc]
 
 }  // namespace user

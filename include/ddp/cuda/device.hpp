@@ -105,14 +105,20 @@ class device {
     copy_segments(s, const_cast<float*>(bucket), kernels::direction::unpack);
   }
 
-  void cast(const_buffer src, mutable_buffer dst) {
+  void cast(const_buffer src, mutable_buffer dst) { cast(src, dst, 1.0f); }
+  // dst = src * factor, f32 -> f16 / bf16 (the product rounded in f32 first); factor 1 only the other way.
+  void cast(const_buffer src, mutable_buffer dst, float factor) {
     if (src.count != dst.count)
       throw error("cuda", "cast", site_.rank,
                   "source has " + std::to_string(src.count) + " elements but destination " + std::to_string(dst.count));
-    if (src.type == dst.type) return copy(dst.data, src.data, src.bytes());
+    if (factor != 1.0f && src.type != dtype::f32)
+      throw error("cuda", "cast", site_.rank,
+                  "a factor scales only f32 sources, not " + std::string(name_of(src.type)) + "; cast, then scale");
+    if (src.type == dst.type && factor == 1.0f) return copy(dst.data, src.data, src.bytes());
     activate();
     cudaError_t status = cudaSuccess;
-    if (!kernels::cast(src.data, src.type, dst.data, dst.type, src.count, limits_, stream(), status))
+    if (src.type == dst.type ||
+        !kernels::cast(src.data, src.type, dst.data, dst.type, src.count, factor, limits_, stream(), status))
       throw error("cuda", "cast", site_.rank,
                   "no conversion from " + std::string(name_of(src.type)) + " to " + std::string(name_of(dst.type)) +
                       "; cast supports f32 <-> f16 / bf16");

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ddp/cuda/grid.cuh"
@@ -90,8 +91,15 @@ __global__ void sum_partials_kernel(const double* partials, unsigned count, doub
   if (threadIdx.x == 0) *result = total;
 }
 
+// x * factor for f32 sources (the product rounded in f32, then converted); other sources as they are.
+template <class From>
+__device__ From premultiplied(From x, float factor) {
+  if constexpr (std::is_same_v<From, float>) return x * factor;
+  else return x;
+}
+
 template <class From, class To>
-__global__ void cast_kernel(const From* src, To* dst, std::size_t n) {
+__global__ void cast_kernel(const From* src, To* dst, std::size_t n, float factor) {
   const bool vectorized = (reinterpret_cast<std::uintptr_t>(src) % sizeof(quad<From>)) == 0 &&
                           (reinterpret_cast<std::uintptr_t>(dst) % sizeof(quad<To>)) == 0;
   grid_stride(
@@ -100,10 +108,10 @@ __global__ void cast_kernel(const From* src, To* dst, std::size_t n) {
         const quad<From> in = reinterpret_cast<const quad<From>*>(src)[i];
         quad<To> out;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) out.v[k] = convert<From, To>(in.v[k]);
+        for (int k = 0; k < 4; ++k) out.v[k] = convert<From, To>(premultiplied(in.v[k], factor));
         reinterpret_cast<quad<To>*>(dst)[i] = out;
       },
-      [&](std::size_t i) { dst[i] = convert<From, To>(src[i]); });
+      [&](std::size_t i) { dst[i] = convert<From, To>(premultiplied(src[i], factor)); });
 }
 
 }  // namespace device_code
@@ -135,14 +143,14 @@ cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, doub
   return cudaGetLastError();
 }
 
-bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launch_limits limits,
+bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, float factor, launch_limits limits,
           cudaStream_t stream, cudaError_t& status) {
   using namespace device_code;
   status = cudaSuccess;
   if (n == 0) return true;
   // Each conversion's grid from its own kernel's occupancy.
   auto launch = [&]<class From, class To>(const From* in, To* out) {
-    cast_kernel<<<blocks_for(n, limits, cast_kernel<From, To>), threads, 0, stream>>>(in, out, n);
+    cast_kernel<<<blocks_for(n, limits, cast_kernel<From, To>), threads, 0, stream>>>(in, out, n, factor);
   };
   if (from == dtype::f32 && to == dtype::f16)
     launch(static_cast<const float*>(src), static_cast<__half*>(dst));

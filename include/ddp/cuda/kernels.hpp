@@ -32,8 +32,9 @@ cudaError_t scale(float* x, std::size_t n, float factor, launch_limits, cudaStre
 // then one block sums those): the same bits on every run. partials holds sum_of_squares_blocks.
 inline constexpr unsigned sum_of_squares_blocks = 256;
 cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, double* result, cudaStream_t);
-// f32 <-> f16 / bf16, n elements; false (nothing launched) for another pair of dtypes.
-bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, launch_limits, cudaStream_t,
+// dst = src * factor, f32 -> f16 / bf16 (the product rounded in f32 first), or f16 / bf16 -> f32
+// (factor ignored: the caller passes 1), n elements; false (nothing launched) for another pair.
+bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, float factor, launch_limits, cudaStream_t,
           cudaError_t& status);
 // An optimizer's element rule (ddp/optim/optimizer.hpp) per segment: parameter s.tensor, gradient
 // at grad + s.offset, state slot k at state + k * stride + s.offset. Defined in

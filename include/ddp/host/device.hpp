@@ -43,34 +43,30 @@ class device {
   void pack(std::span<const segment> s, float* bucket) { host::pack(s, bucket); }
   void unpack(std::span<const segment> s, const float* bucket) { host::unpack(s, bucket); }
 
-  void cast(const_buffer src, mutable_buffer dst) {
+  void cast(const_buffer src, mutable_buffer dst) { cast(src, dst, 1.0f); }
+  // dst = src * factor, f32 -> f16 / bf16 (the product rounded once more to 16 bits); factor 1
+  // only the other way.
+  void cast(const_buffer src, mutable_buffer dst, float factor) {
     if (src.count != dst.count)
       throw error("host", "cast", -1,
                   "source has " + std::to_string(src.count) + " elements but destination " +
                       std::to_string(dst.count));
     const auto n = src.count;
-    if (src.type == dtype::f32 && dst.type == dtype::bf16) {
-      auto s = static_cast<const float*>(src.data);
-      auto d = static_cast<std::uint16_t*>(dst.data);
-      for (std::size_t i = 0; i < n; ++i) d[i] = to_bf16(s[i]);
-    } else if (src.type == dtype::f32 && dst.type == dtype::f16) {
-      auto s = static_cast<const float*>(src.data);
-      auto d = static_cast<std::uint16_t*>(dst.data);
-      for (std::size_t i = 0; i < n; ++i) d[i] = to_f16(s[i]);
-    } else if (src.type == dtype::bf16 && dst.type == dtype::f32) {
-      auto s = static_cast<const std::uint16_t*>(src.data);
-      auto d = static_cast<float*>(dst.data);
-      for (std::size_t i = 0; i < n; ++i) d[i] = from_bf16(s[i]);
-    } else if (src.type == dtype::f16 && dst.type == dtype::f32) {
-      auto s = static_cast<const std::uint16_t*>(src.data);
-      auto d = static_cast<float*>(dst.data);
-      for (std::size_t i = 0; i < n; ++i) d[i] = from_f16(s[i]);
-    } else if (src.type == dst.type) {
+    if (src.type == dtype::f32 && is_half(dst.type)) {
+      visit_half_dtype(dst.type, [&]<class F>(F) {
+        narrow<F>(static_cast<const float*>(src.data), static_cast<std::uint16_t*>(dst.data), n, factor);
+      });
+    } else if (is_half(src.type) && dst.type == dtype::f32 && factor == 1.0f) {
+      visit_half_dtype(src.type, [&]<class F>(F) {
+        widen<F>(static_cast<const std::uint16_t*>(src.data), static_cast<float*>(dst.data), n);
+      });
+    } else if (src.type == dst.type && factor == 1.0f) {
       copy(dst.data, src.data, src.bytes());
     } else {
       throw error("host", "cast", -1,
                   "no conversion from " + std::string(name_of(src.type)) + " to " +
-                      std::string(name_of(dst.type)) + "; cast supports f32 <-> f16 / bf16");
+                      std::string(name_of(dst.type)) + (factor == 1.0f ? "" : " with a factor") +
+                      "; cast supports f32 <-> f16 / bf16, and a factor only from f32");
     }
   }
 

@@ -18,6 +18,7 @@
 #include "ddp/core/reduce_op.hpp"
 #include "ddp/core/segment.hpp"
 #include "ddp/core/vectorize.hpp"
+#include "ddp/host/half.hpp"
 
 namespace ddp::host {
 
@@ -280,50 +281,42 @@ void elementwise(std::span<const segment> segments, const float* grad, float* st
   }
 }
 
-// IEEE binary16 and bfloat16 conversions, round to nearest even.
-inline std::uint16_t to_bf16(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-inline float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline std::uint16_t to_f16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  std::uint32_t mag = x & 0x7fffffffu;
-  if (mag > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
-  if (mag >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow: inf
-  if (mag < 0x38800000u) {  // subnormal or zero in half
-    const float a = std::fabs(f) * 16777216.0f;  // 2^24: units of the smallest subnormal
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(a)));
+// reduce_to_all for 16-bit data: every source widened to f32 and combined in a fixed order (index
+// 0 first), avg divided in f32, and each result rounded once. So no partial sum is rounded to 16
+// bits, and a sum past the 16-bit range cannot overflow before the division: where even the f32
+// sum overflowed while every input was finite, the element is summed again from inputs divided
+// first. A target may alias a source.
+template <class Format>
+void reduce_to_all_half(std::span<const std::uint16_t* const> sources, std::span<std::uint16_t* const> targets,
+                        std::size_t n, reduce_op op, std::size_t world) {
+  constexpr std::size_t chunk = 4096;
+  alignas(64) float acc[chunk];
+  alignas(64) float next[chunk];
+  alignas(64) std::uint16_t rounded[chunk];
+  const float divisor = static_cast<float>(world);
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t len = std::min(chunk, n - begin);
+    widen<Format>(sources[0] + begin, acc, len);
+    for (std::size_t k = 1; k < sources.size(); ++k) {
+      widen<Format>(sources[k] + begin, next, len);
+      accumulate(acc, next, len, op);
+    }
+    if (op == reduce_op::avg && divide_and_find_nonfinite(acc, len, divisor)) {
+      for (std::size_t i = 0; i < len; ++i) {
+        if (!std::isinf(acc[i])) continue;
+        float again = 0.0f;
+        bool finite = true;
+        for (const std::uint16_t* s : sources) {
+          const float x = Format::from(s[begin + i]);
+          finite = finite && std::isfinite(x);
+          again += x / divisor;
+        }
+        if (finite) acc[i] = again;
+      }
+    }
+    narrow<Format>(acc, rounded, len, 1.0f);
+    for (std::uint16_t* t : targets) std::memcpy(t + begin, rounded, len * sizeof(std::uint16_t));
   }
-  const std::uint32_t rounded = mag + 0xfffu + ((mag >> 13) & 1u);
-  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
-}
-inline float from_f16(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(mant), -24);
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u |= sign;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  const std::uint32_t u = exp == 0x1f ? (sign | 0x7f800000u | (mant << 13))
-                                      : (sign | ((exp + 112u) << 23) | (mant << 13));
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 }  // namespace ddp::host

@@ -159,23 +159,42 @@ class communicator {
       if (n && slots[0]->send != slots[0]->recv) std::memcpy(slots[0]->recv, slots[0]->send, n * size_of(type));
       return;
     }
+    if (host::is_half(type)) {
+      host::visit_half_dtype(type, [&]<class F>(F) {
+        reduce_slice_as<std::uint16_t>(slots, n, type, op, block, all, [](auto sources, auto targets, auto len,
+                                                                         auto o, auto w) {
+          host::reduce_to_all_half<F>(sources, targets, len, o, w);
+        });
+      });
+      return;
+    }
     visit_host_dtype(type, [&]<class T>(T) {
-      std::vector<const T*> sources(size());
-      std::vector<T*> targets;
-      std::size_t begin = 0, len = n;
-      if (all) {
-        const auto [b, e] = my_slice(n, type);
-        begin = b;
-        len = e - b;
-        for (int k = 0; k < size(); ++k) targets.push_back(static_cast<T*>(slots[k]->recv) + begin);
-      } else {
-        begin = static_cast<std::size_t>(block) * n;
-        targets.push_back(static_cast<T*>(slots[rank_]->recv));
-      }
-      if (len == 0) return;
-      for (int k = 0; k < size(); ++k) sources[k] = static_cast<const T*>(slots[k]->send) + begin;
-      host::reduce_to_all<T>(sources, targets, len, op, static_cast<std::size_t>(size()));
+      reduce_slice_as<T>(slots, n, type, op, block, all, [](auto sources, auto targets, auto len, auto o, auto w) {
+        host::reduce_to_all<T>(sources, targets, len, o, w);
+      });
     });
+  }
+
+  // reduce_slice over elements of type T, with `reduce(sources, targets, len, op, world)`.
+  template <class T, class Reduce>
+  void reduce_slice_as(const std::vector<slot*>& slots, std::size_t n, dtype type, reduce_op op, int block, bool all,
+                       const Reduce& reduce) const {
+    std::vector<const T*> sources(size());
+    std::vector<T*> targets;
+    std::size_t begin = 0, len = n;
+    if (all) {
+      const auto [b, e] = my_slice(n, type);
+      begin = b;
+      len = e - b;
+      for (int k = 0; k < size(); ++k) targets.push_back(static_cast<T*>(slots[k]->recv) + begin);
+    } else {
+      begin = static_cast<std::size_t>(block) * n;
+      targets.push_back(static_cast<T*>(slots[rank_]->recv));
+    }
+    if (len == 0) return;
+    for (int k = 0; k < size(); ++k) sources[k] = static_cast<const T*>(slots[k]->send) + begin;
+    reduce(std::span<const T* const>(sources), std::span<T* const>(targets), len, op,
+           static_cast<std::size_t>(size()));
   }
 
   std::shared_ptr<inproc::world> world_;

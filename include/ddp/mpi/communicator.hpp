@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <chrono>
 #include <climits>
@@ -46,10 +47,53 @@ inline MPI_Datatype datatype_of(dtype t) {
     case dtype::i32: return MPI_INT32_T;
     case dtype::i64: return MPI_INT64_T;
     case dtype::u8: return MPI_UINT8_T;
-    default: break;
+    case dtype::f16: case dtype::bf16: return MPI_UINT16_T;  // reduced by half_ops, never by MPI's own
   }
-  throw error("mpi", "datatype", -1, "dtype " + std::string(name_of(t)) + " has no MPI reduction here; cast to f32");
+  throw error("mpi", "datatype", -1, "dtype " + std::string(name_of(t)) + " has no MPI datatype here");
 }
+
+// MPI has no 16-bit floating types: f16 and bf16 travel as MPI_UINT16_T and are reduced by
+// operations of ours, which widen each pair to f32, combine and round once.
+class half_ops {
+ public:
+  half_ops() {
+    create<host::bf16_format>(bf16_);
+    create<host::f16_format>(f16_);
+  }
+  half_ops(const half_ops&) = delete;
+  half_ops& operator=(const half_ops&) = delete;
+  ~half_ops() {
+    for (auto* ops : {&bf16_, &f16_})
+      for (MPI_Op& op : *ops) MPI_Op_free(&op);
+  }
+  MPI_Op get(dtype t, reduce_op op) const {
+    const auto& ops = t == dtype::bf16 ? bf16_ : f16_;
+    switch (op) {
+      case reduce_op::min: return ops[1];
+      case reduce_op::max: return ops[2];
+      default: return ops[0];  // sum, and avg (divided by the caller)
+    }
+  }
+
+ private:
+  template <class Format, reduce_op Op>
+  static void combine(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const std::uint16_t*>(in);
+    auto* b = static_cast<std::uint16_t*>(inout);
+    for (int i = 0; i < *len; ++i) {
+      const float x = Format::from(a[i]), y = Format::from(b[i]);
+      const float r = Op == reduce_op::min ? (x < y ? x : y) : Op == reduce_op::max ? (x > y ? x : y) : x + y;
+      b[i] = Format::to(r);
+    }
+  }
+  template <class Format>
+  static void create(std::array<MPI_Op, 3>& ops) {
+    MPI_Op_create(&combine<Format, reduce_op::sum>, 1, &ops[0]);
+    MPI_Op_create(&combine<Format, reduce_op::min>, 1, &ops[1]);
+    MPI_Op_create(&combine<Format, reduce_op::max>, 1, &ops[2]);
+  }
+  std::array<MPI_Op, 3> bf16_{}, f16_{};
+};
 
 inline MPI_Op op_of(reduce_op op) {
   switch (op) {
@@ -73,6 +117,7 @@ class communicator {
       throw error("mpi", "communicator", -1,
                   "MPI is not initialised: create a ddp::mpi::environment first (in main, before any "
                   "communicator)");
+    half_ops_.emplace();
     check(MPI_Comm_dup(parent, &comm_), "comm_dup", -1);
     check(MPI_Comm_dup(parent, &roll_), "comm_dup", -1);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -107,14 +152,19 @@ class communicator {
   // 2^127, not inf) and otherwise has the bits of sum-then-divide, as the in-process backend: at
   // a power-of-two world each rank's contribution is divided before the sum (exact, so the same
   // bits); at any other world the sum is divided, and an element whose sum overflowed is summed
-  // again from divided contributions (average_after_sum). Integers sum, then divide.
+  // again from divided contributions (average_after_sum). Integers sum, then divide. f16 and bf16
+  // (half_ops) divide every contribution first, then sum, rounding to 16 bits at each step.
   work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
     return submit("all_reduce", [=, this](const char* name) {
       require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
       const int n = count(send.count, name);
       const auto sum = [&](const void* in, void* out) {
-        check(MPI_Allreduce(in, out, n, datatype_of(send.type), MPI_SUM, comm_), name, rank_);
+        check(MPI_Allreduce(in, out, n, datatype_of(send.type), op_for(send.type, reduce_op::sum), comm_), name, rank_);
       };
+      if (op == reduce_op::avg && host::is_half(send.type)) {  // a 16-bit sum overflows sooner: divide first
+        sum(divided(send), recv.data);
+        return;
+      }
       if (op == reduce_op::avg && is_floating(send.type)) {
         if (power_of_two_world()) {
           if (send.data != recv.data) std::memcpy(recv.data, send.data, send.bytes());
@@ -128,7 +178,7 @@ class communicator {
         return;
       }
       const void* in = send.data == recv.data ? MPI_IN_PLACE : send.data;
-      check(MPI_Allreduce(in, recv.data, n, datatype_of(send.type), op_of(op), comm_), name, rank_);
+      check(MPI_Allreduce(in, recv.data, n, datatype_of(send.type), op_for(send.type, op), comm_), name, rank_);
       if (op == reduce_op::avg) divide(recv);  // integers: sum, then divide
     });
   }
@@ -162,16 +212,20 @@ class communicator {
       const mutable_buffer out{in_place ? scratch_.data() : recv.data, recv.count, recv.type};
       const int n = count(recv.count, name);
       const auto sum = [&](const void* in, void* to) {
-        check(MPI_Reduce_scatter_block(in, to, n, datatype_of(send.type), MPI_SUM, comm_), name, rank_);
+        check(MPI_Reduce_scatter_block(in, to, n, datatype_of(send.type), op_for(send.type, reduce_op::sum), comm_), name,
+              rank_);
       };
-      if (op == reduce_op::avg && is_floating(send.type)) {  // as all_reduce
+      if (op == reduce_op::avg && host::is_half(send.type)) {  // as all_reduce
+        sum(divided(send), out.data);
+      } else if (op == reduce_op::avg && is_floating(send.type)) {  // as all_reduce
         if (power_of_two_world()) {
           sum(divided(send), out.data);
         } else {
           average_after_sum(send, out, sum);
         }
       } else {
-        check(MPI_Reduce_scatter_block(send.data, out.data, n, datatype_of(send.type), op_of(op), comm_), name, rank_);
+        check(MPI_Reduce_scatter_block(send.data, out.data, n, datatype_of(send.type), op_for(send.type, op), comm_), name,
+              rank_);
         if (op == reduce_op::avg) divide(out);
       }
       if (in_place) std::memcpy(recv.data, scratch_.data(), recv.bytes());
@@ -224,7 +278,15 @@ class communicator {
 
   static bool is_floating(dtype t) { return t == dtype::f32 || t == dtype::f64; }
 
+  MPI_Op op_for(dtype t, reduce_op op) const { return host::is_half(t) ? half_ops_->get(t, op) : op_of(op); }
+
   void divide(mutable_buffer b) const {
+    if (host::is_half(b.type)) {
+      host::visit_half_dtype(b.type, [&]<class F>(F) {
+        host::divide_half<F>(static_cast<std::uint16_t*>(b.data), b.count, static_cast<float>(size_));
+      });
+      return;
+    }
     visit_host_dtype(b.type, [&]<class T>(T) { host::divide(static_cast<T*>(b.data), b.count, static_cast<T>(size_)); });
   }
 
@@ -363,6 +425,7 @@ class communicator {
   bool can_roll_call_ = false;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   options options_;
+  std::optional<half_ops> half_ops_;  // made once MPI is known to be initialised
   std::uint64_t next_sequence_ = 0;
   // In-place reduce_scatter's result before it is copied into place; kept between calls (a
   // sharded update does one per bucket per step). Operations run one at a time, in issue order.

@@ -1,19 +1,26 @@
 #pragma once
 // One gradient bucket: its memory, its layout (which part this rank updates, from the update
-// policy), and the collectives the update policy issues on it (update::bucket_ops).
+// policy), and the collectives the update policy issues on it (update::bucket_ops). A
+// communication hook (ddp/policy/comm_hook.hpp) carries the gradients' reduction; it sees the
+// bucket through comm_hook::bucket_io.
 //
 // Layout of grads (and of values, when the update policy gathers parameters): the parameters'
 // slots in [0, numel), zero padding up to `padded`, then `control` floats (the unused-parameter
 // policy's, last bucket only). This rank updates [shard_begin, shard_begin + shard).
 #include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/device_array.hpp"
+#include "ddp/core/error.hpp"
 #include "ddp/core/segment.hpp"
+#include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/update.hpp"
+#include "ddp/trainer/parts.hpp"
 
 namespace ddp::detail {
 
@@ -23,6 +30,9 @@ struct bucket final : update::bucket_ops {
 
   Comm* comm = nullptr;
   Device* device = nullptr;
+  comm_hook_part* hook = nullptr;
+  const std::uint64_t* steps = nullptr;  // the trainer's step count
+  std::size_t index = 0;
   bool binds_values = false;  // the module keeps its parameters in `values`
 
   std::vector<std::size_t> params;
@@ -36,23 +46,22 @@ struct bucket final : update::bucket_ops {
   device_array<Device, float> state;   // optimizer state of the shard: state_slots * shard floats
   device_array<Device, float> values;  // gathered parameters, when the update policy gathers
   std::vector<segment> value_segments;  // module value <-> values
+  std::vector<device_array<Device, float>> hook_scratch;  // the hook's (before the works: freed after them)
   std::size_t pending = 0;              // parameters still to report ready in this backward
-  std::optional<work_type> work;          // the gradients' reduction
+  std::optional<work_type> work;          // the gradients' reduction (the hook's first collective)
+  std::vector<work_type> more;            // the hook's further collectives in this step
   std::optional<work_type> control_work;  // the control floats', when not part of `work`
   std::optional<work_type> gather;        // the updated parameters' all_gather
 
-  void all_reduce_gradients() override {
-    float* g = grads.data();
-    work.emplace(comm->all_reduce(const_buffer{g, padded + control, dtype::f32},
-                                  mutable_buffer{g, padded + control, dtype::f32}, reduce_op::avg));
-  }
-  void reduce_scatter_gradients() override {
-    float* g = grads.data();
-    work.emplace(comm->reduce_scatter(const_buffer{g, padded, dtype::f32},
-                                      mutable_buffer{g + shard_begin, shard, dtype::f32}, reduce_op::avg));
-    if (control)
-      control_work.emplace(comm->all_reduce(const_buffer{g + padded, control, dtype::f32},
-                                            mutable_buffer{g + padded, control, dtype::f32}, reduce_op::avg));
+  void all_reduce_gradients() override { start_reduction(false); }
+  void reduce_scatter_gradients() override { start_reduction(true); }
+
+  // Waits for the reduction and lets the hook complete it: the averaged gradients are in place.
+  void complete_reduction() {
+    hook_view io(*this);
+    io.wait();
+    if (control_work) control_work->wait();
+    hook->finish(io);
   }
   void all_gather_parameters() override {
     float* v = values.data();
@@ -73,11 +82,19 @@ struct bucket final : update::bucket_ops {
 
   // Waits for every collective in flight, ignoring failures (a step that failed half-way).
   void drain() noexcept {
+    auto quietly = [](work_type& w) {
+      try {
+        w.wait();
+      } catch (...) {
+      }
+    };
     for (auto* w : {&work, &control_work, &gather})
-      if (*w) try {
-          (*w)->wait();
-        } catch (...) {
-        }
+      if (*w) quietly(**w);
+    for (auto& w : more) quietly(w);
+  }
+
+  void clear_works() {
+    work.reset(), more.clear(), control_work.reset(), gather.reset();
   }
 
   // The part of a segment (offset in the bucket) inside this rank's shard: where its values start,
@@ -88,6 +105,94 @@ struct bucket final : update::bucket_ops {
     if (end <= begin) return {s.tensor, 0, 0};
     return {s.tensor + (begin - s.offset), begin - shard_begin, end - begin};
   }
+
+ private:
+  // The update policy asked for the gradients' reduction: all of them (all_reduce) or this
+  // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,
+  // unless the hook chose the plain reduction, which carries them in its own collective.
+  void start_reduction(bool scatter) {
+    scatters = scatter;
+    control_in_reduction = false;
+    hook_view io(*this);
+    hook->reduce(io);
+    if (control && !control_in_reduction) {
+      float* c = grads.data() + padded;
+      control_work.emplace(comm->all_reduce(const_buffer{c, control, dtype::f32}, mutable_buffer{c, control, dtype::f32},
+                                            reduce_op::avg));
+    }
+  }
+
+  void track(work_type w) {
+    if (!work) work.emplace(std::move(w));
+    else more.push_back(std::move(w));
+  }
+
+  // The bucket as its hook sees it, for one call.
+  struct hook_view final : comm_hook::bucket_io {
+    bucket& b;
+    explicit hook_view(bucket& owner) : b(owner) {}
+    std::size_t index() const noexcept override { return b.index; }
+    std::uint64_t step() const noexcept override { return *b.steps; }
+    int rank() const noexcept override { return b.comm->rank(); }
+    int ranks() const noexcept override { return b.comm->size(); }
+    float* gradients() noexcept override { return b.grads.data(); }
+    std::size_t size() const noexcept override { return b.padded; }
+    std::size_t shard_begin() const noexcept override { return b.scatters ? b.shard_begin : 0; }
+    std::size_t shard() const noexcept override { return b.scatters ? b.shard : b.padded; }
+    void* scratch(int slot, std::size_t bytes) override {
+      const auto k = static_cast<std::size_t>(slot);
+      if (b.hook_scratch.size() <= k) b.hook_scratch.resize(k + 1);
+      auto& a = b.hook_scratch[k];
+      const std::size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+      if (a.size() != floats) {
+        a = device_array<Device, float>(*b.device, floats);
+        b.device->fill_zero(a.data(), floats * sizeof(float));
+      }
+      return a.data();
+    }
+    void cast(const_buffer from, mutable_buffer to, float factor) override {
+      if constexpr (requires { b.device->cast(from, to, factor); }) {
+        b.device->cast(from, to, factor);
+      } else {  // a device without the fused form: the source (this bucket's gradients) is scaled in place
+        if (factor != 1.0f) b.device->scale(static_cast<float*>(const_cast<void*>(from.data)), from.count, factor);
+        b.device->cast(from, to);
+      }
+    }
+    void reduce_gradients() override {
+      float* g = b.grads.data();
+      if (b.scatters) {
+        b.track(b.comm->reduce_scatter(const_buffer{g, b.padded, dtype::f32},
+                                       mutable_buffer{g + b.shard_begin, b.shard, dtype::f32}, reduce_op::avg));
+      } else {
+        const std::size_t n = b.padded + b.control;
+        b.track(b.comm->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
+        b.control_in_reduction = true;
+      }
+    }
+    void reduce_like_gradients(mutable_buffer x, reduce_op op) override {
+      if (x.count != b.padded)
+        throw error("comm_hook", "reduce_like_gradients", b.comm->rank(),
+                    "bucket " + std::to_string(b.index) + " has " + std::to_string(b.padded) +
+                        " gradient elements, but the buffer given has " + std::to_string(x.count) +
+                        "; give one laid out as gradients(), of size() elements");
+      if (b.scatters) {
+        auto* shard = static_cast<char*>(x.data) + b.shard_begin * size_of(x.type);
+        b.track(b.comm->reduce_scatter(const_buffer{x.data, b.padded, x.type}, mutable_buffer{shard, b.shard, x.type}, op));
+      } else {
+        b.track(b.comm->all_reduce(const_buffer{x.data, b.padded, x.type}, mutable_buffer{x.data, b.padded, x.type}, op));
+      }
+    }
+    void all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) override {
+      b.track(b.comm->all_reduce(send, recv, op));
+    }
+    void wait() override {
+      if (b.work) b.work->wait();
+      for (auto& w : b.more) w.wait();
+    }
+  };
+
+  bool scatters = false;              // this step's reduction is the update policy's reduce_scatter
+  bool control_in_reduction = false;  // the control floats ride in `work`
 };
 
 }  // namespace ddp::detail

@@ -15,6 +15,7 @@
 #include "ddp/optim/parameter_group.hpp"
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/buffer_sync.hpp"
+#include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 
@@ -94,6 +95,23 @@ struct update_adapter final : update_part {
   void finish(update::bucket_ops& b) override { policy.finish(b); }
 };
 
+struct comm_hook_part {
+  virtual std::string_view name() const noexcept = 0;
+  virtual void reduce(comm_hook::bucket_io&) = 0;
+  virtual void finish(comm_hook::bucket_io&) = 0;
+
+ protected:
+  ~comm_hook_part() = default;
+};
+
+template <comm_hook::policy P>
+struct comm_hook_adapter final : comm_hook_part {
+  P policy;
+  std::string_view name() const noexcept override { return P::name; }
+  void reduce(comm_hook::bucket_io& b) override { policy.reduce(b); }
+  void finish(comm_hook::bucket_io& b) override { policy.finish(b); }
+};
+
 struct bucket_part {
   virtual bucket_plan plan(std::span<const std::size_t> numels) const = 0;
 
@@ -153,6 +171,7 @@ struct trainer_parts_ref {
   buffer_sync_part& buffer_sync;
   unused_params_part& unused_params;
   update_part& update;
+  comm_hook_part& comm_hook;
   const bucket_part& buckets;
   optimizer_part<Device>& optimizer;
 };

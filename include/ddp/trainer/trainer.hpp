@@ -32,6 +32,7 @@
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/buffer_sync.hpp"
+#include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/engine.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
@@ -49,7 +50,7 @@ struct trainer_options {
 
 using trainer_slots =
     policy::slot_list<buffer_sync::slot, unused_params::slot, sampler::slot, bucket_cap_detail::slot, optim::slot,
-                      update::slot, engine_detail::communicator_slot, engine_detail::device_slot>;
+                      update::slot, comm_hook::slot, engine_detail::communicator_slot, engine_detail::device_slot>;
 
 namespace detail {
 
@@ -63,6 +64,8 @@ template <class P>
 struct slot_check<unused_params::slot, P> : std::bool_constant<unused_params::diagnose<P>()> {};
 template <class P>
 struct slot_check<update::slot, P> : std::bool_constant<update::diagnose<P>()> {};
+template <class P>
+struct slot_check<comm_hook::slot, P> : std::bool_constant<comm_hook::diagnose<P>()> {};
 template <class P>
 struct slot_check<bucket_cap_detail::slot, P> : std::bool_constant<bucket_cap_detail::diagnose<P>()> {};
 template <class P>
@@ -93,13 +96,15 @@ struct trainer_policies {
   using buckets = get<bucket_cap_detail::slot>;
   using optimizer = get<optim::slot>;
   using update = get<ddp::update::slot>;
+  using comm_hook = get<ddp::comm_hook::slot>;
   using communicator = typename get<engine_detail::communicator_slot>::type;
   using device = typename get<engine_detail::device_slot>::type;
 
   static constexpr bool valid =
       engine_detail::diagnose_communicator_slot<communicator>() && engine_detail::diagnose_device_slot<device>() &&
       slot_check<ddp::buffer_sync::slot, buffer_sync>::value && slot_check<ddp::unused_params::slot, unused_params>::value &&
-      slot_check<ddp::update::slot, update>::value && slot_check<bucket_cap_detail::slot, buckets>::value &&
+      slot_check<ddp::update::slot, update>::value && slot_check<ddp::comm_hook::slot, comm_hook>::value &&
+      slot_check<bucket_cap_detail::slot, buckets>::value &&
       slot_check<optim::slot, optimizer>::value && slot_check<ddp::sampler::slot, sampler>::value;
   static constexpr bool needs_reports() {
     if constexpr (requires { unused_params::needs_ready_reports; }) return unused_params::needs_ready_reports;
@@ -129,10 +134,11 @@ struct trainer_part_holder {
   buffer_sync_adapter<typename P::buffer_sync> buffer_sync;
   unused_params_adapter<typename P::unused_params> unused_params;
   update_adapter<typename P::update> update;
+  comm_hook_adapter<typename P::comm_hook> comm_hook;
   bucket_adapter<typename P::buckets> buckets;
   optimizer_adapter<typename P::optimizer, typename P::device> optimizer;
 
-  trainer_parts_ref<typename P::device> parts() { return {buffer_sync, unused_params, update, buckets, optimizer}; }
+  trainer_parts_ref<typename P::device> parts() { return {buffer_sync, unused_params, update, comm_hook, buckets, optimizer}; }
 };
 // An invalid policy list has already failed with its slot's message: build nothing from it.
 template <class P>
@@ -156,6 +162,7 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
   using bucket_policy = typename policies::buckets;
   using optimizer_type = typename policies::optimizer;
   using update_policy = typename policies::update;
+  using comm_hook_policy = typename policies::comm_hook;
   using typename core_type::communicator_type;
   using typename core_type::device_type;
   static_assert(optim::applies_update<optimizer_type>() || !update_policy::gathers_parameters,
@@ -175,6 +182,7 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     if constexpr (std::is_same_v<Slot, buffer_sync::slot>) return holder::buffer_sync.policy;
     else if constexpr (std::is_same_v<Slot, unused_params::slot>) return holder::unused_params.policy;
     else if constexpr (std::is_same_v<Slot, update::slot>) return holder::update.policy;
+    else if constexpr (std::is_same_v<Slot, comm_hook::slot>) return holder::comm_hook.policy;
     else if constexpr (std::is_same_v<Slot, bucket_cap_detail::slot>) return holder::buckets.policy;
     else if constexpr (std::is_same_v<Slot, optim::slot>) return holder::optimizer.optimizer;
     else static_assert(std::is_same_v<Slot, buffer_sync::slot>, "ddp: policy<Slot>(): no such slot in a trainer");
@@ -226,24 +234,39 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     epoch_length_.reset();
   }
 
-  static std::string describe_policies() { return describe_slots(/*with_communicator=*/true); }
+  // "slot=name, ..." of the policy types.
+  static std::string describe_policies() {
+    return describe_slots(/*with_communicator=*/true, type_hook_name());
+  }
+  // The same, with choices made at run time (the hook a comm_hook::one_of selected).
+  std::string describe() const { return describe_slots(/*with_communicator=*/true, hook_name()); }
 
  private:
   core_type& core() noexcept { return *this; }
 
+  // A hook is named unless it is none, so that checkpoints without one keep matching.
+  static std::string type_hook_name() {
+    return std::is_same_v<comm_hook_policy, comm_hook::none> ? "" : std::string(comm_hook_policy::name);
+  }
+  std::string hook_name() const {
+    if constexpr (requires { holder::comm_hook.policy.describe(); }) return holder::comm_hook.policy.describe();
+    else return type_hook_name();
+  }
+
   // "slot=name, ..." of every slot; a checkpoint must match all but the communicator (a run
   // saved in-process may go on under mpirun).
-  static std::string describe_slots(bool with_communicator) {
+  static std::string describe_slots(bool with_communicator, const std::string& hook) {
     const std::string bucket_cap = bucket_policy{}.describe();
     return detail::describe_policies({{"buffer_sync", buffer_sync_policy::name},
                                       {"unused_params", unused_params_policy::name},
                                       {"bucket_cap", bucket_cap},
                                       {"optimizer", optimizer_type::name},
                                       {"update", update_policy::name},
+                                      {"comm_hook", hook},
                                       {"communicator", with_communicator ? communicator_type::backend_name : ""},
                                       {"sampler", sampler_policy::name}});
   }
-  static std::string checkpoint_policies() { return describe_slots(/*with_communicator=*/false); }
+  std::string checkpoint_policies() const { return describe_slots(/*with_communicator=*/false, hook_name()); }
   detail::run_position position() const {
     const std::uint64_t taken = this->micro_batches_run() - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,

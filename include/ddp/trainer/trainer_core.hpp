@@ -430,6 +430,9 @@ class trainer_core {
       auto& bk = buckets_[b];
       bk.comm = &comm_;
       bk.device = &device_;
+      bk.hook = &parts_.comm_hook;
+      bk.steps = &steps_;
+      bk.index = b;
       bk.binds_values = binds_values;
       bk.params = plan.buckets[b];
       bk.numel = plan.sizes[b];
@@ -682,10 +685,7 @@ class trainer_core {
     next_launch_ = buckets_.size();
     {
       detail::timeline_span span(timeline_, "wait for reductions", steps_);
-      for (auto& bk : buckets_) {
-        bk.work->wait();
-        if (bk.control_work) bk.control_work->wait();
-      }
+      for (auto& bk : buckets_) bk.complete_reduction();
     }
     if (timeline_) record_reductions();
   }
@@ -698,7 +698,9 @@ class trainer_core {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto begin = launched_[b], end = seen;
       std::string name = "bucket " + std::to_string(b) + " " + std::string(parts_.update.name()) + " reduction";
+      if (parts_.comm_hook.name() != comm_hook::none::name) name += " (" + std::string(parts_.comm_hook.name()) + ")";
       if constexpr (timed_work_handle<typename bucket::work_type>) {
+        if (!buckets_[b].work) continue;  // a hook that kept this bucket's gradients local
         begin = buckets_[b].work->started(), end = buckets_[b].work->finished();
       } else {
         name += " (launch to wait)";
@@ -712,6 +714,7 @@ class trainer_core {
     if constexpr (timed_work_handle<typename bucket::work_type>) {
       overlap_.measured = true;
       for (auto& bk : buckets_) {
+        if (!bk.work) continue;
         const auto start = bk.work->started(), finish = bk.work->finished();
         overlap_.reduction_seconds += std::chrono::duration<double>(finish - start).count();
         const auto cut = std::min(finish, backward_done_);
@@ -756,7 +759,7 @@ class trainer_core {
   }
 
   void end_step() {
-    for (auto& bk : buckets_) bk.work.reset(), bk.control_work.reset(), bk.gather.reset();
+    for (auto& bk : buckets_) bk.clear_works();
     next_launch_ = 0;
     micro_batches_ = 0;
     forwards_ = 0;

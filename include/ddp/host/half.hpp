@@ -1,0 +1,229 @@
+#pragma once
+// The 16-bit floating formats on the host: IEEE binary16 (f16) and bfloat16 (bf16), stored as
+// std::uint16_t. Conversions round to nearest even; arithmetic is done in f32 and rounded once.
+//
+// bf16_format / f16_format name a format for templates (`F::to`, `F::from`, `F::type`);
+// visit_half_dtype(t, f) calls f with the one `t` names.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/vectorize.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
+
+namespace ddp::host {
+
+// Branch-free, so loops over it vectorise: a NaN keeps its sign and stays a (quiet) NaN.
+inline std::uint16_t to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Both f16 conversions are branch-free (every case computed, one selected by masks: GCC keeps a
+// ?: chain as branches), so loops over them vectorise. The method follows Fabian Giesen's notes
+// on half conversion.
+namespace half_detail {
+// c ? a : b, for c 0 or 1, without a branch.
+inline std::uint32_t pick(std::uint32_t c, std::uint32_t a, std::uint32_t b) { return b ^ ((a ^ b) & (0u - c)); }
+}  // namespace half_detail
+
+inline std::uint16_t to_f16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t mag = x & 0x7fffffffu;
+  // At or past 65520 (rounds past f16's largest, 65504): inf, or a quiet NaN.
+  const std::uint32_t special = half_detail::pick(mag > 0x7f800000u, 0x7e00u, 0x7c00u);
+  // Below f16's smallest normal (2^-14): adding 0.5 lets the FPU round the mantissa into place.
+  constexpr std::uint32_t magic_bits = 126u << 23;  // 0.5f
+  float magic;
+  std::memcpy(&magic, &magic_bits, 4);
+  float low_f;
+  std::memcpy(&low_f, &mag, 4);
+  low_f += magic;
+  std::uint32_t low;
+  std::memcpy(&low, &low_f, 4);
+  low -= magic_bits;
+  // Normal: rebias the exponent and round to nearest even on the 13 bits dropped.
+  const std::uint32_t normal = (mag + 0xc8000fffu + ((mag >> 13) & 1u)) >> 13;  // 0xc8000000: (15 - 127) << 23
+  const std::uint32_t h =
+      half_detail::pick(mag >= 0x477ff000u, special, half_detail::pick(mag < 0x38800000u, low, normal));
+  return static_cast<std::uint16_t>(sign | h);
+}
+inline float from_f16(std::uint16_t h) {
+  constexpr std::uint32_t exponent_bits = 0x7c00u << 13;
+  const std::uint32_t shifted = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+  const std::uint32_t exponent = shifted & exponent_bits;
+  const std::uint32_t normal = shifted + ((127u - 15u) << 23);
+  const std::uint32_t special = normal + ((128u - 16u) << 23);  // inf and NaN keep an all-ones exponent
+  // Zero and subnormals: scale the mantissa by 2^-24 through a float subtraction.
+  constexpr std::uint32_t magic_bits = 113u << 23;  // 2^-14
+  float magic, small_f;
+  std::memcpy(&magic, &magic_bits, 4);
+  const std::uint32_t small_bits = normal + (1u << 23);
+  std::memcpy(&small_f, &small_bits, 4);
+  small_f -= magic;
+  std::uint32_t small;
+  std::memcpy(&small, &small_f, 4);
+  const std::uint32_t u =
+      half_detail::pick(exponent == exponent_bits, special, half_detail::pick(exponent == 0, small, normal)) |
+      (static_cast<std::uint32_t>(h & 0x8000u) << 16);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct bf16_format {
+  static constexpr dtype type = dtype::bf16;
+  static std::uint16_t to(float f) { return to_bf16(f); }
+  static float from(std::uint16_t h) { return from_bf16(h); }
+};
+struct f16_format {
+  static constexpr dtype type = dtype::f16;
+  static std::uint16_t to(float f) { return to_f16(f); }
+  static float from(std::uint16_t h) { return from_f16(h); }
+};
+
+inline bool is_half(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+
+template <class F>
+decltype(auto) visit_half_dtype(dtype t, F&& f) {
+  if (t == dtype::bf16) return f(bf16_format{});
+  if (t == dtype::f16) return f(f16_format{});
+  throw error("host", "cast", -1, "dtype " + std::string(name_of(t)) + " is not a 16-bit floating format");
+}
+
+// The element loops, as the compiler vectorises them for any target.
+template <class Format>
+DDP_VECTORIZE inline void narrow_loop(const float* DDP_RESTRICT src, std::uint16_t* DDP_RESTRICT dst, std::size_t n,
+                                      float factor) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = Format::to(src[i] * factor);
+}
+template <class Format>
+DDP_VECTORIZE inline void widen_loop(const std::uint16_t* DDP_RESTRICT src, float* DDP_RESTRICT dst, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = Format::from(src[i]);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+// x86 forms. Without SSE4.1 the compiler narrows 32-bit lanes to 16 bits with a long chain of
+// shuffles, which made bf16 narrowing cost more than an f32 reduction: here the lanes are packed
+// with one SSE2 packs, or eight at a time with AVX2. f16 uses the F16C conversions. AVX2 and
+// F16C are checked once at run time (x86-64 CPUs have had them since 2013 and 2012). The bits are
+// the portable loops' but for a NaN's payload. Widening bf16 is a shift, which the compiler
+// vectorises as well as intrinsics do.
+namespace half_x86 {
+
+inline void narrow_bf16(const float* src, std::uint16_t* dst, std::size_t n, float factor) {
+  const __m128 f = _mm_set1_ps(factor);
+  const __m128i abs_mask = _mm_set1_epi32(0x7fffffff), inf = _mm_set1_epi32(0x7f800000),
+                bias = _mm_set1_epi32(0x7fff), one = _mm_set1_epi32(1), quiet = _mm_set1_epi32(0x40);
+  auto round = [&](__m128 x) {
+    const __m128i u = _mm_castps_si128(_mm_mul_ps(x, f));
+    const __m128i high = _mm_srli_epi32(u, 16);
+    const __m128i rounded = _mm_srli_epi32(_mm_add_epi32(_mm_add_epi32(u, bias), _mm_and_si128(high, one)), 16);
+    const __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, abs_mask), inf);
+    const __m128i r = _mm_or_si128(_mm_and_si128(nan, _mm_or_si128(high, quiet)), _mm_andnot_si128(nan, rounded));
+    return _mm_srai_epi32(_mm_slli_epi32(r, 16), 16);  // sign-extended, so packs keeps the 16 bits
+  };
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i lo = round(_mm_loadu_ps(src + i)), hi = round(_mm_loadu_ps(src + i + 4));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_packs_epi32(lo, hi));
+  }
+  for (; i < n; ++i) dst[i] = to_bf16(src[i] * factor);
+}
+
+inline bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+inline bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+// narrow_bf16 eight lanes at a time, where the CPU has AVX2 (checked once at run time).
+__attribute__((target("avx2"))) inline __m256i round_bf16_avx2(__m256 x, __m256 factor) {
+  const __m256 p = _mm256_mul_ps(x, factor);
+  const __m256i u = _mm256_castps_si256(p);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+}
+__attribute__((target("avx2"))) inline void narrow_bf16_avx2(const float* src, std::uint16_t* dst, std::size_t n,
+                                                               float factor) {
+  const __m256 f = _mm256_set1_ps(factor);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i packed = _mm256_packus_epi32(round_bf16_avx2(_mm256_loadu_ps(src + i), f),
+                                               round_bf16_avx2(_mm256_loadu_ps(src + i + 8), f));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_permute4x64_epi64(packed, 0xd8));
+  }
+  for (; i < n; ++i) dst[i] = to_bf16(src[i] * factor);
+}
+
+__attribute__((target("avx,f16c"))) inline void narrow_f16(const float* src, std::uint16_t* dst, std::size_t n,
+                                                             float factor) {
+  const __m256 f = _mm256_set1_ps(factor);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), f), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = to_f16(src[i] * factor);
+}
+
+__attribute__((target("avx,f16c"))) inline void widen_f16(const std::uint16_t* src, float* dst, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = from_f16(src[i]);
+}
+
+}  // namespace half_x86
+#define DDP_HALF_X86 1
+#endif
+
+// dst[i] = Format(src[i] * factor): a multiply by 1.0 is exact, so factor 1 is a plain cast.
+template <class Format>
+inline void narrow(const float* src, std::uint16_t* dst, std::size_t n, float factor) {
+#if defined(DDP_HALF_X86)
+  if constexpr (Format::type == dtype::bf16)
+    return half_x86::has_avx2() ? half_x86::narrow_bf16_avx2(src, dst, n, factor)
+                                : half_x86::narrow_bf16(src, dst, n, factor);
+  if (Format::type == dtype::f16 && half_x86::has_f16c()) return half_x86::narrow_f16(src, dst, n, factor);
+#endif
+  narrow_loop<Format>(src, dst, n, factor);
+}
+template <class Format>
+inline void widen(const std::uint16_t* src, float* dst, std::size_t n) {
+#if defined(DDP_HALF_X86)
+  if (Format::type == dtype::f16 && half_x86::has_f16c()) return half_x86::widen_f16(src, dst, n);
+#endif
+  widen_loop<Format>(src, dst, n);
+}
+
+// x = x / divisor, computed in f32 and rounded once.
+template <class Format>
+DDP_VECTORIZE inline void divide_half(std::uint16_t* DDP_RESTRICT x, std::size_t n, float divisor) {
+  for (std::size_t i = 0; i < n; ++i) x[i] = Format::to(Format::from(x[i]) / divisor);
+}
+
+}  // namespace ddp::host

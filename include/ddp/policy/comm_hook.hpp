@@ -1,0 +1,166 @@
+#pragma once
+// CommHook: what travels between the ranks when a bucket's gradients are reduced (PyTorch DDP's
+// communication hook, chosen at compile time).
+//
+//   none   (default) the update policy's own collective on the f32 gradients: the bits of a
+//          trainer without the slot.
+//   fp16   each rank's gradients are divided by the world size and cast to IEEE half, the ranks
+//   bf16   sum them in 16 bits (half the bytes of f32), and each casts the sum back to f32. The
+//          division comes first, so no sum leaves the range its inputs average to. Error per
+//          element: see docs/policies.md ("CommHook").
+//   one_of<H...>  one of the hooks H, chosen at run time (select(name)).
+//
+// A policy of this slot is a type with
+//   using slot = ddp::comm_hook::slot;  static constexpr std::string_view name;
+//   void reduce(ddp::comm_hook::bucket_io&);  // the bucket's gradients are ready: start
+//   void finish(ddp::comm_hook::bucket_io&);  // the optimizer is about to read them: complete
+// When finish returns, gradients()[shard_begin(), shard_begin() + shard()) must hold the
+// average over the ranks. Every rank calls both for every bucket, in bucket order, so a hook
+// that issues the same collectives on every rank cannot deadlock; the trainer reduces its own
+// control floats (micro-batch count, unused-parameter flags) in f32 beside the hook's traffic.
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "ddp/core/buffer.hpp"
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/reduce_op.hpp"
+#include "ddp/policy/slots.hpp"
+
+namespace ddp::comm_hook {
+
+struct slot;
+
+// One bucket as a hook sees it, offered by the trainer. Pointers are device memory; device work
+// and collectives are queued in call order.
+class bucket_io {
+ public:
+  // The bucket's index (0 is reduced first) and the number of optimizer steps taken before this one.
+  virtual std::size_t index() const noexcept = 0;
+  virtual std::uint64_t step() const noexcept = 0;
+  virtual int rank() const noexcept = 0;
+  virtual int ranks() const noexcept = 0;
+  // This rank's gradients: size() floats, zero padding included.
+  virtual float* gradients() noexcept = 0;
+  virtual std::size_t size() const noexcept = 0;
+  // The part that must hold the average when finish returns: all of it under
+  // update::replicated, this rank's shard under update::sharded.
+  virtual std::size_t shard_begin() const noexcept = 0;
+  virtual std::size_t shard() const noexcept = 0;
+  // Device memory kept with this bucket for the hook from step to step, zeroed when first made
+  // or when its size changes; `slot` tells several apart. A new size frees the old memory: never
+  // between starting a collective on it and wait().
+  virtual void* scratch(int slot, std::size_t bytes) = 0;
+  // to = from * factor: f32 -> f16 / bf16 (factor rounded in f32 first), or f16 / bf16 -> f32 with factor 1.
+  virtual void cast(const_buffer from, mutable_buffer to, float factor) = 0;
+
+  // The update policy's own collective, started on the f32 gradients (what `none` does).
+  virtual void reduce_gradients() = 0;
+  // The update policy's collective on `buffer`, laid out as the gradients (size() elements, any
+  // dtype): afterwards its [shard_begin(), shard_begin() + shard()) holds the reduction over ranks.
+  virtual void reduce_like_gradients(mutable_buffer buffer, reduce_op) = 0;
+  // A collective of the hook's own (PowerSGD's low-rank factors).
+  virtual void all_reduce(const_buffer send, mutable_buffer recv, reduce_op) = 0;
+  // Waits for every collective this bucket started in this step.
+  virtual void wait() = 0;
+
+ protected:
+  ~bucket_io() = default;
+};
+
+template <class H>
+concept policy = requires(H& h, bucket_io& b) {
+  requires std::same_as<typename H::slot, slot>;
+  { H::name } -> std::convertible_to<std::string_view>;
+  h.reduce(b);
+  h.finish(b);
+};
+
+struct none {
+  using slot = comm_hook::slot;
+  static constexpr std::string_view name = "none";
+  void reduce(bucket_io& b) { b.reduce_gradients(); }
+  void finish(bucket_io&) {}
+};
+
+template <dtype Low>
+struct compress {
+  static_assert(Low == dtype::f16 || Low == dtype::bf16, "ddp: comm_hook::compress takes dtype::f16 or dtype::bf16");
+  using slot = comm_hook::slot;
+  static constexpr std::string_view name = Low == dtype::f16 ? "fp16" : "bf16";
+
+  void reduce(bucket_io& b) {
+    const std::size_t n = b.size();
+    void* low = b.scratch(0, n * size_of(Low));
+    b.cast(const_buffer{b.gradients(), n, dtype::f32}, mutable_buffer{low, n, Low},
+           1.0f / static_cast<float>(b.ranks()));
+    b.reduce_like_gradients(mutable_buffer{low, n, Low}, reduce_op::sum);
+  }
+  void finish(bucket_io& b) {
+    b.wait();
+    auto* low = static_cast<char*>(b.scratch(0, b.size() * size_of(Low))) + b.shard_begin() * size_of(Low);
+    b.cast(const_buffer{low, b.shard(), Low}, mutable_buffer{b.gradients() + b.shard_begin(), b.shard(), dtype::f32},
+           1.0f);
+  }
+};
+
+using fp16 = compress<dtype::f16>;
+using bf16 = compress<dtype::bf16>;
+
+// One of several hooks, chosen while the program runs (a command-line flag), in one trainer type:
+// `trainer.policy<ddp::comm_hook::slot>().select("bf16")` between steps. The first is the
+// initial choice. Checkpoints record the choice (describe()), so a run resumes with the hook it
+// was saved with.
+template <policy... Hooks>
+struct one_of {
+  static_assert(sizeof...(Hooks) > 0, "ddp: comm_hook::one_of needs at least one hook");
+  using slot = comm_hook::slot;
+  static constexpr std::string_view name = "one_of";
+  std::variant<Hooks...> chosen;
+
+  void select(std::string_view hook) {
+    const bool found = ((Hooks::name == hook ? (chosen.template emplace<Hooks>(), true) : false) || ...);
+    if (!found) {
+      std::string names;
+      ((names += (names.empty() ? "" : ", ") + std::string(Hooks::name)), ...);
+      throw std::invalid_argument("ddp: comm_hook::one_of has no hook named '" + std::string(hook) + "'; choose one of " +
+                                  names);
+    }
+  }
+  std::string_view selected() const {
+    return std::visit([](const auto& h) { return std::remove_cvref_t<decltype(h)>::name; }, chosen);
+  }
+  // The selected hook's name; empty for none, as a trainer without the slot describes itself.
+  std::string describe() const { return selected() == none::name ? std::string() : std::string(selected()); }
+  void reduce(bucket_io& b) {
+    std::visit([&](auto& h) { h.reduce(b); }, chosen);
+  }
+  void finish(bucket_io& b) {
+    std::visit([&](auto& h) { h.finish(b); }, chosen);
+  }
+};
+
+struct slot {
+  static constexpr std::string_view name = "comm_hook";
+  using default_policy = none;
+};
+
+template <class H>
+consteval bool diagnose() {
+  static_assert(requires { { H::name } -> std::convertible_to<std::string_view>; },
+                "ddp: a policy in the comm_hook slot lacks `static constexpr std::string_view name`");
+  static_assert(requires(H& h, bucket_io& b) { h.reduce(b); },
+                "ddp: a policy in the comm_hook slot lacks `void reduce(ddp::comm_hook::bucket_io&)`, which starts "
+                "a bucket's reduction (see ddp/policy/comm_hook.hpp)");
+  static_assert(requires(H& h, bucket_io& b) { h.finish(b); },
+                "ddp: a policy in the comm_hook slot lacks `void finish(ddp::comm_hook::bucket_io&)`, which leaves "
+                "the averaged gradients in place before the optimizer (see ddp/policy/comm_hook.hpp)");
+  return policy<H>;
+}
+
+}  // namespace ddp::comm_hook
