@@ -15,9 +15,9 @@ cmake --build "$build" -j"${DDP_JOBS:-2}"
 source scripts/openblas-env.sh
 ctest --test-dir "$build" -j"${DDP_JOBS:-2}" --output-on-failure "$@"
 
-# The concurrent code under the sanitizers (docs/testing.md): the in-process, trainer and data
-# suites under AddressSanitizer + UndefinedBehaviorSanitizer, the in-process and trainer suites
-# under ThreadSanitizer. Built at -O0 and without debug information (instrumented template-heavy
+# The concurrent code under the sanitizers (docs/testing.md): the in-process, trainer, data and
+# communication-hook suites under AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
+# and trainer suites under ThreadSanitizer. Built at -O0 and without debug information (instrumented template-heavy
 # units compile 3 times faster so; the reports still name the functions). Any report fails the
 # run. DDP_SANITIZERS=0 skips them.
 if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
@@ -27,7 +27,7 @@ if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
     cmake --preset $preset -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
           -DDDP_TEST_OPTIMIZATION=-O0 -DDDP_WITH_TORCH=OFF -DDDP_WITH_CUDA=OFF -DDDP_BUILD_EXAMPLES=OFF > /dev/null
     suites=(ddp_inproc_test ddp_trainer_test)
-    [ $preset = asan ] && suites+=(ddp_data_test)
+    [ $preset = asan ] && suites+=(ddp_data_test ddp_hook_test)
     cmake --build --preset $preset -j"${DDP_JOBS:-2}" --target "${suites[@]}"
     for suite in "${suites[@]}"; do
       echo "== $suite under $preset"
