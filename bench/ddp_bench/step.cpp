@@ -134,11 +134,12 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     f.overlapped = reduced > 0 ? overlapped / reduced : 0;
     // Bytes this rank hands to collectives per step: every bucket's gradients (and, sharded, the
     // gathered parameters), and the buffers when the policy moves them.
-    // A compressing hook's gradients travel in 16 bits (its control floats, a few, in f32).
+    // A compressing hook's gradients travel in 16 bits (its control floats, a few, in f32); the
+    // gathered parameters in f32.
     const double per_gradient = std::is_same_v<typename Trainer::comm_hook_policy, ddp::comm_hook::none> ? 4.0 : 2.0;
-    double grads = 0;
-    for (const auto n : t.bucket_sizes()) grads += per_gradient * static_cast<double>(n);
-    if (Trainer::update_policy::gathers_parameters) grads += 4.0 * grads / per_gradient;
+    double elements = 0;
+    for (const auto n : t.bucket_sizes()) elements += static_cast<double>(n);
+    const double grads = per_gradient * elements + (Trainer::update_policy::gathers_parameters ? 4.0 * elements : 0.0);
     double buffers = 0;
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
     const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;

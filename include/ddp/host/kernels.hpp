@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -96,16 +97,20 @@ DDP_VECTORIZE inline void divide(T* DDP_RESTRICT x, std::size_t n, T divisor) {
   for (std::size_t i = 0; i < n; ++i) x[i] /= divisor;
 }
 
-template <class T>
-void divide_first_where_overflowed(std::span<const T* const> sources, T* acc, std::size_t begin, std::size_t len,
-                                   T world) {
+// Where acc[i] (a sum of `sources` divided by world) is not finite although every input is,
+// acc[i] = the sum of the inputs each divided first. `load` reads a source element as a T (16-bit
+// sources are widened).
+template <class T, class S = T, class Load = std::identity>
+void divide_first_where_overflowed(std::span<const S* const> sources, T* acc, std::size_t begin, std::size_t len,
+                                   T world, Load load = {}) {
   for (std::size_t i = 0; i < len; ++i) {
     if (std::isfinite(acc[i])) continue;
     T sum = 0;
     bool finite_inputs = true;
-    for (const T* s : sources) {
-      finite_inputs = finite_inputs && std::isfinite(s[begin + i]);
-      sum += s[begin + i] / world;
+    for (const S* s : sources) {
+      const T x = load(s[begin + i]);
+      finite_inputs = finite_inputs && std::isfinite(x);
+      sum += x / world;
     }
     if (finite_inputs) acc[i] = sum;
   }
@@ -301,19 +306,8 @@ void reduce_to_all_half(std::span<const std::uint16_t* const> sources, std::span
       widen<Format>(sources[k] + begin, next, len);
       accumulate(acc, next, len, op);
     }
-    if (op == reduce_op::avg && divide_and_find_nonfinite(acc, len, divisor)) {
-      for (std::size_t i = 0; i < len; ++i) {
-        if (!std::isinf(acc[i])) continue;
-        float again = 0.0f;
-        bool finite = true;
-        for (const std::uint16_t* s : sources) {
-          const float x = Format::from(s[begin + i]);
-          finite = finite && std::isfinite(x);
-          again += x / divisor;
-        }
-        if (finite) acc[i] = again;
-      }
-    }
+    if (op == reduce_op::avg && divide_and_find_nonfinite(acc, len, divisor))
+      divide_first_where_overflowed(sources, acc, begin, len, divisor, &Format::from);
     narrow<Format>(acc, rounded, len, 1.0f);
     for (std::uint16_t* t : targets) std::memcpy(t + begin, rounded, len * sizeof(std::uint16_t));
   }

@@ -161,12 +161,8 @@ class communicator {
       const auto sum = [&](const void* in, void* out) {
         check(MPI_Allreduce(in, out, n, datatype_of(send.type), op_for(send.type, reduce_op::sum), comm_), name, rank_);
       };
-      if (op == reduce_op::avg && host::is_half(send.type)) {  // a 16-bit sum overflows sooner: divide first
-        sum(divided(send), recv.data);
-        return;
-      }
       if (op == reduce_op::avg && is_floating(send.type)) {
-        if (power_of_two_world()) {
+        if (divides_first(send.type)) {
           if (send.data != recv.data) std::memcpy(recv.data, send.data, send.bytes());
           divide(recv);
           sum(MPI_IN_PLACE, recv.data);
@@ -215,10 +211,8 @@ class communicator {
         check(MPI_Reduce_scatter_block(in, to, n, datatype_of(send.type), op_for(send.type, reduce_op::sum), comm_), name,
               rank_);
       };
-      if (op == reduce_op::avg && host::is_half(send.type)) {  // as all_reduce
-        sum(divided(send), out.data);
-      } else if (op == reduce_op::avg && is_floating(send.type)) {  // as all_reduce
-        if (power_of_two_world()) {
+      if (op == reduce_op::avg && is_floating(send.type)) {  // as all_reduce
+        if (divides_first(send.type)) {
           sum(divided(send), out.data);
         } else {
           average_after_sum(send, out, sum);
@@ -276,7 +270,11 @@ class communicator {
     return static_cast<int>(n);
   }
 
-  static bool is_floating(dtype t) { return t == dtype::f32 || t == dtype::f64; }
+  static bool is_floating(dtype t) { return t == dtype::f32 || t == dtype::f64 || host::is_half(t); }
+
+  // avg divides each contribution before the sum: exact at a power-of-two world; and always for
+  // 16-bit data, whose sum (rounded at every step) overflows sooner.
+  bool divides_first(dtype t) const { return host::is_half(t) || power_of_two_world(); }
 
   MPI_Op op_for(dtype t, reduce_op op) const { return host::is_half(t) ? half_ops_->get(t, op) : op_of(op); }
 

@@ -135,8 +135,8 @@ struct one_of {
   std::string_view selected() const {
     return std::visit([](const auto& h) { return std::remove_cvref_t<decltype(h)>::name; }, chosen);
   }
-  // The selected hook's name; empty for none, as a trainer without the slot describes itself.
-  std::string describe() const { return selected() == none::name ? std::string() : std::string(selected()); }
+  // The selected hook's name, which describes the trainer and its checkpoints.
+  std::string describe() const { return std::string(selected()); }
   void reduce(bucket_io& b) {
     std::visit([&](auto& h) { h.reduce(b); }, chosen);
   }

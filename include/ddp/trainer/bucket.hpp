@@ -160,14 +160,11 @@ struct bucket final : update::bucket_ops {
     }
     void reduce_gradients() override {
       float* g = b.grads.data();
-      if (b.scatters) {
-        b.track(b.comm->reduce_scatter(const_buffer{g, b.padded, dtype::f32},
-                                       mutable_buffer{g + b.shard_begin, b.shard, dtype::f32}, reduce_op::avg));
-      } else {
-        const std::size_t n = b.padded + b.control;
-        b.track(b.comm->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
-        b.control_in_reduction = true;
-      }
+      if (b.scatters) return reduce_like_gradients(mutable_buffer{g, b.padded, dtype::f32}, reduce_op::avg);
+      // The all_reduce carries the control floats too: one collective, as without a hook.
+      const std::size_t n = b.padded + b.control;
+      b.track(b.comm->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
+      b.control_in_reduction = true;
     }
     void reduce_like_gradients(mutable_buffer x, reduce_op op) override {
       if (x.count != b.padded)

@@ -244,12 +244,12 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
  private:
   core_type& core() noexcept { return *this; }
 
-  // A hook is named unless it is none, so that checkpoints without one keep matching.
-  static std::string type_hook_name() {
-    return std::is_same_v<comm_hook_policy, comm_hook::none> ? "" : std::string(comm_hook_policy::name);
-  }
+  // A hook is named unless it is none, so that checkpoints from before the slot keep matching.
+  static std::string unless_none(std::string hook) { return hook == comm_hook::none::name ? std::string() : hook; }
+  static std::string type_hook_name() { return unless_none(std::string(comm_hook_policy::name)); }
   std::string hook_name() const {
-    if constexpr (requires { holder::comm_hook.policy.describe(); }) return holder::comm_hook.policy.describe();
+    if constexpr (requires { holder::comm_hook.policy.describe(); })
+      return unless_none(holder::comm_hook.policy.describe());
     else return type_hook_name();
   }
 
