@@ -3,7 +3,11 @@
 # and runs the whole test suite under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's wall time, printed as it ends: the CI log says where the minutes go.
+stage_start=$SECONDS
+stage() { echo "-- stage: $1 took $((SECONDS - stage_start)) s"; stage_start=$SECONDS; }
 scripts/install-deps.sh --fuzz
+stage install-deps
 build=${DDP_BUILD_DIR:-build}
 # DDP_REQUIRE_MPI: the MPI tests fail (at configure) rather than vanish when MPI is missing.
 # The GPU targets (ddp_gpu: GPU tests, GPU benchmarks, the example's GPU build) are not part of
@@ -12,8 +16,10 @@ build=${DDP_BUILD_DIR:-build}
 # DDP_REQUIRE_TORCH: likewise for libtorch and the ddp::torch tests.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_REQUIRE_MPI=ON -DDDP_REQUIRE_TORCH=ON -DDDP_GPU_IN_ALL=OFF
 cmake --build "$build" -j"${DDP_JOBS:-2}"
+stage build
 source scripts/openblas-env.sh
 ctest --test-dir "$build" -j"${DDP_JOBS:-2}" --output-on-failure "$@"
+stage ctest
 
 # The concurrent code under the sanitizers (docs/testing.md): the in-process, trainer, data and
 # communication-hook suites under AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
@@ -29,13 +35,16 @@ if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
     suites=(ddp_inproc_test ddp_trainer_test)
     [ $preset = asan ] && suites+=(ddp_data_test ddp_hook_test)
     cmake --build --preset $preset -j"${DDP_JOBS:-2}" --target "${suites[@]}"
+    stage "$preset build"
     for suite in "${suites[@]}"; do
       echo "== $suite under $preset"
       ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "build-$preset/tests/$suite" --minimal
     done
+    stage "$preset run"
   done
 fi
 
 # The readers of untrusted files under libFuzzer, from their seed corpora (DDP_FUZZ_SECONDS each).
 scripts/fuzz.sh "${DDP_FUZZ_SECONDS:-10}"
+stage fuzz
