@@ -2,7 +2,8 @@
 # Installs what ddp builds with from Debian packages. Idempotent: when every package is already
 # installed it returns at once without touching apt.
 #   scripts/install-deps.sh          what the library, the examples and the tests build with
-#   scripts/install-deps.sh --fuzz   and clang with its libFuzzer runtime (scripts/fuzz.sh)
+#   scripts/install-deps.sh --fuzz   and clang with its sanitizer and libFuzzer runtimes (the test
+#                                    command's sanitizer stage and scripts/fuzz.sh)
 set -euo pipefail
 packages=(
   cmake g++ make pkg-config

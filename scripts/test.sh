@@ -25,12 +25,16 @@ stage ctest
 # communication-hook suites under AddressSanitizer + UndefinedBehaviorSanitizer, the in-process
 # and trainer suites under ThreadSanitizer. Built at -O0 and without debug information (instrumented template-heavy
 # units compile 3 times faster so; the reports still name the functions). Any report fails the
-# run. DDP_SANITIZERS=0 skips them.
+# run. DDP_SANITIZERS=0 skips them; DDP_SANITIZER_CXX picks their compiler.
 if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
+  # Clang (installed with the fuzzing tools): at -O0 with the sanitizers it compiles these units in
+  # half GCC's time (a trainer test: 16 s against 34 s), and it checks the code a second compiler's way.
+  sanitizer_cxx=${DDP_SANITIZER_CXX:-clang++}
   for preset in asan tsan; do
     flags=$([ $preset = asan ] && echo "-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
                                 || echo "-fsanitize=thread")
-    cmake --preset $preset -DCMAKE_BUILD_TYPE= -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
+    cmake --preset $preset -DCMAKE_CXX_COMPILER="$sanitizer_cxx" -DCMAKE_BUILD_TYPE= \
+          -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
           -DDDP_TEST_OPTIMIZATION=-O0 -DDDP_WITH_TORCH=OFF -DDDP_WITH_CUDA=OFF -DDDP_BUILD_EXAMPLES=OFF > /dev/null
     suites=(ddp_inproc_test ddp_trainer_test)
     [ $preset = asan ] && suites+=(ddp_data_test ddp_hook_test)

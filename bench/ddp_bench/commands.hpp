@@ -38,7 +38,7 @@ struct scaling_params {
   int steps = 120;
   std::size_t batch = 64;
   std::string optimizer = "sgd";
-  std::vector<std::string> hooks;  // comm_hook set-ups beside the four: bf16, fp16
+  std::vector<std::string> hooks;  // comm_hook set-ups beside the four: bf16, fp16, powersgd
   std::string data_dir;
   std::string out;
 };

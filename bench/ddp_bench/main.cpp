@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
   scaling->add_option("--batch", sc.batch, "batch per rank")->check(CLI::Range(2, 60000))->capture_default_str();
   scaling->add_option("--optimizer", sc.optimizer, "sgd (momentum 0.9) or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
-  scaling->add_option("--hooks", sc.hooks, "also N ranks with these communication hooks (bf16, fp16)")
-      ->delimiter(',')->check(CLI::IsMember({"bf16", "fp16"}));
+  scaling->add_option("--hooks", sc.hooks, "also N ranks with these communication hooks (bf16, fp16, powersgd: rank 4)")
+      ->delimiter(',')->check(CLI::IsMember({"bf16", "fp16", "powersgd"}));
   scaling->add_option("--data-dir", sc.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
   scaling->add_option("--out", sc.out, "also write the table to this .json or .csv file");
 

@@ -6,7 +6,8 @@
 //   N sharded     the same with update::sharded: each rank updates 1/N of the parameters;
 //   N x 1 rank    N independent single-rank trainings at the same time, no communication:
 //                 what this machine allows N ranks of this model, whatever ddp does;
-//   N ranks bf16  (--hooks bf16,fp16) N ranks whose gradients travel in 16 bits (comm_hook).
+//   N ranks bf16  (--hooks bf16,fp16,powersgd) N ranks whose gradients travel in 16 bits, or as
+//                 rank-4 factors (comm_hook::powersgd<4>, compressed from the first step).
 // Speed-up = samples/s of N ranks over 1 rank; ceiling = N x 1 rank over 1 rank; ddp's
 // efficiency = speed-up / ceiling (sharded can pass 100%: it does less optimizer work per rank
 // than an independent training). Medians over the rounds; only training steps are timed.
@@ -23,6 +24,8 @@
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "ddp/host/linalg.hpp"
+#include "ddp/policy/powersgd.hpp"
 #include "model.hpp"
 
 namespace bench {
@@ -71,6 +74,8 @@ double run_world(std::vector<replica_state>& states, int steps, std::size_t batc
   auto seconds = ddp::inproc::launch(ranks, [&](ddp::inproc::communicator& comm) {
     ddp::host::device dev;
     Trainer t(states[static_cast<std::size_t>(comm.rank())].model, comm, dev, opt);
+    auto& hook = t.template policy<ddp::comm_hook::slot>();
+    if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
     return timed_steps(t, states[static_cast<std::size_t>(comm.rank())].batches, steps);
   });
   return samples_per_second(seconds, steps, batch);
@@ -128,6 +133,8 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     if (which == 3) return run_independent(independent, steps, batch, opt);
     if (hooks[which - 4] == "bf16")
       return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
+    if (hooks[which - 4] == "powersgd")
+      return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::powersgd<4>>>(hooked, steps, batch, opt);
     return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::fp16>>(hooked, steps, batch, opt);
   };
   for (std::size_t i = 0; i < setups.size(); ++i) run(i);  // warm-up: page in, grow the heaps

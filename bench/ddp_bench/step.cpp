@@ -28,6 +28,8 @@
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/relu.hpp"
 #include "ddp/nn/sequential.hpp"
+#include "ddp/host/linalg.hpp"
+#include "ddp/policy/powersgd.hpp"
 
 namespace bench {
 namespace {
@@ -108,12 +110,33 @@ void read_timeline(const ddp::timeline& t, figures& f) {
   f.compute = median(compute), f.reduction = median(reduction), f.wait = median(wait), f.update = median(update);
 }
 
+// Bytes of gradients a rank hands to collectives per step under the hook.
+template <class Hook>
+double gradient_bytes(model& m, double elements, const Hook& hook) {
+  if constexpr (std::is_same_v<Hook, ddp::comm_hook::none>) {
+    return 4.0 * elements;
+  } else if constexpr (requires { hook.min_compression_rate; }) {
+    std::vector<ddp::comm_hook::tensor_layout> tensors;
+    for (auto&& p : m.parameters()) {
+      const ddp::parameter_ref ref = p;
+      const auto rows = static_cast<std::size_t>(ref.value.shape.at(0));
+      tensors.push_back({0, rows, ref.value.numel() / rows});
+    }
+    const auto plan = ddp::comm_hook::powersgd_detail::plan(tensors, Hook::rank, hook.min_compression_rate);
+    return 4.0 * static_cast<double>(plan.p_floats + plan.q_floats + plan.plain_floats);
+  } else {
+    return 2.0 * elements;
+  }
+}
+
 template <class Trainer>
 figures measure(int world, const widths& w, const step_params& p, bool breakdown) {
   std::vector<figures> per_rank = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
     auto m = make_model(w);
     ddp::host::device dev;
     Trainer t(m, comm, dev, sgd);
+    auto& hook = t.template policy<ddp::comm_hook::slot>();
+    if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
     const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(comm.rank()));
     auto one = [&] { t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); }); };
     one(), one();  // warm-up
@@ -134,12 +157,12 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     f.overlapped = reduced > 0 ? overlapped / reduced : 0;
     // Bytes this rank hands to collectives per step: every bucket's gradients (and, sharded, the
     // gathered parameters), and the buffers when the policy moves them.
-    // A compressing hook's gradients travel in 16 bits (its control floats, a few, in f32); the
-    // gathered parameters in f32.
-    const double per_gradient = std::is_same_v<typename Trainer::comm_hook_policy, ddp::comm_hook::none> ? 4.0 : 2.0;
+    // A compressing hook's gradients travel in 16 bits (its control floats, a few, in f32), or as
+    // powersgd's factors and the tensors it leaves whole, in f32; the gathered parameters in f32.
     double elements = 0;
     for (const auto n : t.bucket_sizes()) elements += static_cast<double>(n);
-    const double grads = per_gradient * elements + (Trainer::update_policy::gathers_parameters ? 4.0 * elements : 0.0);
+    const double grads = gradient_bytes<typename Trainer::comm_hook_policy>(m, elements, hook) +
+                         (Trainer::update_policy::gathers_parameters ? 4.0 * elements : 0.0);
     double buffers = 0;
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
     const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;
@@ -229,6 +252,7 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
   if (varies("comm_hook")) {
     c.push_back(config<ddp::comm_hook::bf16>("comm_hook", "bf16"));
     c.push_back(config<ddp::comm_hook::fp16>("comm_hook", "fp16"));
+    c.push_back(config<ddp::comm_hook::powersgd<4>>("comm_hook", "powersgd<4>"));
   }
   return c;
 }

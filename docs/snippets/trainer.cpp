@@ -1,10 +1,13 @@
-// The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md and docs/benchmarking.md, compiled.
+// The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md, docs/benchmarking.md and
+// docs/policies.md (PowerSGD), compiled.
 #include <array>
 #include <filesystem>
 #include <functional>
 #include <span>
 
 #include "common.hpp"
+#include "ddp/host/linalg.hpp"
+#include "ddp/policy/powersgd.hpp"
 
 namespace snippets {
 
@@ -17,6 +20,17 @@ using defaults = ddp::trainer<my_model, ddp::buffer_sync::broadcast_once_per_ste
 // [end doc]
 
 using trainer_t = ddp::trainer<model>;
+
+void powersgd(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev) {
+  // [doc: policies.md]
+  #include <ddp/ddp.hpp>
+  #include <ddp/host/linalg.hpp>
+  #include <ddp/policy/powersgd.hpp>
+
+  ddp::trainer<model, ddp::comm_hook::powersgd<4>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+  trainer.policy<ddp::comm_hook::slot>().start_after = 500;  // plain steps first
+  // [end doc]
+}
 
 void construction(model& module, ddp::inproc::communicator& comm, ddp::host::device& device) {
   // [doc: trainer.md]

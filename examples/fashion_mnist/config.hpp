@@ -19,7 +19,8 @@ struct config {
   std::string sampler = "distributed";
   std::string optimizer = "sgd";
   std::string update = "replicated";
-  std::string hook = "none";   // how gradients travel: none (f32), bf16 or fp16
+  std::string hook = "none";   // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
+  std::uint64_t hook_start = 1000;  // powersgd: plain steps first (about two epochs at the defaults)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool mapped = false;         // memory-map uncompressed IDX files instead of reading the .gz ones
   std::size_t prefetch = 0;    // batches made ahead on a thread per rank (0: on the rank's thread)

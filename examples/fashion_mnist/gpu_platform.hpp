@@ -8,6 +8,7 @@
 #include "ddp/cuda/nn/batch_norm.hpp"
 #include "ddp/cuda/nn/cross_entropy.hpp"
 #include "ddp/cuda/nn/linear.hpp"
+#include "ddp/cuda/linalg.hpp"
 #include "ddp/cuda/nn/relu.hpp"
 #include "ddp/nccl/communicator.hpp"
 #include "ddp/nn/sequential.hpp"

@@ -81,8 +81,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
   app.add_option("--hook", c.hook,
                  "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
-                 "bits (bf16, fp16), half the bytes")
-      ->check(CLI::IsMember({"none", "bf16", "fp16"}))->capture_default_str();
+                 "bits (bf16, fp16), half the bytes; or as rank-4 factors of each weight matrix with error "
+                 "feedback (powersgd, after --hook-start plain steps)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd"}))->capture_default_str();
+  app.add_option("--hook-start", c.hook_start, "powersgd: optimizer steps reduced plainly before compression starts")
+      ->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
   // Each binary runs one platform; a flag value that belongs to another binary says which one.
 #if DDP_EXAMPLE_WITH_TORCH

@@ -27,6 +27,8 @@
 #endif
 #include "ddp/ddp.hpp"
 #include "ddp/optim/schedule.hpp"
+#include "ddp/host/linalg.hpp"
+#include "ddp/policy/powersgd.hpp"
 
 namespace fmnist {
 
@@ -176,7 +178,9 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   opt.weight_decay = c.weight_decay;
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
-  trainer.template policy<ddp::comm_hook::slot>().select(c.hook);
+  auto& hook = trainer.template policy<ddp::comm_hook::slot>();
+  hook.select(c.hook == "powersgd" ? ddp::comm_hook::powersgd<4>::name : std::string_view(c.hook));
+  if (auto* low_rank = std::get_if<ddp::comm_hook::powersgd<4>>(&hook.chosen)) low_rank->start_after = c.hook_start;
   ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
   // --checkpoint DIR: go on from the checkpoint there, if any, and save one after every epoch.
   std::function<void()> save;
@@ -229,7 +233,8 @@ void with_optimizer(const std::string& name, F f) {
 }
 
 // --hook: chosen at run time inside one trainer type, so it does not multiply the combinations.
-using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16>;
+using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16,
+                                           ddp::comm_hook::powersgd<4>>;
 
 // One rank's training with the trainer type the flags name. Every trainer type shares one
 // trainer_core per communicator (docs/trainer.md), so each of the 192 combinations costs a thin

@@ -102,8 +102,11 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   const long long grads = no_buffers.at(2), buffers = plain.at(2) - grads;
   CHECK(hooked.at("bf162") == grads / 2 + buffers);
   CHECK(hooked.at("fp162") == grads / 2 + buffers);
-  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, bf16, fp16, no sync
-  CHECK(j.at("rows").size() == 2 * 13);
+  // powersgd<4>: the factors of the weight matrices and the vectors whole, well under half.
+  CHECK(hooked.at("powersgd<4>2") < grads / 2 + buffers);
+  CHECK(hooked.at("powersgd<4>2") > buffers);
+  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, bf16, fp16, powersgd, no sync
+  CHECK(j.at("rows").size() == 2 * 14);
 }
 
 TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {

@@ -15,6 +15,7 @@
 #include "expected.hpp"
 #include "ddp/comm/collectives.hpp"
 #include "ddp/host/half.hpp"
+#include "../support/sanitized.hpp"
 
 namespace conformance {
 
@@ -31,7 +32,7 @@ long long first_mismatch(std::span<const T> got, Want want) {
 // still gets several 64-byte slices and a tail), and instrumented per-element loops over 65537
 // elements at 5 world sizes took a minute of the sanitizer stage's time.
 inline const std::vector<std::size_t>& small_counts() {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if DDP_TEST_SANITIZED
   static const std::vector<std::size_t> counts{0, 1, 7, 1001, 4099};
 #else
   static const std::vector<std::size_t> counts{0, 1, 7, 1001, 65537};
@@ -42,7 +43,7 @@ inline const std::vector<std::size_t>& small_counts() {
 // in-process backend's per-rank slices pass its one size threshold (non-temporal stores from
 // 1 MiB, host::stream_output_bytes) at 2 to 4 ranks, without instrumented per-element loops over
 // 64 MiB at 5 world sizes (3.5 minutes of the sanitizer stage's time).
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if DDP_TEST_SANITIZED
 constexpr std::size_t large_bytes = std::size_t{4} << 20;
 #else
 constexpr std::size_t large_bytes = std::size_t{64} << 20;

@@ -1,6 +1,6 @@
 // The CUDA device's kernels against the host device's, element by element: scale, pack/unpack,
-// casts (bit for bit), and the fused optimizer updates (to float rounding: the GPU contracts
-// multiply-adds).
+// casts (bit for bit), the fused optimizer updates (to float rounding: the GPU contracts
+// multiply-adds), and PowerSGD's algebra (orthonormalisation, products, axpy).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,7 +11,9 @@
 #include "ddp/core/random.hpp"
 #include "ddp/cuda/blas.hpp"
 #include "ddp/cuda/device_vector.hpp"
+#include "ddp/cuda/linalg.hpp"
 #include "ddp/host/device.hpp"
+#include "ddp/host/linalg.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "support/user_optimizer.hpp"
 
@@ -241,4 +243,31 @@ TEST_CASE("cuBLAS sizes past its int range are an error naming the dimension and
   CHECK(ddp::cuda::blas::blas_int(2147483647, "m", {0, 0}) == 2147483647);
   CHECK_THROWS_WITH(ddp::cuda::blas::blas_int(std::size_t{2147483648}, "k", {3, 1}),
                     doctest::Contains("k = 2147483648 exceeds cuBLAS's int sizes (2^31 - 1) on device 1"));
+}
+
+TEST_CASE("cuda orthonormalize_columns, gemm and axpy (comm_hook::powersgd's algebra) equal the host's") {
+  ddp::cuda::device dev(0);
+  ddp::host::device host;
+  constexpr std::size_t rows = 3001, cols = 4, inner = 257;
+  // Orthonormalisation: a zero column stays zero, the rest agree to float rounding.
+  auto p = random_floats(rows * cols, 21);
+  for (std::size_t i = 0; i < rows; ++i) p[i * cols + 1] = 0.0f;
+  auto dp = dvec::from_host(dev, p);
+  ddp::cuda::orthonormalize_columns(dev, dp.data(), rows, cols, 1e-8f);
+  ddp::host::orthonormalize_columns(host, p.data(), rows, cols, 1e-8f);
+  check_close(dp.to_host(), p, 1e-4f);
+  // C = A^T B and C = A B^T, row-major, as PowerSGD forms Q and the approximation.
+  const auto a = random_floats(inner * rows, 22), b = random_floats(inner * cols, 23);
+  std::vector<float> c(rows * cols, 0.0f);
+  auto da = dvec::from_host(dev, a), db = dvec::from_host(dev, b), dc = dvec::from_host(dev, c);
+  ddp::cuda::gemm(dev, true, false, rows, cols, inner, 1.0f, da.data(), rows, db.data(), cols, 0.0f, dc.data(), cols);
+  ddp::host::gemm(host, true, false, rows, cols, inner, 1.0f, a.data(), rows, b.data(), cols, 0.0f, c.data(), cols);
+  check_close(dc.to_host(), c, 1e-4f);
+  // y += alpha x
+  auto y = random_floats(rows, 24);
+  const auto x = random_floats(rows, 25);
+  auto dy = dvec::from_host(dev, y), dx = dvec::from_host(dev, x);
+  ddp::cuda::axpy(dev, rows, -0.5f, dx.data(), dy.data());
+  ddp::host::axpy(host, rows, -0.5f, x.data(), y.data());
+  check_close(dy.to_host(), y, 1e-6f);
 }

@@ -91,6 +91,25 @@ __global__ void sum_partials_kernel(const double* partials, unsigned count, doub
   if (threadIdx.x == 0) *result = total;
 }
 
+__global__ void orthonormalize_columns_kernel(float* a, std::size_t rows, std::size_t cols, float eps) {
+  // Each thread reads and writes its own rows; block_sum shares the sums (and the __syncthreads
+  // after each keeps its shared memory from being overwritten while a thread still reads it).
+  for (std::size_t j = 0; j < cols; ++j) {
+    double squares = 0.0;
+    for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) squares += static_cast<double>(a[i * cols + j]) * a[i * cols + j];
+    const float inverse = 1.0f / (static_cast<float>(sqrt(block_sum(squares))) + eps);
+    __syncthreads();
+    for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) a[i * cols + j] *= inverse;
+    for (std::size_t k = j + 1; k < cols; ++k) {
+      double dot = 0.0;
+      for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) dot += static_cast<double>(a[i * cols + j]) * a[i * cols + k];
+      const auto d = static_cast<float>(block_sum(dot));
+      __syncthreads();
+      for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) a[i * cols + k] -= d * a[i * cols + j];
+    }
+  }
+}
+
 // x * factor for f32 sources (the product rounded in f32, then converted); other sources as they are.
 template <class From>
 __device__ From premultiplied(From x, float factor) {
@@ -140,6 +159,12 @@ cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, doub
       std::clamp<std::size_t>((n + threads - 1) / threads, 1, sum_of_squares_blocks));
   sum_of_squares_kernel<<<blocks, threads, 0, stream>>>(x, n, partials);
   sum_partials_kernel<<<1, threads, 0, stream>>>(partials, blocks, result);
+  return cudaGetLastError();
+}
+
+cudaError_t orthonormalize_columns(float* a, std::size_t rows, std::size_t cols, float eps, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  device_code::orthonormalize_columns_kernel<<<1, device_code::threads, 0, stream>>>(a, rows, cols, eps);
   return cudaGetLastError();
 }
 

@@ -36,6 +36,9 @@ cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, doub
 // (factor ignored: the caller passes 1), n elements; false (nothing launched) for another pair.
 bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, float factor, launch_limits, cudaStream_t,
           cudaError_t& status);
+// Gram-Schmidt over the columns of a row-major rows x cols matrix, in one block: each column
+// divided by its norm plus eps, then taken out of the columns after it (sums in double, in a fixed order).
+cudaError_t orthonormalize_columns(float* a, std::size_t rows, std::size_t cols, float eps, cudaStream_t);
 // An optimizer's element rule (ddp/optim/optimizer.hpp) per segment: parameter s.tensor, gradient
 // at grad + s.offset, state slot k at state + k * stride + s.offset. Defined in
 // ddp/cuda/elementwise.cuh; DDP_CUDA_OPTIMIZER(Optimizer) instantiates it for one optimizer in an

@@ -9,6 +9,7 @@
 //          division comes first, so no sum leaves the range its inputs average to. Error per
 //          element: see docs/policies.md ("CommHook").
 //   one_of<H...>  one of the hooks H, chosen at run time (select(name)).
+//   powersgd<R>   low-rank compression with error feedback: ddp/policy/powersgd.hpp.
 //
 // A policy of this slot is a type with
 //   using slot = ddp::comm_hook::slot;  static constexpr std::string_view name;
@@ -18,9 +19,12 @@
 // average over the ranks. Every rank calls both for every bucket, in bucket order, so a hook
 // that issues the same collectives on every rank cannot deadlock; the trainer reduces its own
 // control floats (micro-batch count, unused-parameter flags) in f32 beside the hook's traffic.
+// A hook that needs the device itself (its kernels, matrix products) makes reduce and finish
+// templates over the bucket_io they are given: the trainer gives a bucket_io_on<Device>.
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 #include <stdexcept>
 #include <string>
@@ -35,6 +39,21 @@
 namespace ddp::comm_hook {
 
 struct slot;
+
+// One parameter's gradient inside a bucket: `rows * cols` floats from `offset`, row-major, its
+// shape's first dimension by the rest (a vector is rows x 1), as PyTorch's PowerSGD views it.
+struct tensor_layout {
+  std::size_t offset = 0;
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+};
+
+// A hook's state for one bucket: device memory kept from step to step and saved in checkpoints.
+// `fresh` when this call made it (zeroed), rather than an earlier step or a loaded checkpoint.
+struct hook_state {
+  void* data = nullptr;
+  bool fresh = false;
+};
 
 // One bucket as a hook sees it, offered by the trainer. Pointers are device memory; device work
 // and collectives are queued in call order.
@@ -52,10 +71,15 @@ class bucket_io {
   // update::replicated, this rank's shard under update::sharded.
   virtual std::size_t shard_begin() const noexcept = 0;
   virtual std::size_t shard() const noexcept = 0;
+  // The parameters in the bucket, in bucket order (padding after the last).
+  virtual std::span<const tensor_layout> tensors() const noexcept = 0;
   // Device memory kept with this bucket for the hook from step to step, zeroed when first made
   // or when its size changes; `slot` tells several apart. A new size frees the old memory: never
   // between starting a collective on it and wait().
   virtual void* scratch(int slot, std::size_t bytes) = 0;
+  // Like scratch, but part of the run: trainer.save writes it and trainer.load restores it (at
+  // the world size it was saved with; at another, it starts fresh). A new size starts it fresh.
+  virtual hook_state state(int slot, std::size_t bytes) = 0;
   // to = from * factor: f32 -> f16 / bf16 (factor rounded in f32 first), or f16 / bf16 -> f32 with factor 1.
   virtual void cast(const_buffer from, mutable_buffer to, float factor) = 0;
 
@@ -71,6 +95,16 @@ class bucket_io {
 
  protected:
   ~bucket_io() = default;
+};
+
+// The bucket as a hook on `Device` sees it: the same, and the trainer's device.
+template <class Device>
+class bucket_io_on : public bucket_io {
+ public:
+  virtual Device& device() noexcept = 0;
+
+ protected:
+  ~bucket_io_on() = default;
 };
 
 template <class H>
@@ -137,10 +171,13 @@ struct one_of {
   }
   // The selected hook's name, which describes the trainer and its checkpoints.
   std::string describe() const { return std::string(selected()); }
-  void reduce(bucket_io& b) {
+  // Templates, so that a hook that takes bucket_io_on<Device> gets it.
+  template <class IO>
+  void reduce(IO& b) {
     std::visit([&](auto& h) { h.reduce(b); }, chosen);
   }
-  void finish(bucket_io& b) {
+  template <class IO>
+  void finish(IO& b) {
     std::visit([&](auto& h) { h.finish(b); }, chosen);
   }
 };

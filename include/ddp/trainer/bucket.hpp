@@ -30,13 +30,14 @@ struct bucket final : update::bucket_ops {
 
   Comm* comm = nullptr;
   Device* device = nullptr;
-  comm_hook_part* hook = nullptr;
+  comm_hook_part<Device>* hook = nullptr;
   const std::uint64_t* steps = nullptr;  // the trainer's step count
   std::size_t index = 0;
   bool binds_values = false;  // the module keeps its parameters in `values`
 
   std::vector<std::size_t> params;
   std::vector<segment> segments;  // module grad <-> bucket grads
+  std::vector<comm_hook::tensor_layout> tensors;  // each parameter's place and matrix shape
   std::size_t numel = 0;
   std::size_t shard = 0;
   std::size_t shard_begin = 0;
@@ -47,6 +48,7 @@ struct bucket final : update::bucket_ops {
   device_array<Device, float> values;  // gathered parameters, when the update policy gathers
   std::vector<segment> value_segments;  // module value <-> values
   std::vector<device_array<Device, float>> hook_scratch;  // the hook's (before the works: freed after them)
+  std::vector<device_array<Device, float>> hook_state;    // the hook's, saved in checkpoints
   std::size_t pending = 0;              // parameters still to report ready in this backward
   std::optional<work_type> work;          // the gradients' reduction (the hook's first collective)
   std::vector<work_type> more;            // the hook's further collectives in this step
@@ -128,9 +130,10 @@ struct bucket final : update::bucket_ops {
   }
 
   // The bucket as its hook sees it, for one call.
-  struct hook_view final : comm_hook::bucket_io {
+  struct hook_view final : comm_hook::bucket_io_on<Device> {
     bucket& b;
     explicit hook_view(bucket& owner) : b(owner) {}
+    Device& device() noexcept override { return *b.device; }
     std::size_t index() const noexcept override { return b.index; }
     std::uint64_t step() const noexcept override { return *b.steps; }
     int rank() const noexcept override { return b.comm->rank(); }
@@ -139,16 +142,20 @@ struct bucket final : update::bucket_ops {
     std::size_t size() const noexcept override { return b.padded; }
     std::size_t shard_begin() const noexcept override { return b.scatters ? b.shard_begin : 0; }
     std::size_t shard() const noexcept override { return b.scatters ? b.shard : b.padded; }
-    void* scratch(int slot, std::size_t bytes) override {
+    std::span<const comm_hook::tensor_layout> tensors() const noexcept override { return b.tensors; }
+    void* scratch(int slot, std::size_t bytes) override { return kept(b.hook_scratch, slot, bytes).data; }
+    comm_hook::hook_state state(int slot, std::size_t bytes) override { return kept(b.hook_state, slot, bytes); }
+    // Slot `slot` of `arrays` at `bytes` (rounded up to floats): made and zeroed when new or resized.
+    comm_hook::hook_state kept(std::vector<device_array<Device, float>>& arrays, int slot, std::size_t bytes) {
+      if (slot < 0) throw error("comm_hook", "scratch", b.comm->rank(), "slot " + std::to_string(slot) + " is negative");
       const auto k = static_cast<std::size_t>(slot);
-      if (b.hook_scratch.size() <= k) b.hook_scratch.resize(k + 1);
-      auto& a = b.hook_scratch[k];
+      if (arrays.size() <= k) arrays.resize(k + 1);
+      auto& a = arrays[k];
       const std::size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
-      if (a.size() != floats) {
-        a = device_array<Device, float>(*b.device, floats);
-        b.device->fill_zero(a.data(), floats * sizeof(float));
-      }
-      return a.data();
+      if (a.size() == floats) return {a.data(), false};
+      a = device_array<Device, float>(*b.device, floats);
+      b.device->fill_zero(a.data(), floats * sizeof(float));
+      return {a.data(), true};
     }
     void cast(const_buffer from, mutable_buffer to, float factor) override {
       if constexpr (requires { b.device->cast(from, to, factor); }) {

@@ -96,7 +96,9 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
     if (!committed)
       throw error("trainer", "load", comm.rank(),
                   "no checkpoint in '" + dir.string() + "' (no LATEST file; trainer.save(dir) writes one)");
-    const auto& [step, world] = *committed;
+    // Named copies, not structured bindings: a lambda below uses them (Clang before 16 cannot capture bindings).
+    const std::string step = committed->first;
+    const int world = committed->second;
     // The same world: this rank's own file. Another: every file (the optimizer state's shards are
     // re-cut), and rank r's buffers come from rank r, or rank 0 where the old world had no rank r.
     auto read = [&](int rank) {

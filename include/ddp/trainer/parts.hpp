@@ -95,21 +95,23 @@ struct update_adapter final : update_part {
   void finish(update::bucket_ops& b) override { policy.finish(b); }
 };
 
+// Over the device, so that a hook may use it (comm_hook::bucket_io_on<Device>).
+template <class Device>
 struct comm_hook_part {
   virtual std::string_view name() const noexcept = 0;
-  virtual void reduce(comm_hook::bucket_io&) = 0;
-  virtual void finish(comm_hook::bucket_io&) = 0;
+  virtual void reduce(comm_hook::bucket_io_on<Device>&) = 0;
+  virtual void finish(comm_hook::bucket_io_on<Device>&) = 0;
 
  protected:
   ~comm_hook_part() = default;
 };
 
-template <comm_hook::policy P>
-struct comm_hook_adapter final : comm_hook_part {
+template <comm_hook::policy P, class Device>
+struct comm_hook_adapter final : comm_hook_part<Device> {
   P policy;
   std::string_view name() const noexcept override { return P::name; }
-  void reduce(comm_hook::bucket_io& b) override { policy.reduce(b); }
-  void finish(comm_hook::bucket_io& b) override { policy.finish(b); }
+  void reduce(comm_hook::bucket_io_on<Device>& b) override { policy.reduce(b); }
+  void finish(comm_hook::bucket_io_on<Device>& b) override { policy.finish(b); }
 };
 
 struct bucket_part {
@@ -171,7 +173,7 @@ struct trainer_parts_ref {
   buffer_sync_part& buffer_sync;
   unused_params_part& unused_params;
   update_part& update;
-  comm_hook_part& comm_hook;
+  comm_hook_part<Device>& comm_hook;
   const bucket_part& buckets;
   optimizer_part<Device>& optimizer;
 };

@@ -134,7 +134,7 @@ struct trainer_part_holder {
   buffer_sync_adapter<typename P::buffer_sync> buffer_sync;
   unused_params_adapter<typename P::unused_params> unused_params;
   update_adapter<typename P::update> update;
-  comm_hook_adapter<typename P::comm_hook> comm_hook;
+  comm_hook_adapter<typename P::comm_hook, typename P::device> comm_hook;
   bucket_adapter<typename P::buckets> buckets;
   optimizer_adapter<typename P::optimizer, typename P::device> optimizer;
 

@@ -289,6 +289,18 @@ class trainer_core {
       if (!s.empty()) device_.copy_to_host(s.data(), bk.state.data(), s.size() * sizeof(float));
       f.set_array("state/" + std::to_string(i), std::span<const float>(s));
     }
+    // The communication hook's state (PowerSGD's error feedback and factors): "bucket slot floats" per line.
+    std::string hook_index;
+    for (std::size_t i = 0; i < buckets_.size(); ++i)
+      for (std::size_t k = 0; k < buckets_[i].hook_state.size(); ++k) {
+        const auto& a = buckets_[i].hook_state[k];
+        if (a.size() == 0) continue;
+        std::vector<float> v(a.size());
+        device_.copy_to_host(v.data(), a.data(), v.size() * sizeof(float));
+        f.set_array(hook_state_name(i, k), std::span<const float>(v));
+        hook_index += std::to_string(i) + " " + std::to_string(k) + " " + std::to_string(v.size()) + "\n";
+      }
+    if (!hook_index.empty()) f.set_text("hook_state", hook_index);
   }
 
   // Why `f` cannot be loaded into this trainer (another model, another bucket plan, another
@@ -309,6 +321,15 @@ class trainer_core {
     if (f.text("state_slots") != slots)
       return "'" + f.path() + "' holds " + f.text("state_slots") + " optimizer state value(s) per parameter, this "
              "trainer's optimizer keeps " + slots;
+    for (const auto& [bucket, slot, floats] : hook_state_index(f)) {
+      if (bucket >= buckets_.size() || slot > 64)
+        return "'" + f.path() + "' holds communication-hook state for bucket " + std::to_string(bucket) + " slot " +
+               std::to_string(slot) + ", which this trainer does not have";
+      const auto name = hook_state_name(bucket, slot);
+      if (!f.has(name) || f.section(name).size() % sizeof(float) || f.section(name).size() / sizeof(float) != floats)
+        return "'" + f.path() + "': its communication-hook state '" + hook_state_name(bucket, slot) +
+               "' is missing or of another size than its index says";
+    }
     return std::nullopt;
   }
 
@@ -350,10 +371,32 @@ class trainer_core {
       }
       if (!mine.empty()) device_.copy_from_host(bk.state.data(), mine.data(), mine.size() * sizeof(float));
     }
+    // The hook's state is this rank's own (error feedback): restored at the same world size, and
+    // started afresh at another.
+    for (auto& bk : buckets_) bk.hook_state.clear();
+    if (files.size() == 1)
+      for (const auto& [bucket, slot, floats] : hook_state_index(f)) {
+        auto& arrays = buckets_[bucket].hook_state;
+        if (arrays.size() <= slot) arrays.resize(slot + 1);
+        arrays[slot] = device_array<Device, float>(device_, floats);
+        const auto v = f.array<float>(hook_state_name(bucket, slot), floats);
+        device_.copy_from_host(arrays[slot].data(), v.data(), floats * sizeof(float));
+      }
     device_.synchronize();
   }
 
  private:
+  static std::string hook_state_name(std::size_t bucket, std::size_t slot) {
+    return "hook_state/" + std::to_string(bucket) + "/" + std::to_string(slot);
+  }
+  // A checkpoint's communication-hook state: bucket, slot, floats of each (none before hooks kept state).
+  static std::vector<std::array<std::size_t, 3>> hook_state_index(const detail::checkpoint_file& f) {
+    std::vector<std::array<std::size_t, 3>> rows;
+    if (!f.has("meta/hook_state")) return rows;
+    std::istringstream in(f.text("hook_state"));
+    for (std::array<std::size_t, 3> r{}; in >> r[0] >> r[1] >> r[2];) rows.push_back(r);
+    return rows;
+  }
   // Each bucket's row of a checkpoint's layout: numel, padded, shard begin, shard.
   static std::vector<std::array<std::size_t, 4>> parse_layout(const detail::checkpoint_file& f) {
     std::vector<std::array<std::size_t, 4>> rows;
@@ -466,6 +509,9 @@ class trainer_core {
       }
       bk.segments.push_back({p.grad, p.slot.offset, p.numel});
       bk.value_segments.push_back({p.value, p.slot.offset, p.numel});
+      const auto& shape = param_refs_[i].value.shape;
+      const std::size_t rows = shape.empty() || p.numel == 0 ? 1 : static_cast<std::size_t>(shape[0]);
+      bk.tensors.push_back({p.slot.offset, rows, p.numel / rows});
     }
   }
 
