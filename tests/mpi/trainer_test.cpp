@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 
 #include "mpi/world.hpp"
+#include "ddp/host/linalg.hpp"
+#include "ddp/policy/powersgd.hpp"
 #include "support/constant_gradient.hpp"
+#include "support/fixed_gradient.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/hook_bound.hpp"
 
@@ -61,6 +64,25 @@ TEST_CASE("mpi: fp16 divides before the sum, which MPI rounds to f16 at every st
       m, comm, dev, ddp::optim::sgd{.lr = 1.0f});
   trainer.step([](auto& r) { r.backward(r.forward(40000.0f)); });  // the sum, 40000 N, is past f16's 65504
   for (float x : m.value) CHECK(x == -40000.0f);
+}
+
+TEST_CASE("mpi: powersgd applies the average gradient at full rank, and recovers what rank 1 drops by error feedback") {
+  auto& comm = mpi_test::comm();
+  auto applied = [&]<std::size_t Rank>(int steps, float min_compression_rate) {
+    test::fixed_gradient m(comm.rank());
+    ddp::host::device dev;
+    ddp::trainer<test::fixed_gradient, ddp::comm_hook::powersgd<Rank>, ddp::use_communicator<ddp::mpi::communicator>>
+        trainer(m, comm, dev, ddp::optim::sgd{.lr = 1.0f});
+    auto& hook = trainer.template policy<ddp::comm_hook::slot>();
+    hook.start_after = 0;
+    hook.min_compression_rate = min_compression_rate;
+    for (int s = 0; s < steps; ++s) trainer.step([](auto& r) { r.backward(r.forward(0)); });
+    std::vector<float> mean(m.w.size());
+    for (std::size_t i = 0; i < mean.size(); ++i) mean[i] = -m.w[i] / static_cast<float>(steps);
+    return test::fixed_gradient::error_against_average(mean, comm.size());
+  };
+  CHECK(applied.template operator()<16>(5, 0.0f) < 1e-5);  // the P and Q collectives between processes
+  CHECK(applied.template operator()<1>(240, 2.0f) < 0.06);  // error feedback (in-process: 0.04)
 }
 
 TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)") {

@@ -13,6 +13,7 @@
 #include "ddp/host/linalg.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/policy/powersgd.hpp"
+#include "support/fixed_gradient.hpp"
 #include "support/relative_error.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
@@ -58,43 +59,14 @@ double held_out_loss(const params_t& values) {
   return ddp::nn::softmax_cross_entropy(model.forward(held.x), held.y).loss;
 }
 
-// One parameter whose gradient never changes: rank r's is a fixed random 24 x 16 matrix (full
-// rank), and a vector beside it. With SGD at lr 1 the parameters are minus the sum of the
-// averaged gradients the trainer applied.
-struct fixed_gradient {
-  using input_type = int;
-  using output_type = int;
-  static constexpr bool reports_gradient_ready = true;
-  static constexpr std::size_t rows = 24, cols = 16;
-  std::vector<float> w = std::vector<float>(rows * cols, 0.0f), w_grad = w, mine = w;
-  std::vector<float> b = std::vector<float>(cols, 0.0f), b_grad = b;
-  float b_mine = 0;
-  explicit fixed_gradient(int rank) : b_mine(static_cast<float>(rank + 1)) {
-    ddp::splitmix64 g(77 + static_cast<std::uint64_t>(rank));
-    for (auto& v : mine) v = g.uniform(-1.0f, 1.0f);
-  }
-  std::vector<ddp::parameter_ref> parameters() {
-    return {{"w", ddp::make_tensor_ref(std::span<float>(w), {rows, cols}), ddp::make_tensor_ref(std::span<float>(w_grad), {rows, cols})},
-            {"b", ddp::make_tensor_ref(std::span<float>(b), {cols}), ddp::make_tensor_ref(std::span<float>(b_grad), {cols})}};
-  }
-  std::vector<ddp::buffer_ref> buffers() { return {}; }
-  int forward(int x) { return x; }
-  void backward(int, const ddp::ready_sink& ready) {
-    for (std::size_t i = 0; i < w_grad.size(); ++i) w_grad[i] += mine[i];
-    for (auto& g : b_grad) g += b_mine;
-    ready(1);
-    ready(0);
-  }
-};
-
 // How far the average update over `steps` steps is from the average gradient (relative, in the
 // Frobenius norm), with and without error feedback.
 template <std::size_t Rank = 1, class Update = ddp::update::replicated>
 double average_update_error(int world, int steps, bool error_feedback, float min_compression_rate = 2.0f) {
   const auto results = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-    fixed_gradient m(comm.rank());
+    test::fixed_gradient m(comm.rank());
     ddp::host::device dev;
-    ddp::trainer<fixed_gradient, Update, ddp::comm_hook::powersgd<Rank>> trainer(m, comm, dev, ddp::optim::sgd{.lr = 1.0f});
+    ddp::trainer<test::fixed_gradient, Update, ddp::comm_hook::powersgd<Rank>> trainer(m, comm, dev, ddp::optim::sgd{.lr = 1.0f});
     auto& hook = trainer.template policy<ddp::comm_hook::slot>();
     hook.start_after = 0;
     hook.error_feedback = error_feedback;
@@ -104,19 +76,9 @@ double average_update_error(int world, int steps, bool error_feedback, float min
     for (std::size_t i = 0; i < applied.size(); ++i) applied[i] = -m.w[i] / static_cast<float>(steps);
     return std::pair{applied, m.b};
   });
-  std::vector<double> average(fixed_gradient::rows * fixed_gradient::cols, 0.0);
-  for (int r = 0; r < world; ++r) {
-    const fixed_gradient m(r);
-    for (std::size_t i = 0; i < average.size(); ++i) average[i] += m.mine[i] / world;
-  }
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < average.size(); ++i) {
-    diff += std::pow(results[0].first[i] - average[i], 2);
-    norm += average[i] * average[i];
-  }
   // The vector is never compressed: exactly the average (1 + ... + world) / world per step.
   for (float v : results[0].second) CHECK(v == doctest::Approx(-steps * (world + 1) / 2.0).epsilon(1e-6));
-  return std::sqrt(diff / norm);
+  return test::fixed_gradient::error_against_average(results[0].first, world);
 }
 
 }  // namespace
