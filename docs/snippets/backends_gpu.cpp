@@ -1,7 +1,8 @@
-// The NCCL snippet of docs/backends.md, compiled by the ddp_gpu target (CUDA toolkit, NCCL).
+// The NCCL and staged snippets of docs/backends.md, compiled by the ddp_gpu target (CUDA toolkit, NCCL).
 #include <ddp/cuda/nn/cross_entropy.hpp>
 #include <ddp/cuda/nn/linear.hpp>
 #include <ddp/cuda/nn/relu.hpp>
+#include <ddp/comm/staged_communicator.hpp>
 #include <ddp/ddp.hpp>
 #include <ddp/nccl/communicator.hpp>
 #include <ddp/nn/sequential.hpp>
@@ -29,6 +30,22 @@ void nccl_ranks(int n_gpus, std::uint64_t seed, const ddp::optim::sgd& opt, cons
                  ddp::use_device<ddp::cuda::device>> trainer(m, comm, dev, opt);
     for (std::size_t i = 0; i < inputs.size(); ++i)            // batches already on this GPU
       trainer.step([&](auto& r) { r.backward(g::softmax_cross_entropy(r.forward(inputs[i]), labels[i]).grad); });
+  });
+  // [end doc]
+}
+
+void one_gpu_ranks(std::uint64_t seed, const ddp::optim::sgd& opt) {
+  // [doc: backends.md]
+  #include <ddp/comm/staged_communicator.hpp>
+  #include <ddp/cuda/device.hpp>
+  #include <ddp/inproc/launch.hpp>
+
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(0, host.rank());  // both ranks on GPU 0
+    ddp::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
+    auto m = make_gpu_model(dev, seed);
+    ddp::trainer<gpu_model, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>>
+        trainer(m, comm, dev, opt);
   });
   // [end doc]
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ddp/comm/staged_communicator.hpp"
 #include "ddp/core/random.hpp"
 #include "ddp/cuda/nn/batch_norm.hpp"
 #include "ddp/cuda/nn/cross_entropy.hpp"
@@ -67,6 +68,17 @@ std::vector<std::vector<float>> train_on_host(const std::vector<batch>& data, in
   })[0];
 }
 
+// The GPU model's parameters, copied to the host.
+std::vector<std::vector<float>> parameters_on_host(gpu_model& m, ddp::cuda::device& dev) {
+  std::vector<std::vector<float>> state;
+  for (auto& p : m.parameters()) {
+    std::vector<float> v(p.value.numel());
+    dev.copy_to_host(v.data(), p.value.data, v.size() * sizeof(float));
+    state.push_back(std::move(v));
+  }
+  return state;
+}
+
 // Which communicator sums the GPU batch_norm's statistics: none, the NCCL one (in place on the
 // GPU), or the host one that bootstrapped it (through host memory).
 enum class statistics_sync { none, nccl, host };
@@ -92,14 +104,57 @@ std::vector<std::vector<float>> train_on_gpu(const std::vector<batch>& data, int
       for (int k = 0; k + 1 < micro; ++k) t.accumulate([&](auto& r) { run(data[i + k], r); });
       t.step([&](auto& r) { run(data[i + static_cast<std::size_t>(micro) - 1], r); });
     }
-    std::vector<std::vector<float>> state;
-    for (auto& p : m.parameters()) {
-      std::vector<float> v(p.value.numel());
-      dev.copy_to_host(v.data(), p.value.data, v.size() * sizeof(float));
-      state.push_back(std::move(v));
+    return parameters_on_host(m, dev);
+  })[0];
+}
+
+// Rank `rank`'s equal share of a batch (the rows left over when `world` does not divide it go unused).
+batch share_of(const batch& b, int rank, int world) {
+  const std::size_t per = b.x.rows / static_cast<std::size_t>(world), begin = per * static_cast<std::size_t>(rank);
+  return {ddp::nn::slice_rows(b.x, begin, begin + per),
+          std::vector<std::int32_t>(b.y.begin() + static_cast<std::ptrdiff_t>(begin),
+                                    b.y.begin() + static_cast<std::ptrdiff_t>(begin + per))};
+}
+
+const ddp::optim::sgd shared_gpu_sgd{.lr = 0.1f, .momentum = 0.9f};
+
+// `world` in-process ranks on the host, each on its share of every batch.
+template <class Update>
+std::vector<std::vector<float>> train_ranks_on_host(const std::vector<batch>& data, int world) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    host_model m(ddp::nn::linear(6, 8, 1), ddp::nn::batch_norm(8), ddp::nn::relu(), ddp::nn::linear(8, 3, 2));
+    ddp::host::device dev;
+    ddp::trainer<host_model, Update> t(m, comm, dev, shared_gpu_sgd);
+    for (const auto& b : data) {
+      const auto mine = share_of(b, comm.rank(), world);
+      t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(mine.x), mine.y).grad); });
     }
+    std::vector<std::vector<float>> state;
+    for (auto& p : m.parameters()) state.emplace_back(p.value.as<float>().begin(), p.value.as<float>().end());
     return state;
   })[0];
+}
+
+// The same `world` ranks all on GPU 0, their collectives staged through the host (NCCL refuses
+// two ranks on one device).
+template <class Update>
+std::vector<std::vector<float>> train_ranks_on_one_gpu(const std::vector<batch>& data, int world) {
+  const auto ranks = ddp::inproc::launch(world, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(0, host.rank());
+    ddp::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
+    gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
+    ddp::trainer<gpu_model, Update, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>> t(
+        m, comm, dev, shared_gpu_sgd);
+    for (const auto& b : data) {
+      const auto mine = share_of(b, host.rank(), world);
+      auto x = g::matrix::from_host(dev, mine.x);
+      auto y = ddp::cuda::device_vector<std::int32_t>::from_host(dev, mine.y);
+      t.step([&](auto& r) { r.backward(g::softmax_cross_entropy(r.forward(x), y).grad); });
+    }
+    return parameters_on_host(m, dev);
+  });
+  for (const auto& r : ranks) CHECK(r == ranks[0]);  // every rank the same bits
+  return ranks[0];
 }
 
 void check_same(const std::vector<std::vector<float>>& gpu, const std::vector<std::vector<float>>& host) {
@@ -202,5 +257,16 @@ TEST_CASE("cuda batch_norm counts one batch per training forward (num_batches_tr
     (void)host_bn.forward(x, /*training=*/true);
     CHECK(bn.batches_tracked() == k + 1);  // one kernel thread adds, not one per thread of its block
     CHECK(host_bn.batches_tracked() == k + 1);
+  }
+}
+
+TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3 host ranks", Update,
+                   ddp::update::replicated, ddp::update::sharded) {
+  // The buckets, the shard that does not start at 0 (sharded), the control floats: the trainer's
+  // multi-rank logic on the CUDA device, which NCCL's one-rank-per-GPU rule keeps from one GPU.
+  const auto data = make_batches(4);
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    check_same(train_ranks_on_one_gpu<Update>(data, world), train_ranks_on_host<Update>(data, world));
   }
 }
