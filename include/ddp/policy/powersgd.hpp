@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "ddp/core/random.hpp"
+#include "ddp/core/segment.hpp"
 #include "ddp/policy/comm_hook.hpp"
 
 namespace ddp::comm_hook {
@@ -51,11 +52,15 @@ struct factored {
 };
 struct bucket_plan {
   std::vector<factored> compressed;
-  std::vector<tensor_layout> plain;
+  // The tensors averaged whole: gradients at `tensor`, packed one after another from offset 0
+  // (the device's pack and unpack move them).
+  std::vector<segment> plain;
   std::size_t p_floats = 0, q_floats = 0, plain_floats = 0;
 };
 
-inline bucket_plan plan(std::span<const tensor_layout> tensors, std::size_t max_rank, float min_compression_rate) {
+// `gradients`: the bucket's, where the plain tensors' segments point (nullptr: sizes only).
+inline bucket_plan plan(std::span<const tensor_layout> tensors, std::size_t max_rank, float min_compression_rate,
+                        float* gradients = nullptr) {
   bucket_plan out;
   for (const auto& t : tensors) {
     const std::size_t r = std::min({t.rows, t.cols, max_rank});
@@ -66,7 +71,7 @@ inline bucket_plan plan(std::span<const tensor_layout> tensors, std::size_t max_
       out.p_floats += t.rows * r;
       out.q_floats += t.cols * r;
     } else {
-      out.plain.push_back(t);
+      out.plain.push_back({gradients ? gradients + t.offset : nullptr, out.plain_floats, t.rows * t.cols});
       out.plain_floats += t.rows * t.cols;
     }
   }
@@ -130,8 +135,8 @@ struct powersgd {
     }, "ddp: comm_hook::powersgd finds no matrix algebra for this device: include <ddp/host/linalg.hpp> for "
        "ddp::host::device (link ddp::nn), <ddp/cuda/linalg.hpp> for ddp::cuda::device, or declare gemm, axpy "
        "and orthonormalize_columns for your device in its namespace, as those headers do");
-    const auto plan = powersgd_detail::plan(b.tensors(), Rank, min_compression_rate);
     float* g = b.gradients();
+    const auto plan = powersgd_detail::plan(b.tensors(), Rank, min_compression_rate, g);
     float* m = compressed_input(b, plan);
     const hook_state q_state = b.state(1, plan.q_floats * sizeof(float));
     auto* q = static_cast<float*>(q_state.data);
@@ -147,11 +152,7 @@ struct powersgd {
     }
     if (plan.plain_floats) {
       auto* u = static_cast<float*>(b.scratch(1, plan.plain_floats * sizeof(float)));
-      std::size_t at = 0;
-      for (const auto& t : plan.plain) {
-        dev.copy(u + at, g + t.offset, t.rows * t.cols * sizeof(float));
-        at += t.rows * t.cols;
-      }
+      dev.pack(plan.plain, u);
       b.all_reduce(const_buffer{u, plan.plain_floats, dtype::f32}, mutable_buffer{u, plan.plain_floats, dtype::f32},
                    reduce_op::avg);
     }
@@ -166,8 +167,8 @@ struct powersgd {
     if (b.step() < start_after) return;
     b.wait();
     auto& dev = b.device();
-    const auto plan = powersgd_detail::plan(b.tensors(), Rank, min_compression_rate);
     float* g = b.gradients();
+    const auto plan = powersgd_detail::plan(b.tensors(), Rank, min_compression_rate, g);
     float* m = error_feedback ? float_state(b, 0, b.size()) : g;
     auto* q = float_state(b, 1, plan.q_floats);
     auto* p = static_cast<float*>(b.scratch(0, plan.p_floats * sizeof(float)));
@@ -187,14 +188,8 @@ struct powersgd {
            f.t.cols);
       if (error_feedback) axpy(dev, f.t.rows * f.t.cols, -1.0f, g + f.t.offset, m + f.t.offset);  // M - P Q^T
     }
-    if (plan.plain_floats) {
-      auto* u = static_cast<float*>(b.scratch(1, plan.plain_floats * sizeof(float)));
-      std::size_t at = 0;
-      for (const auto& t : plan.plain) {
-        dev.copy(g + t.offset, u + at, t.rows * t.cols * sizeof(float));
-        at += t.rows * t.cols;
-      }
-    }
+    if (plan.plain_floats)
+      dev.unpack(plan.plain, static_cast<const float*>(b.scratch(1, plan.plain_floats * sizeof(float))));
   }
 
  private:

@@ -389,20 +389,25 @@ class trainer_core {
   static std::string hook_state_name(std::size_t bucket, std::size_t slot) {
     return "hook_state/" + std::to_string(bucket) + "/" + std::to_string(slot);
   }
+  // N numbers per row ("1 2 3\n4 5 6\n"), as rows.
+  template <std::size_t N>
+  static std::vector<std::array<std::size_t, N>> number_rows(const std::string& text) {
+    std::vector<std::array<std::size_t, N>> rows;
+    std::istringstream in(text);
+    for (std::array<std::size_t, N> r{};;) {
+      for (auto& v : r)
+        if (!(in >> v)) return rows;
+      rows.push_back(r);
+    }
+  }
   // A checkpoint's communication-hook state: bucket, slot, floats of each (none before hooks kept state).
   static std::vector<std::array<std::size_t, 3>> hook_state_index(const detail::checkpoint_file& f) {
-    std::vector<std::array<std::size_t, 3>> rows;
-    if (!f.has("meta/hook_state")) return rows;
-    std::istringstream in(f.text("hook_state"));
-    for (std::array<std::size_t, 3> r{}; in >> r[0] >> r[1] >> r[2];) rows.push_back(r);
-    return rows;
+    if (!f.has("meta/hook_state")) return {};
+    return number_rows<3>(f.text("hook_state"));
   }
   // Each bucket's row of a checkpoint's layout: numel, padded, shard begin, shard.
   static std::vector<std::array<std::size_t, 4>> parse_layout(const detail::checkpoint_file& f) {
-    std::vector<std::array<std::size_t, 4>> rows;
-    std::istringstream in(f.text("buckets"));
-    for (std::array<std::size_t, 4> r{}; in >> r[0] >> r[1] >> r[2] >> r[3];) rows.push_back(r);
-    return rows;
+    return number_rows<4>(f.text("buckets"));
   }
   void between_steps(const char* operation) const {
     if (micro_batches_ != 0 || active_)
