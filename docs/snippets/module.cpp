@@ -78,7 +78,7 @@ static_assert(ddp::trainable_module<my_head>);
 struct minimal_module {   // the members the trainer calls, and nothing else
   using input_type = ddp::nn::matrix;                       // any types your forward takes
   using output_type = ddp::nn::matrix;                      // and returns
-  std::vector<ddp::parameter_ref> parameters();             // name, value tensor, gradient tensor (f32)
+  std::vector<ddp::parameter_ref> parameters();             // name, value, gradient (f32, bf16 or f16)
   std::vector<ddp::buffer_ref> buffers();                   // name, tensor, &version (running stats, counters)
   output_type forward(const input_type& x);                 // in training: pushes what backward needs
   void backward(const output_type& grad_output, const ddp::ready_sink& ready);

@@ -32,6 +32,19 @@ void powersgd(model& module, ddp::inproc::communicator& comm, ddp::host::device&
   // [end doc]
 }
 
+void mixed_precision(ddp::inproc::communicator& comm, ddp::host::device& dev, const fashion_mnist::batch& b) {
+  // [doc: trainer.md]
+  #include <ddp/ddp.hpp>
+
+  model module = make_model(1);
+  module.cast_parameters(ddp::dtype::bf16);  // the module holds bf16 values and gradients
+  ddp::trainer<model, ddp::comm_hook::bf16> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+  trainer.step([&](auto& replica) {          // the optimizer updates the f32 master copy
+    replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y).grad);
+  });
+  // [end doc]
+}
+
 void construction(model& module, ddp::inproc::communicator& comm, ddp::host::device& device) {
   // [doc: trainer.md]
   #include <ddp/ddp.hpp>
@@ -311,6 +324,7 @@ void instantiate() {
     schedules(trainer, 100, 1, 0.1f);
     parameter_groups(trainer);
     clipping(trainer, plain[0]);
+    mixed_precision(comm, dev, plain[0]);
     join(trainer, plain);
     timeline(trainer, plain);
     using_the_loader(trainer, 1);

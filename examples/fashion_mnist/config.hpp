@@ -21,6 +21,7 @@ struct config {
   std::string update = "replicated";
   std::string hook = "none";   // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
   std::uint64_t hook_start = 1000;  // powersgd: plain steps first (about two epochs at the defaults)
+  std::string precision = "f32";  // the model's parameters: f32, or bf16 / f16 with the trainer's f32 master
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool mapped = false;         // memory-map uncompressed IDX files instead of reading the .gz ones
   std::size_t prefetch = 0;    // batches made ahead on a thread per rank (0: on the rank's thread)
@@ -41,6 +42,7 @@ struct report {
   double train_seconds = 0;
   double samples_per_second = 0;
   std::string policies;
+  double host_waits_per_step = -1;  // on a GPU: how often a step made the host wait for it
 };
 
 }  // namespace fmnist

@@ -86,6 +86,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd"}))->capture_default_str();
   app.add_option("--hook-start", c.hook_start, "powersgd: optimizer steps reduced plainly before compression starts")
       ->capture_default_str();
+#if !DDP_EXAMPLE_WITH_TORCH
+  app.add_option("--precision", c.precision,
+                 "the model's parameters: f32, or bf16 / f16 (the model holds 16 bits, the trainer an f32 master "
+                 "copy that the optimizer updates; with --hook none gradients are reduced in f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
+#endif
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
   // Each binary runs one platform; a flag value that belongs to another binary says which one.
 #if DDP_EXAMPLE_WITH_TORCH
@@ -180,8 +186,12 @@ int main(int argc, char** argv) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto& last = r.epochs.back();
   std::printf("\nsummary\n  test accuracy   %.2f%% after %d epoch(s)\n  training time   %.1f s (wall %.1f s with data "
-              "loading)\n  throughput      %.0f samples/s over %d rank(s)\n  policies        %s\n",
+              "loading)\n  throughput      %.0f samples/s over %d rank(s)\n  policies        %s\n  parameters      %s\n",
               100 * last.test_accuracy, last.epoch, r.train_seconds, wall, r.samples_per_second, c.ranks,
-              r.policies.c_str());
+              r.policies.c_str(), c.precision == "f32" ? "f32" : (c.precision + " (f32 master copy)").c_str());
+  if (r.host_waits_per_step >= 0)
+    std::printf("  host waits      %.2f per step (the host waited for the GPU: copies to the host, the loss, "
+                "collectives not yet done)\n",
+                r.host_waits_per_step);
   return 0;
 }

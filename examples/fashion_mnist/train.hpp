@@ -2,10 +2,12 @@
 // The data-parallel training run of the example, generic over the trainer's policies.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <stdexcept>
 #include <numbers>
 #include <string>
 #include <vector>
@@ -90,42 +92,90 @@ ddp::metric test_accuracy(Trainer& trainer, typename Platform::device& dev, cons
   });
 }
 
-// The sampler's part of training, kept out of the epoch loop's type: this rank's batches of the
-// next epoch (the trainer advances the epoch, P4).
-using next_epoch_batches = std::function<ddp::data::batch_stream<ddp::data::weighted_batch<fashion_mnist::batch>>()>;
+using train_loader = ddp::data::loader<fashion_mnist, decltype(&fashion_mnist::collate)>;
+using train_batches = ddp::data::batch_stream<ddp::data::weighted_batch<fashion_mnist::batch>>;
 
-// One rank's epochs. A template over the trainer's core (ddp::trainer_core), so every combination
-// of policies shares one instantiation of it (see docs/trainer.md).
-// `first_epoch` > 1 when a checkpoint was loaded; `save` (when --checkpoint is given) runs after
-// each epoch.
+// What the run needs of a trainer beyond its core (ddp::trainer_core, which every combination
+// of policies shares), behind one small interface: each of the 192 combinations then compiles
+// a few forwarding functions, and the run itself is compiled once per core.
+class trainer_policies {
+ public:
+  virtual train_batches epoch(train_loader&) = 0;  // this rank's batches of the next epoch (P4)
+  virtual std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const = 0;
+  virtual std::uint64_t epochs_started() const = 0;
+  virtual void save(const std::string& dir) = 0;
+  virtual void load(const std::string& dir) = 0;
+  virtual std::string describe() const = 0;
+
+ protected:
+  ~trainer_policies() = default;
+};
+
+template <class Trainer>
+class policies_of final : public trainer_policies {
+ public:
+  explicit policies_of(Trainer& t) : t_(t) {}
+  train_batches epoch(train_loader& loader) override { return t_.epoch(loader); }
+  std::size_t steps_per_epoch(std::size_t n, std::size_t batch) const override { return t_.steps_per_epoch(n, batch); }
+  std::uint64_t epochs_started() const override { return t_.epochs_started(); }
+  void save(const std::string& dir) override { t_.save(dir); }
+  void load(const std::string& dir) override { t_.load(dir); }
+  std::string describe() const override { return t_.describe(); }
+
+ private:
+  Trainer& t_;
+};
+
+// How often the host has waited for the device so far (a GPU's; 0 where the device does not count).
+template <class Device>
+std::uint64_t host_waits(const Device& dev) {
+  if constexpr (requires { dev.host_waits(); }) return dev.host_waits();
+  else return 0;
+}
+
+// One rank's run: --checkpoint's resume, the epochs, a save after each (with --checkpoint), the
+// report. A template over the trainer's core, not the trainer.
 template <class Platform, class Core>
-void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t steps_per_epoch, int first_epoch,
-                const std::function<void()>& save, typename Platform::model& m, typename Platform::device& dev,
-                const config& c, const fashion_mnist& test_set, report& out) {
+void run_rank(Core& trainer, trainer_policies& policies, typename Platform::device& dev, const config& c,
+              const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
   const auto& comm = trainer.communicator();
   const bool lead = comm.rank() == 0;
+  train_loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
+  // --checkpoint DIR: go on from the checkpoint there, if any, and save one after every epoch.
+  if (!c.checkpoint.empty() && ddp::has_checkpoint(c.checkpoint)) {
+    policies.load(c.checkpoint);
+    if (lead)
+      std::printf("resumed from the checkpoint in '%s': %llu epoch(s) done, step %llu\n", c.checkpoint.c_str(),
+                  static_cast<unsigned long long>(policies.epochs_started()),
+                  static_cast<unsigned long long>(trainer.steps()));
+  }
+  const int first_epoch = static_cast<int>(policies.epochs_started()) + 1;
+  const std::size_t steps_per_epoch = policies.steps_per_epoch(train_set.size(), c.batch);
   progress_line progress(lead && c.progress);
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
   const auto schedule = lr_schedule(c, total_steps);
   const auto start = std::chrono::steady_clock::now();
   std::size_t step = trainer.steps();  // the schedule's position: 0, or where a checkpoint left off
+  std::uint64_t waits_in_steps = 0;
   const std::size_t first_step = step;
   ddp::timeline timeline;  // --trace FILE: every step's phases, written after the last epoch
   if (!c.trace.empty()) trainer.record_timeline(&timeline);
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::metric loss, accuracy;
-    auto batches = next_epoch();
+    auto batches = policies.epoch(loader);
     const std::size_t steps = batches.size();
     std::size_t i = 0;
     for (const auto& b : batches) {
       trainer.learning_rate() = c.lr * schedule(step);
+      const auto waits_before = host_waits(dev);
       trainer.step([&](auto& replica) {
         auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y, b.weights);
         replica.backward(ce.grad);
         loss.add(ce.loss_sum, ce.samples);
         accuracy.add(static_cast<double>(ce.correct), ce.samples);
       });
+      waits_in_steps += host_waits(dev) - waits_before;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double rate =
           static_cast<double>((step + 1 - first_step) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;
@@ -148,7 +198,7 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
       std::fflush(stdout);
       out.epochs.push_back(e);
     }
-    if (save) save();
+    if (!c.checkpoint.empty()) policies.save(c.checkpoint);
   }
   if (!c.trace.empty()) {
     trainer.record_timeline(nullptr);
@@ -166,6 +216,30 @@ void run_epochs(Core& trainer, const next_epoch_batches& next_epoch, std::size_t
     out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     out.samples_per_second = static_cast<double>((total_steps - first_step) * c.batch *
                                                  static_cast<std::size_t>(comm.size())) / out.train_seconds;
+    out.policies = policies.describe();
+    if constexpr (requires { dev.host_waits(); })
+      out.host_waits_per_step = static_cast<double>(waits_in_steps) / static_cast<double>(std::max<std::size_t>(1, step - first_step));
+  }
+}
+
+// --hook: chosen at run time inside one trainer type, so it does not multiply the combinations.
+using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16,
+                                           ddp::comm_hook::powersgd<4>>;
+
+inline void select_hook(hook_choice& hook, const config& c) {
+  hook.select(c.hook == "powersgd" ? ddp::comm_hook::powersgd<4>::name : std::string_view(c.hook));
+  if (auto* low_rank = std::get_if<ddp::comm_hook::powersgd<4>>(&hook.chosen)) low_rank->start_after = c.hook_start;
+}
+
+// --precision: the model's parameters in f32, or in bf16 / f16 with the trainer's f32 master copy.
+template <class Model>
+void set_precision(Model& m, const std::string& precision) {
+  const ddp::dtype t = precision == "bf16" ? ddp::dtype::bf16 : precision == "f16" ? ddp::dtype::f16 : ddp::dtype::f32;
+  if constexpr (requires { m.cast_parameters(t); }) {
+    if (t != ddp::dtype::f32) m.cast_parameters(t);
+  } else if (t != ddp::dtype::f32) {
+    throw std::invalid_argument("--precision " + precision + ": this platform's model keeps f32 parameters; 16-bit "
+                                "parameters need the reference layers (--device cpu or cuda)");
   }
 }
 
@@ -173,31 +247,15 @@ template <class Trainer, class Platform>
 void train_on_rank(typename Trainer::communicator_type& comm, typename Platform::device& dev, const config& c,
                    const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
   auto m = Platform::make_model(dev, c.seed);
+  set_precision(m, c.precision);
   typename Trainer::optimizer_type opt{};
   opt.lr = c.lr;
   opt.weight_decay = c.weight_decay;
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
-  auto& hook = trainer.template policy<ddp::comm_hook::slot>();
-  hook.select(c.hook == "powersgd" ? ddp::comm_hook::powersgd<4>::name : std::string_view(c.hook));
-  if (auto* low_rank = std::get_if<ddp::comm_hook::powersgd<4>>(&hook.chosen)) low_rank->start_after = c.hook_start;
-  ddp::data::loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
-  // --checkpoint DIR: go on from the checkpoint there, if any, and save one after every epoch.
-  std::function<void()> save;
-  if (!c.checkpoint.empty()) {
-    if (ddp::has_checkpoint(c.checkpoint)) {
-      trainer.load(c.checkpoint);
-      if (comm.rank() == 0)
-        std::printf("resumed from the checkpoint in '%s': %llu epoch(s) done, step %llu\n", c.checkpoint.c_str(),
-                    static_cast<unsigned long long>(trainer.epochs_started()),
-                    static_cast<unsigned long long>(trainer.steps()));
-    }
-    save = [&] { trainer.save(c.checkpoint); };
-  }
-  run_epochs<Platform, typename Trainer::core_type>(
-      trainer, [&] { return trainer.epoch(loader); }, trainer.steps_per_epoch(train_set.size(), c.batch),
-      static_cast<int>(trainer.epochs_started()) + 1, save, m, dev, c, test_set, out);
-  if (comm.rank() == 0) out.policies = trainer.describe();
+  select_hook(trainer.template policy<ddp::comm_hook::slot>(), c);
+  policies_of<Trainer> policies(trainer);
+  run_rank<Platform, typename Trainer::core_type>(trainer, policies, dev, c, train_set, test_set, out);
 }
 
 template <class F>
@@ -231,10 +289,6 @@ void with_optimizer(const std::string& name, F f) {
   if (name == "sgd") f(ddp::optim::sgd{});
   else if (name == "adamw") f(ddp::optim::adamw{});
 }
-
-// --hook: chosen at run time inside one trainer type, so it does not multiply the combinations.
-using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16,
-                                           ddp::comm_hook::powersgd<4>>;
 
 // One rank's training with the trainer type the flags name. Every trainer type shares one
 // trainer_core per communicator (docs/trainer.md), so each of the 192 combinations costs a thin

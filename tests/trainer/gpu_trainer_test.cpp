@@ -14,6 +14,7 @@
 #include "ddp/cuda/nn/relu.hpp"
 #include "ddp/cuda/nn/sync.hpp"
 #include "ddp/host/device.hpp"
+#include "ddp/host/half.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nccl/communicator.hpp"
 #include "ddp/nn/batch_norm.hpp"
@@ -268,5 +269,59 @@ TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3
   for (int world : {2, 3}) {
     CAPTURE(world);
     check_same(train_ranks_on_one_gpu<Update>(data, world), train_ranks_on_host<Update>(data, world));
+  }
+}
+
+TEST_CASE("bf16 parameters on the GPU (cuda::nn, f32 master in the trainer) track bf16 parameters on the host") {
+  // One rank each way, the same model cast to bf16, SGD with momentum. The GPU's f32 arithmetic
+  // (cuBLAS, fused multiply-adds) differs from the host's in the last bits; a master that moves by
+  // that much may round to the neighbouring bf16 value. Bound: two bf16 steps of each value (2^-7
+  // of it), plus 1e-4 for values near zero.
+  const auto data = make_batches(6);
+  auto widen = [](std::vector<std::uint16_t> h) {
+    std::vector<float> v(h.size());
+    ddp::host::widen<ddp::host::bf16_format>(h.data(), v.data(), h.size());
+    return v;
+  };
+  const auto host = ddp::inproc::launch(1, [&](ddp::inproc::communicator& comm) {
+    host_model m(ddp::nn::linear(6, 8, 1), ddp::nn::batch_norm(8), ddp::nn::relu(), ddp::nn::linear(8, 3, 2));
+    m.cast_parameters(ddp::dtype::bf16);
+    ddp::host::device dev;
+    ddp::trainer<host_model> t(m, comm, dev, shared_gpu_sgd);
+    for (const auto& b : data)
+      t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    std::vector<std::vector<float>> state;
+    for (auto& p : m.parameters()) {
+      const auto* h = static_cast<const std::uint16_t*>(p.value.data);
+      state.push_back(widen(std::vector<std::uint16_t>(h, h + p.value.numel())));
+    }
+    return state;
+  })[0];
+  const auto gpu = ddp::inproc::launch(1, [&](ddp::inproc::communicator& host_comm) {
+    ddp::cuda::device dev(0, host_comm.rank());
+    auto comm = ddp::nccl::bootstrap(host_comm, dev);
+    gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
+    m.cast_parameters(ddp::dtype::bf16);
+    ddp::trainer<gpu_model, ddp::use_communicator<ddp::nccl::communicator>, ddp::use_device<ddp::cuda::device>> t(
+        m, comm, dev, shared_gpu_sgd);
+    for (const auto& b : data) {
+      auto x = g::matrix::from_host(dev, b.x);
+      auto y = ddp::cuda::device_vector<std::int32_t>::from_host(dev, b.y);
+      t.step([&](auto& r) { r.backward(g::softmax_cross_entropy(r.forward(x), y).grad); });
+    }
+    std::vector<std::vector<float>> state;
+    for (auto& p : m.parameters()) {
+      CHECK(p.value.type == ddp::dtype::bf16);
+      std::vector<std::uint16_t> h(p.value.numel());
+      dev.copy_to_host(h.data(), p.value.data, h.size() * sizeof(std::uint16_t));
+      state.push_back(widen(std::move(h)));
+    }
+    return state;
+  })[0];
+  REQUIRE(gpu.size() == host.size());
+  for (std::size_t k = 0; k < gpu.size(); ++k) {
+    INFO("parameter ", k);
+    for (std::size_t i = 0; i < gpu[k].size(); ++i)
+      CHECK(std::fabs(gpu[k][i] - host[k][i]) <= 0x1p-7 * std::fabs(host[k][i]) + 1e-4);
   }
 }

@@ -38,6 +38,9 @@ constexpr bool is_floating(dtype t) noexcept {
   return t == dtype::f32 || t == dtype::f64 || t == dtype::f16 || t == dtype::bf16;
 }
 
+// The 16-bit floating formats (stored as std::uint16_t; ddp/host/half.hpp converts them).
+constexpr bool is_half(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+
 template <class T>
 struct dtype_of_t {
   static_assert(sizeof(T) == 0,

@@ -10,6 +10,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,6 +30,7 @@ class device {
   explicit device(int ordinal = 0, int rank = -1) : site_{rank, ordinal}, stream_(select(site_)) {
     check(cudaDeviceGetAttribute(&limits_.multiprocessors, cudaDevAttrMultiProcessorCount, ordinal),
           "cudaDeviceGetAttribute", site_);
+    keep_pool_memory();
   }
   device(const device&) = delete;
   device& operator=(const device&) = delete;
@@ -55,6 +58,12 @@ class device {
   // Makes this device current on the calling thread.
   void activate() const { check(cudaSetDevice(site_.device), "cudaSetDevice", site_); }
 
+  // How many times the host has waited for this GPU (copy_to_host, synchronize, sum_of_squares,
+  // deallocate, and a communicator's wait that calls note_host_wait): the example prints it per
+  // step, where every one is a bubble in the GPU's queue.
+  std::uint64_t host_waits() const noexcept { return host_waits_.load(std::memory_order_relaxed); }
+  void note_host_wait() noexcept { host_waits_.fetch_add(1, std::memory_order_relaxed); }
+
   void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;
     activate();
@@ -67,6 +76,7 @@ class device {
   void deallocate(void* p, std::size_t) noexcept {
     if (!p) return;
     cudaSetDevice(site_.device);
+    note_host_wait();
     cudaDeviceSynchronize();
     cudaFree(p);
   }
@@ -76,6 +86,7 @@ class device {
   void copy_from_host(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) {
     enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToHost);
+    note_host_wait();
     stream_.synchronize();
   }
   void fill_zero(void* dst, std::size_t bytes) {
@@ -134,7 +145,10 @@ class device {
           "elementwise kernel", site_);
   }
 
-  void synchronize() { stream_.synchronize(); }
+  void synchronize() {
+    note_host_wait();
+    stream_.synchronize();
+  }
 
   // Where `p` lives according to the driver: a device pointer names its GPU, anything else is
   // host memory (P3 checks compare this with the rank's device).
@@ -157,6 +171,17 @@ class device {
     return site;
   }
 
+  // cudaMallocAsync's pool (device_vector, the reference layers' per-step temporaries) returns
+  // its memory to the driver at every synchronisation unless a release threshold says to keep it:
+  // then each step maps and unmaps the same memory again. Keep it all: the pool is this
+  // process's, and its high-water mark is one step's.
+  void keep_pool_memory() {
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetDefaultMemPool(&pool, site_.device), "cudaDeviceGetDefaultMemPool", site_);
+    std::uint64_t keep = ~std::uint64_t{0};
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", site_);
+  }
+
   void enqueue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
     if (!bytes || dst == src) return;
     activate();
@@ -174,6 +199,7 @@ class device {
   kernels::launch_limits limits_;
   cublasHandle_t blas_ = nullptr;
   double* reduction_scratch_ = nullptr;  // sum_of_squares: per-block partials, then the result
+  std::atomic<std::uint64_t> host_waits_{0};
 };
 
 static_assert(diagnose_device<device>());

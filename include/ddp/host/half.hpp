@@ -96,7 +96,7 @@ struct f16_format {
   static float from(std::uint16_t h) { return from_f16(h); }
 };
 
-inline bool is_half(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+using ddp::is_half;
 
 template <class F>
 decltype(auto) visit_half_dtype(dtype t, F&& f) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "ddp/comm/failure.hpp"
 #include "ddp/comm/watchdog.hpp"
@@ -72,6 +73,45 @@ struct pending {
 };
 
 using comm::failure;
+
+// Finished collectives' events, kept for the next ones: two new CUDA events per collective cost
+// more host time than queueing the collective. A pending goes back when its last holder (a work
+// handle, the watchdog's list) lets go; at most `kept` wait here.
+class pending_pool : public std::enable_shared_from_this<pending_pool> {
+ public:
+  static constexpr std::size_t kept = 64;
+
+  std::shared_ptr<pending> take(cuda::call_site site, const char* name, std::uint64_t sequence) {
+    std::unique_ptr<pending> p;
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        p = std::move(free_.back());
+        free_.pop_back();
+      }
+    }
+    if (p) {
+      p->name = name;
+      p->sequence = sequence;
+      p->seen_started.reset();
+    } else {
+      p = std::make_unique<pending>(site, name, sequence);
+    }
+    return {p.release(), [pool = shared_from_this()](pending* q) { pool->give_back(q); }};
+  }
+
+ private:
+  void give_back(pending* q) noexcept {
+    std::unique_ptr<pending> owned(q);
+    try {
+      std::lock_guard lock(mutex_);
+      if (free_.size() < kept) free_.push_back(std::move(owned));
+    } catch (...) {  // no room to keep it: its events go
+    }
+  }
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<pending>> free_;
+};
 
 // Everything a communicator and its work handles share; the watchdog thread works on it too.
 class core {
@@ -137,7 +177,7 @@ class core {
   std::shared_ptr<pending> enqueue(const char* name, Call call) {
     throw_if_failed(name);
     device_->activate();
-    auto p = std::make_shared<pending>(device_->site(), name, next_sequence_++);
+    auto p = pool_->take(device_->site(), name, next_sequence_++);
     ready_.record(device_->stream());
     stream_.wait(ready_.get());
     p->started.record(stream_.get());
@@ -157,6 +197,7 @@ class core {
   // Host waits for `p` (the watchdog turns a collective that never finishes into a failure);
   // then the compute stream is ordered after it too.
   void wait(const pending& p) {
+    if (!p.done.done()) device_->note_host_wait();
     for (int spins = 0; !p.done.done(); ++spins) {
       throw_if_failed(p.name);
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -319,6 +360,7 @@ class core {
 
   comm::failure_latch failure_;
 
+  std::shared_ptr<pending_pool> pool_ = std::make_shared<pending_pool>();
   std::mutex watch_mutex_;
   std::deque<std::shared_ptr<pending>> in_flight_;
   std::optional<comm::watchdog> watchdog_;  // last: stopped first

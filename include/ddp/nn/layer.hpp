@@ -6,6 +6,9 @@
 //   matrix_type forward(const matrix_type& x, bool training);   training: push what backward needs
 //   matrix_type backward(const matrix_type& dy, bool need_dx);  accumulate parameter gradients, pop
 //   std::span<P> params();                             empty for layers without parameters
+//        P: ddp::nn::parameter or ddp::cuda::nn::parameter (any dtype; sequential calls
+//        before_forward() and after_backward() around the layer, which reads value() and
+//        accumulates into grad() in f32)
 //   std::vector<buffer_ref> buffer_refs(const std::string& prefix);
 #include <concepts>
 #include <span>
@@ -29,6 +32,8 @@ concept layer = requires { typename L::matrix_type; } &&
                   { l.params()[0].ref(prefix) } -> std::same_as<parameter_ref>;
                   l.params()[0].bind_gradient(storage);
                   l.params()[0].bind_value(storage);
+                  l.params()[0].before_forward();
+                  l.params()[0].after_backward();
                   { l.buffer_refs(prefix) } -> std::same_as<std::vector<buffer_ref>>;
                 };
 

@@ -64,7 +64,10 @@ class sequential {
 
   matrix_type forward(const matrix_type& x) {
     matrix_type h = x;
-    for_each_layer([&](auto& l, std::size_t) { h = l.forward(h, training_); });
+    for_each_layer([&](auto& l, std::size_t) {
+      for (auto& p : l.params()) p.before_forward();
+      h = l.forward(h, training_);
+    });
     if (training_) ++pending_;
     return h;
   }
@@ -78,11 +81,24 @@ class sequential {
     matrix_type g = grad_output;
     for_each_layer_reverse([&](auto& l, std::size_t k) {
       g = l.backward(g, /*need_dx=*/k > 0 || input_gradient_);
-      for (std::size_t i = 0; i < l.params().size(); ++i) ready(first_param_[k] + i);
+      auto ps = l.params();
+      for (std::size_t i = 0; i < ps.size(); ++i) {
+        ps[i].after_backward();
+        ready(first_param_[k] + i);
+      }
     });
     return g;
   }
   void compute_input_gradient(bool on = true) noexcept { input_gradient_ = on; }
+
+  // Keeps every parameter in `t` from now on (bf16 or f16: a trainer trains them through an f32
+  // master copy; f32 again); cast one layer's with layer<K>().params()[i].cast(t). Before a
+  // trainer is built over the module.
+  void cast_parameters(dtype t) {
+    for_each_layer([&](auto& l, std::size_t) {
+      for (auto& p : l.params()) p.cast(t);
+    });
+  }
 
   void bind_gradient(std::size_t index, float* storage) {
     with_parameter(index, [&](auto& p) { p.bind_gradient(storage); });

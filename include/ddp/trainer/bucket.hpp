@@ -24,6 +24,14 @@
 
 namespace ddp::detail {
 
+// A 16-bit tensor's place in a bucket of floats (a bf16 or f16 parameter's gradient).
+struct half_segment {
+  void* tensor = nullptr;
+  dtype type = dtype::bf16;
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
 template <communicator Comm, device Device>
 struct bucket final : update::bucket_ops {
   using work_type = decltype(std::declval<Comm&>().all_reduce(const_buffer{}, mutable_buffer{}, reduce_op::avg));
@@ -36,7 +44,8 @@ struct bucket final : update::bucket_ops {
   bool binds_values = false;  // the module keeps its parameters in `values`
 
   std::vector<std::size_t> params;
-  std::vector<segment> segments;  // module grad <-> bucket grads
+  std::vector<segment> segments;  // module grad <-> bucket grads, f32 parameters
+  std::vector<half_segment> half_grads;  // 16-bit parameters' gradients, widened into the bucket
   std::vector<comm_hook::tensor_layout> tensors;  // each parameter's place and matrix shape
   std::size_t numel = 0;
   std::size_t shard = 0;

@@ -3,6 +3,7 @@
 // values) into bucket memory; a storage_return hands that storage back to the module before the
 // buckets go, also when construction fails half-way.
 #include <cstddef>
+#include <vector>
 
 #include "ddp/concepts/module.hpp"
 
@@ -11,8 +12,8 @@ namespace ddp::detail {
 template <class Module>
 struct storage_return {
   Module* module = nullptr;
-  std::size_t gradients = 0;  // parameters [0, gradients) have bound gradients
-  std::size_t values = 0;     // parameters [0, values) have bound values
+  std::vector<std::size_t> gradients;  // parameters with bound gradients
+  std::vector<std::size_t> values;     // parameters with bound values
 
   storage_return() = default;
   storage_return(const storage_return&) = delete;
@@ -20,9 +21,9 @@ struct storage_return {
   ~storage_return() {
     try {
       if constexpr (binds_gradient_storage<Module>)
-        for (std::size_t i = 0; i < gradients; ++i) module->bind_gradient(i, nullptr);
+        for (const auto i : gradients) module->bind_gradient(i, nullptr);
       if constexpr (binds_parameter_storage<Module>)
-        for (std::size_t i = 0; i < values; ++i) module->bind_parameter(i, nullptr);
+        for (const auto i : values) module->bind_parameter(i, nullptr);
     } catch (...) {  // a module that cannot take storage back keeps dangling views; nothing else to do here
     }
   }

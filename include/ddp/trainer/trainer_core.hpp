@@ -11,6 +11,12 @@
 // the same model (P5), then broadcasts rank 0's parameters and buffers. A step may run any number
 // of forwards and backwards (each backward pops the innermost forward); gradients are averaged
 // over ranks and micro-batches, so the update equals one step on the concatenated global batch.
+//
+// Mixed precision: a parameter the module keeps in bf16 or f16 (with a gradient of the same
+// dtype) is trained through an f32 master copy the trainer keeps: its gradient is widened into
+// the f32 bucket, reduced there (in f32, or in 16 bits under comm_hook::bf16 / fp16), the
+// optimizer updates the master, and the module's value is the master rounded after each step.
+// Checkpoints hold the master.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -344,6 +350,7 @@ class trainer_core {
       device_.copy_from_host(p.value, v.data(), p.numel * sizeof(float));
     }
     stage_values();
+    round_masters_into_module();
     for (const auto& b : buffers_.entries()) {
       const auto& bytes = f.section("buffer/" + b.name);
       if (bytes.size() != b.value.bytes())
@@ -422,30 +429,54 @@ class trainer_core {
 
   struct param_info {
     std::string name;
-    float* value = nullptr;
-    float* grad = nullptr;  // where backward accumulates (bucket memory when bound)
+    float* value = nullptr;  // the f32 value the optimizer updates: the module's, or its master copy
+    float* grad = nullptr;   // f32: where backward accumulates (bucket memory when bound); 16-bit: none
     std::size_t numel = 0;
     bucket_slot slot;
+    dtype type = dtype::f32;  // the module's
+    void* module_value = nullptr;  // 16-bit parameters: the module's own value and gradient
+    void* module_grad = nullptr;
   };
 
   // ---- construction -------------------------------------------------------------------
 
   void collect_tensors() {
+    std::size_t master_floats = 0;
     for (auto&& p : module_.parameters()) {
       parameter_ref ref = p;
-      if (ref.value.type != dtype::f32 || ref.grad.type != dtype::f32)
-        fail_construct("parameter '" + ref.name + "' is " + std::string(name_of(ref.value.type)) +
-                       " with a " + std::string(name_of(ref.grad.type)) +
-                       " gradient; the trainer keeps f32 parameters and gradients (cast the "
-                       "module to f32, or keep the other dtype as a buffer)");
+      const dtype type = ref.value.type;
+      if ((type != dtype::f32 && !is_half(type)) || ref.grad.type != type)
+        fail_construct("parameter '" + ref.name + "' is " + std::string(name_of(type)) + " with a " +
+                       std::string(name_of(ref.grad.type)) +
+                       " gradient; the trainer trains f32 parameters, and bf16 or f16 ones through an f32 master "
+                       "copy, each with a gradient of its own dtype (cast the parameter, or keep the other dtype "
+                       "as a buffer)");
       if (ref.grad.numel() != ref.value.numel())
         fail_construct("parameter '" + ref.name + "' has " + std::to_string(ref.value.numel()) +
                        " elements but its gradient " + std::to_string(ref.grad.numel()));
-      params_.push_back({ref.name, static_cast<float*>(ref.value.data), static_cast<float*>(ref.grad.data),
-                         ref.value.numel(), {}});
+      param_info info{ref.name, nullptr, nullptr, ref.value.numel(), {}, type};
+      if (type == dtype::f32) {
+        info.value = static_cast<float*>(ref.value.data);
+        info.grad = static_cast<float*>(ref.grad.data);
+      } else {
+        info.module_value = ref.value.data;
+        info.module_grad = ref.grad.data;
+        master_floats += info.numel;
+      }
+      params_.push_back(std::move(info));
       param_refs_.push_back(std::move(ref));
     }
     if (params_.empty()) fail_construct("the module has no parameters: there is nothing to train");
+    if (master_floats && !parts_.optimizer.applies_update())
+      fail_construct("parameter '" + first_half_parameter().name + "' is " +
+                     std::string(name_of(first_half_parameter().type)) +
+                     ", trained through the trainer's f32 master copy, but optim::external leaves the update to "
+                     "your optimizer, which would step the 16-bit values themselves: use a trainer optimizer "
+                     "(ddp::optim::sgd, adamw), or give the module f32 parameters");
+    if (master_floats) masters_ = device_array<Device, float>(device_, master_floats);
+    float* next_master = masters_.data();
+    for (auto& p : params_)
+      if (p.type != dtype::f32) p.value = std::exchange(next_master, next_master + p.numel);
     for (auto&& b : module_.buffers()) {
       buffer_ref ref = b;
       buffers_.add(ref);
@@ -457,6 +488,10 @@ class trainer_core {
     update_counts_.assign(params_.size(), 0);
   }
 
+  const param_info& first_half_parameter() const {
+    return *std::find_if(params_.begin(), params_.end(), [](const auto& p) { return p.type != dtype::f32; });
+  }
+
   [[noreturn]] void fail_construct(const std::string& what) const {
     throw error("trainer", "construct", comm_.rank(), what);
   }
@@ -466,7 +501,8 @@ class trainer_core {
     for (const auto& p : params_) numels.push_back(p.numel);
     const auto plan = parts_.buckets.plan(numels);
     const bool gathers = parts_.update.gathers_parameters();
-    const bool binds_values = gathers && binds_parameter_storage<Module>;
+    // 16-bit parameters keep their f32 master in the trainer: then every value is copied in and out.
+    const bool binds_values = gathers && binds_parameter_storage<Module> && masters_.size() == 0;
     const auto slots = static_cast<std::size_t>(parts_.optimizer.state_slots());
     auto zeroed = [&](std::size_t n) {
       device_array<Device, float> a(device_, n);
@@ -500,19 +536,23 @@ class trainer_core {
       auto& p = params_[i];
       p.slot = plan.slots[i];
       auto& bk = buckets_[p.slot.bucket];
-      if constexpr (binds) {
-        p.grad = bk.grads.data() + p.slot.offset;
-        module_.bind_gradient(i, p.grad);
-        storage_return_.gradients = i + 1;
+      if (p.type != dtype::f32) {  // widened into the bucket at launch, no binding
+        bk.half_grads.push_back({p.module_grad, p.type, p.slot.offset, p.numel});
+      } else {
+        if constexpr (binds) {
+          p.grad = bk.grads.data() + p.slot.offset;
+          module_.bind_gradient(i, p.grad);
+          storage_return_.gradients.push_back(i);
+        }
+        bk.segments.push_back({p.grad, p.slot.offset, p.numel});
       }
       if constexpr (binds_parameter_storage<Module>) {
         if (binds_values) {
           p.value = bk.values.data() + p.slot.offset;
           module_.bind_parameter(i, p.value);
-          storage_return_.values = i + 1;
+          storage_return_.values.push_back(i);
         }
       }
-      bk.segments.push_back({p.grad, p.slot.offset, p.numel});
       bk.value_segments.push_back({p.value, p.slot.offset, p.numel});
       const auto& shape = param_refs_[i].value.shape;
       const std::size_t rows = shape.empty() || p.numel == 0 ? 1 : static_cast<std::size_t>(shape[0]);
@@ -528,8 +568,22 @@ class trainer_core {
   }
 
   void broadcast_state() {
-    for (auto& p : params_) comm_.broadcast(mutable_buffer{p.value, p.numel, dtype::f32}, 0).wait();
+    for (auto& p : params_)
+      comm_.broadcast(p.type == dtype::f32 ? mutable_buffer{p.value, p.numel, dtype::f32}
+                                           : mutable_buffer{p.module_value, p.numel, p.type},
+                      0)
+          .wait();
+    for (auto& p : params_)  // the master copies start from the module's values, exactly
+      if (p.type != dtype::f32)
+        device_.cast(const_buffer{p.module_value, p.numel, p.type}, mutable_buffer{p.value, p.numel, dtype::f32});
     buffers_.broadcast(0);
+  }
+
+  // The module's 16-bit values: its master copies, rounded to nearest even.
+  void round_masters_into_module() {
+    for (auto& p : params_)
+      if (p.type != dtype::f32)
+        device_.cast(const_buffer{p.value, p.numel, dtype::f32}, mutable_buffer{p.module_value, p.numel, p.type});
   }
 
   // ---- what the policies see ----------------------------------------------------------
@@ -680,6 +734,8 @@ class trainer_core {
     const auto began = timeline_ ? clock::now() : clock::time_point{};
     auto& bk = buckets_[b];
     if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
+    for (const auto& h : bk.half_grads)
+      device_.cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{bk.grads.data() + h.offset, h.count, dtype::f32});
     if (bk.control) {
       std::vector<float> control(bk.control, 0.0f);
       control[0] = static_cast<float>(micro_batches_);
@@ -795,9 +851,11 @@ class trainer_core {
       for (auto& bk : buckets_) device_.scale(bk.grads.data() + bk.shard_begin, bk.shard, inv_micro);
     if (max_gradient_norm_ > 0.0f) clip_gradients();
     for (auto& bk : buckets_) {
-      if (parts_.optimizer.applies_update()) {  // else the caller's optimizer steps, and zeroes
+      if (parts_.optimizer.applies_update()) {
         apply_optimizer(bk);
         zero_gradients(bk);
+      } else {  // the caller's optimizer steps, and zeroes, from the averaged gradients
+        if constexpr (!binds) device_.unpack(bk.segments, bk.grads.data());
       }
       parts_.update.after_update(bk);
     }
@@ -805,6 +863,7 @@ class trainer_core {
       detail::timeline_span gather(parts_.update.gathers_parameters() ? timeline_ : nullptr, "gather parameters", steps_);
       for (auto& bk : buckets_) parts_.update.finish(bk);
     }
+    round_masters_into_module();
     end_step();
     ++steps_;
   }
@@ -865,7 +924,8 @@ class trainer_core {
     if constexpr (binds)
       device_.fill_zero(bk.grads.data(), bk.numel * sizeof(float));
     else
-      for (const auto i : bk.params) device_.fill_zero(params_[i].grad, params_[i].numel * sizeof(float));
+      for (const auto& s : bk.segments) device_.fill_zero(s.tensor, s.count * sizeof(float));
+    for (const auto& h : bk.half_grads) device_.fill_zero(h.tensor, h.count * size_of(h.type));
   }
 
   Module& module_;
@@ -877,6 +937,7 @@ class trainer_core {
   std::vector<buffer_ref> buffer_refs_;
   std::vector<param_info> params_;
   detail::buffer_set<Comm, Device> buffers_;
+  device_array<Device, float> masters_;  // the f32 master copies of 16-bit parameters
   std::vector<bucket> buckets_;
   detail::storage_return<Module> storage_return_;  // after buckets_: destroyed first
 

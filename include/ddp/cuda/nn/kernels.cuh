@@ -2,6 +2,9 @@
 // Definitions of ddp/cuda/nn/kernels.hpp; compile in exactly one nvcc translation unit.
 // These serve small layers (features in the hundreds, batches in the tens to thousands): one
 // thread per feature column walks the rows, so neighbouring threads read neighbouring floats.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "ddp/cuda/nn/kernels.hpp"
@@ -40,6 +43,19 @@ __global__ void relu_forward_kernel(const float* x, float* y, std::size_t n) {
 
 __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += stride()) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+__global__ void add_into_bf16_kernel(__nv_bfloat16* h, float* acc, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride()) {
+    h[i] = __float2bfloat16_rn(__bfloat162float(h[i]) + acc[i]);
+    acc[i] = 0.0f;
+  }
+}
+__global__ void add_into_f16_kernel(__half* h, float* acc, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride()) {
+    h[i] = __float2half_rn(__half2float(h[i]) + acc[i]);
+    acc[i] = 0.0f;
+  }
 }
 
 // One thread adds: the launch has a block of threads, and every one of them adding would add v
@@ -173,6 +189,10 @@ cudaError_t relu_forward(const float* x, float* y, std::size_t n, cudaStream_t s
 }
 cudaError_t relu_backward(const float* y, const float* dy, float* dx, std::size_t n, cudaStream_t stream) {
   DDP_NN_LAUNCH(n, relu_backward_kernel, y, dy, dx, n);
+}
+cudaError_t add_into_half(void* half, bool bf16, float* acc, std::size_t n, cudaStream_t stream) {
+  if (bf16) DDP_NN_LAUNCH(n, add_into_bf16_kernel, static_cast<__nv_bfloat16*>(half), acc, n);
+  DDP_NN_LAUNCH(n, add_into_f16_kernel, static_cast<__half*>(half), acc, n);
 }
 cudaError_t add_i64(std::int64_t* x, std::int64_t v, cudaStream_t stream) { DDP_NN_LAUNCH(1, add_i64_kernel, x, v); }
 cudaError_t column_moments(const float* x, std::size_t rows, std::size_t cols, double* moments, cudaStream_t stream) {

@@ -17,6 +17,10 @@ cudaError_t relu_forward(const float* x, float* y, std::size_t n, cudaStream_t);
 // dx = y > 0 ? dy : 0
 cudaError_t relu_backward(const float* y, const float* dy, float* dx, std::size_t n, cudaStream_t);
 
+// A 16-bit parameter's gradient: half[i] = round(half[i] + acc[i]) (bf16 when `bf16`, else
+// f16; to nearest even), then acc[i] = 0.
+cudaError_t add_into_half(void* half, bool bf16, float* acc, std::size_t n, cudaStream_t);
+
 // *x += v (a device-side counter)
 cudaError_t add_i64(std::int64_t* x, std::int64_t v, cudaStream_t);
 

@@ -3,15 +3,21 @@
 // hands out (tensor_refs that say which GPU they are on, for the P3 check).
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "ddp/core/buffer_version.hpp"
 #include "ddp/core/tensor.hpp"
+#include "ddp/cuda/check.hpp"
 #include "ddp/cuda/device_vector.hpp"
+#include "ddp/cuda/nn/kernels.hpp"
 
 namespace ddp::cuda::nn {
 
+// As ddp::nn::parameter: f32 unless cast to bf16 or f16, when the module holds value and gradient
+// in 16 bits and the layers compute in f32 from a widened copy (before_forward), their gradient
+// added into the 16-bit one once per backward (after_backward).
 class parameter {
  public:
   // `initial` holds the value (host memory); the gradient starts at zero.
@@ -36,14 +42,56 @@ class parameter {
 
   parameter_ref ref(const std::string& prefix) const {
     const auto where = device_id::cuda(dev_->ordinal());
+    if (type_ != dtype::f32)
+      return {prefix + name_, tensor_ref{const_cast<std::uint16_t*>(half_value_.data()), type_, shape_, where},
+              tensor_ref{const_cast<std::uint16_t*>(half_grad_.data()), type_, shape_, where}};
     return {prefix + name_, tensor_ref{value_, dtype::f32, shape_, where},
             tensor_ref{grad_, dtype::f32, shape_, where}};
+  }
+
+  dtype type() const noexcept { return type_; }
+  // Keeps the parameter in `t` (f32, bf16 or f16) from now on, value and gradient rounded to
+  // nearest even. Before a trainer is built over the module.
+  void cast(dtype t) {
+    if (t != dtype::f32 && !is_half(t))
+      throw std::invalid_argument("ddp::cuda::nn::parameter '" + name_ + "': cast to " + std::string(name_of(t)) +
+                                  "; a parameter is f32, bf16 or f16");
+    if (value_ != own_value_.data() || grad_ != own_grad_.data())
+      throw std::logic_error("ddp::cuda::nn::parameter '" + name_ + "': cast while a trainer holds its storage; cast "
+                             "the module before building the trainer");
+    if (type_ != dtype::f32) {
+      before_forward();
+      dev_->cast(const_buffer{half_grad_.data(), numel_, type_}, mutable_buffer{grad_, numel_, dtype::f32});
+    }
+    type_ = t;
+    if (t == dtype::f32) {
+      half_value_ = {}, half_grad_ = {};
+      return;
+    }
+    half_value_ = device_vector<std::uint16_t>(*dev_, numel_);
+    half_grad_ = device_vector<std::uint16_t>(*dev_, numel_);
+    dev_->cast(const_buffer{value_, numel_, dtype::f32}, mutable_buffer{half_value_.data(), numel_, t});
+    dev_->cast(const_buffer{grad_, numel_, dtype::f32}, mutable_buffer{half_grad_.data(), numel_, t});
+    dev_->fill_zero(grad_, numel_ * sizeof(float));
+    before_forward();
+  }
+  void before_forward() {
+    if (type_ != dtype::f32)
+      dev_->cast(const_buffer{half_value_.data(), numel_, type_}, mutable_buffer{value_, numel_, dtype::f32});
+  }
+  void after_backward() {
+    if (type_ != dtype::f32)
+      check(kernels::add_into_half(half_grad_.data(), type_ == dtype::bf16, grad_, numel_, dev_->stream()),
+            "add_into_half kernel", dev_->site());
   }
 
  private:
   // Moves the current contents to `storage` (queued on the device's stream) and points `where` at it.
   // nullptr moves them back into storage of this parameter's own (a trainer gives its buckets back).
   void bind(float* storage, float*& where, device_vector<float>& own) {
+    if (type_ != dtype::f32)
+      throw std::logic_error("ddp::cuda::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                             ": only f32 storage can be bound");
     if (!storage) {
       if (own.size() == 0 && numel_ > 0) {
         own = device_vector<float>(*dev_, numel_);
@@ -62,8 +110,11 @@ class parameter {
   std::size_t numel_;
   device_vector<float> own_value_;
   device_vector<float> own_grad_;
-  float* value_;
-  float* grad_;
+  float* value_;  // f32: the value; 16 bits: the widened copy the layer reads
+  float* grad_;   // f32: the gradient; 16 bits: the layer's f32 accumulation of one backward
+  dtype type_ = dtype::f32;
+  device_vector<std::uint16_t> half_value_;  // 16 bits: the stored value and gradient
+  device_vector<std::uint16_t> half_grad_;
 };
 
 template <class T>
