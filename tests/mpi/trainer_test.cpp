@@ -4,6 +4,7 @@
 
 #include "mpi/world.hpp"
 #include "ddp/host/linalg.hpp"
+#include "ddp/inproc/launch.hpp"
 #include "ddp/policy/powersgd.hpp"
 #include "support/constant_gradient.hpp"
 #include "support/fixed_gradient.hpp"
@@ -83,6 +84,32 @@ TEST_CASE("mpi: powersgd applies the average gradient at full rank, and recovers
   };
   CHECK(applied.template operator()<16>(5, 0.0f) < 1e-5);  // the P and Q collectives between processes
   CHECK(applied.template operator()<1>(240, 2.0f) < 0.06);  // error feedback (in-process: 0.04)
+}
+
+TEST_CASE("mpi: bf16 parameters with an f32 master: processes train as in-process ranks do, within one bf16 step") {
+  // Each process starts from its own weights (rank 0's are broadcast, in bf16); the f32 sums of
+  // MPI and of the in-process backend may differ in order, so a master may round to the
+  // neighbouring bf16 value: one step, 2^-7 relative, at most.
+  auto& comm = mpi_test::comm();
+  auto run = [&](auto& c) {
+    auto model = test::make_mlp(seed + static_cast<std::uint64_t>(c.rank()));
+    model.cast_parameters(ddp::dtype::bf16);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::bucket_cap<256>, ddp::use_communicator<std::remove_cvref_t<decltype(c)>>> trainer(
+        model, c, dev, sgd);
+    for (int s = 0; s < steps; ++s) {
+      const auto global = test::make_batch(per_rank_batch * static_cast<std::size_t>(c.size()), 1000 + s);
+      const auto r = static_cast<std::size_t>(c.rank());
+      trainer.step([&](auto& rep) { forward_backward(rep, global.rows(r * per_rank_batch, (r + 1) * per_rank_batch), 1); });
+    }
+    return test::held_values(model);
+  };
+  const auto mine = run(comm);
+  const auto inproc = ddp::inproc::launch(comm.size(), [&](ddp::inproc::communicator& c) { return run(c); })[0];
+  for (std::size_t t = 0; t < mine.size(); ++t) {
+    CAPTURE(t);
+    CHECK(test::max_relative_error({mine[t]}, {inproc[t]}) <= 0x1p-7);
+  }
 }
 
 TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)") {

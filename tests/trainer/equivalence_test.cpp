@@ -274,3 +274,28 @@ TEST_CASE_TEMPLATE("Join: ranks with unequal numbers of batches finish together,
   check.template operator()<ddp::buffer_sync::average_once_per_step>();
   check.template operator()<ddp::buffer_sync::broadcast_once_per_step, ddp::update::sharded>();
 }
+
+TEST_CASE("optim::external over a module that binds no gradient storage: the averaged gradients reach the module") {
+  // The same two ranks over test::mlp (gradients bound into the buckets) and test::unbound_mlp
+  // (the trainer copies them in, and now back out).
+  auto gradients = [](auto make) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
+      auto model = make();
+      ddp::host::device dev;
+      ddp::trainer<decltype(model), ddp::optim::external, ddp::bucket_cap<256>> trainer(model, comm, dev);
+      const auto b = test::make_batch(per_rank_batch, 11 + static_cast<std::uint64_t>(comm.rank()));
+      trainer.step([&](auto& rep) { forward_backward(rep, b, 1); });
+      std::vector<std::vector<float>> g;
+      for (auto& p : model.parameters()) {
+        const auto v = p.grad.template as<float>();
+        g.emplace_back(v.begin(), v.end());
+      }
+      return g;
+    });
+  };
+  const auto bound = gradients([] { return test::make_mlp(seed); });
+  const auto unbound = gradients([] { return test::unbound_mlp(test::make_mlp(seed)); });
+  CHECK(bound[0] == bound[1]);  // averaged: the same on both ranks
+  CHECK(unbound[0] == bound[0]);
+  CHECK(unbound[1] == bound[1]);
+}

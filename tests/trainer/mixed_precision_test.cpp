@@ -2,8 +2,7 @@
 // trained through the trainer's f32 master copy. N ranks stay within bf16's rounding of one
 // process on the global batch; updates too small for bf16 are kept by the master; a checkpoint
 // resumes bitwise (it holds the master); sharded equals replicated; what cannot work is an error
-// naming the parameter. And, found on the way: optim::external over a module that binds no
-// gradient storage now gets the averaged gradients.
+// naming the parameter (an f64 parameter: pitfalls_test.cpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,9 +11,7 @@
 #include <vector>
 
 #include "ddp/ddp.hpp"
-#include "ddp/host/half.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "support/constant_gradient.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
@@ -22,25 +19,6 @@ namespace {
 
 using namespace equivalence;
 namespace fs = std::filesystem;
-
-// Every parameter as the module holds it, widened to f32 (exactly).
-template <class Module>
-std::vector<std::vector<float>> held_values(Module& m) {
-  std::vector<std::vector<float>> out;
-  for (auto& p : m.parameters()) {
-    std::vector<float> v(p.value.numel());
-    if (p.value.type == ddp::dtype::f32) {
-      const auto f = p.value.template as<float>();
-      v.assign(f.begin(), f.end());
-    } else {
-      ddp::host::visit_half_dtype(p.value.type, [&]<class F>(F) {
-        ddp::host::widen<F>(static_cast<const std::uint16_t*>(p.value.data), v.data(), v.size());
-      });
-    }
-    out.push_back(std::move(v));
-  }
-  return out;
-}
 
 test::mlp cast_mlp(std::uint64_t seed, ddp::dtype t) {
   auto m = test::make_mlp(seed);
@@ -68,18 +46,10 @@ std::vector<std::vector<std::vector<float>>> train(int world, ddp::dtype t, int 
         trainer.step([&](auto& rep) { forward_backward(rep, mine, 1); });
       }
     }
-    return held_values(model);
+    return test::held_values(model);
   });
 }
 
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 }  // namespace
 
@@ -110,8 +80,8 @@ TEST_CASE("bf16 and f16 parameters with an f32 master: N ranks stay within one 1
         double worst_share = 0;
         for (std::size_t t = 0; t < reference.size(); ++t) {
           CAPTURE(t);
-          const double distributed = relative_error(ranks[0][t], reference[t]);
-          const double precision = relative_error(f32[t], reference[t]);
+          const double distributed = test::max_relative_error({ranks[0][t]}, {reference[t]});
+          const double precision = test::max_relative_error({f32[t]}, {reference[t]});
           CHECK(precision > 0);  // the 16-bit run is not the f32 one
           CHECK(distributed <= precision + 2 * u);
           worst_share = std::max(worst_share, distributed / (precision + 2 * u));
@@ -133,16 +103,16 @@ TEST_CASE("updates smaller than bf16's resolution are kept by the master copy, n
     auto model = cast_mlp(seed, ddp::dtype::bf16);
     ddp::host::device dev;
     ddp::trainer<test::mlp, ddp::bucket_cap<256>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 1e-4f});
-    const auto start = held_values(model);
+    const auto start = test::held_values(model);
     const auto b = test::make_batch(per_rank_batch, 7 + static_cast<std::uint64_t>(comm.rank()));
     auto step = [&] { trainer.step([&](auto& rep) { forward_backward(rep, b, 1); }); };
     step();
     std::size_t moved_after_one = 0, moved = 0, total = 0;
-    const auto after_one = held_values(model);
+    const auto after_one = test::held_values(model);
     for (std::size_t t = 0; t < start.size(); ++t)
       for (std::size_t i = 0; i < start[t].size(); ++i) moved_after_one += after_one[t][i] != start[t][i];
     for (int s = 0; s < 1000; ++s) step();
-    const auto end = held_values(model);
+    const auto end = test::held_values(model);
     for (std::size_t t = 0; t < start.size(); ++t)
       for (std::size_t i = 0; i < start[t].size(); ++i) moved += end[t][i] != start[t][i], ++total;
     // After one step, a few: the zero-initialised bias of the affine layer (bf16 is as fine as f32
@@ -174,7 +144,7 @@ TEST_CASE("a checkpoint of 16-bit parameters holds their masters: resuming is bi
           trainer.step([&](auto& rep) { forward_backward(rep, global.rows(r * per_rank_batch, (r + 1) * per_rank_batch), 1); });
         }
         if (save) trainer.save(dir);
-        return held_values(model);
+        return test::held_values(model);
       });
     };
     const auto straight = run(0, 12, false, false);
@@ -202,30 +172,6 @@ TEST_CASE("what 16-bit parameters cannot do is an error naming the parameter") {
       CHECK(e.find("optim::external") != std::string::npos);
     }
   }
-  SUBCASE("an f64 parameter") {
-    struct f64_module {
-      using input_type = float;
-      using output_type = float;
-      std::vector<double> value = std::vector<double>(4, 0.0), grad = std::vector<double>(4, 0.0);
-      std::vector<ddp::parameter_ref> parameters() {
-        return {{"w", ddp::make_tensor_ref(std::span<double>(value), {4}), ddp::make_tensor_ref(std::span<double>(grad), {4})}};
-      }
-      std::vector<ddp::buffer_ref> buffers() { return {}; }
-      float forward(float v) { return v; }
-      void backward(float, const ddp::ready_sink&) {}
-    };
-    const auto errors = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) -> std::string {
-      f64_module m;
-      ddp::host::device dev;
-      try {
-        ddp::trainer<f64_module, ddp::unused_params::unchecked> trainer(m, comm, dev);
-      } catch (const std::exception& e) {
-        return e.what();
-      }
-      return "";
-    });
-    for (const auto& e : errors) CHECK(e.find("parameter 'w' is f64 with a f64 gradient") != std::string::npos);
-  }
   SUBCASE("a cast once a trainer holds the storage") {
     ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {
       auto model = test::make_mlp(seed);
@@ -235,29 +181,4 @@ TEST_CASE("what 16-bit parameters cannot do is an error naming the parameter") {
                            doctest::Contains("cast the module before building the trainer"), std::logic_error);
     });
   }
-}
-
-TEST_CASE("optim::external over a module that binds no gradient storage: the averaged gradients reach the module") {
-  // The same two ranks over test::mlp (gradients bound into the buckets) and test::unbound_mlp
-  // (the trainer copies them in, and now back out).
-  auto gradients = [](auto make) {
-    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
-      auto model = make();
-      ddp::host::device dev;
-      ddp::trainer<decltype(model), ddp::optim::external, ddp::bucket_cap<256>> trainer(model, comm, dev);
-      const auto b = test::make_batch(per_rank_batch, 11 + static_cast<std::uint64_t>(comm.rank()));
-      trainer.step([&](auto& rep) { forward_backward(rep, b, 1); });
-      std::vector<std::vector<float>> g;
-      for (auto& p : model.parameters()) {
-        const auto v = p.grad.template as<float>();
-        g.emplace_back(v.begin(), v.end());
-      }
-      return g;
-    });
-  };
-  const auto bound = gradients([] { return test::make_mlp(seed); });
-  const auto unbound = gradients([] { return test::unbound_mlp(test::make_mlp(seed)); });
-  CHECK(bound[0] == bound[1]);  // averaged: the same on both ranks
-  CHECK(unbound[0] == bound[0]);
-  CHECK(unbound[1] == bound[1]);
 }

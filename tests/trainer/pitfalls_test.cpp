@@ -223,12 +223,15 @@ TEST_CASE("P2 static_graph: a change in the used set after the first step is an 
 
 namespace {
 // Wraps a module and reports one parameter on another device, as a user who forgot to move it.
-struct misplaced_module : test::branchy {
+// A module whose third parameter claims another device, or another dtype, than it has.
+struct misdescribed_module : test::branchy {
   using test::branchy::branchy;
   ddp::device_id claim = ddp::device_id::cpu();
+  ddp::dtype claimed_type = ddp::dtype::f32;
   std::vector<ddp::parameter_ref> parameters() {
     auto refs = test::branchy::parameters();
     refs[2].value.device = claim;
+    refs[2].value.type = refs[2].grad.type = claimed_type;
     return refs;
   }
 };
@@ -236,10 +239,10 @@ struct misplaced_module : test::branchy {
 
 TEST_CASE("P3: a tensor on another device is named, with both devices, on every rank before any reduction") {
   auto o = on_ranks(2, [](auto& comm) {
-    misplaced_module model(5);
+    misdescribed_module model(5);
     if (comm.rank() == 1) model.claim = ddp::device_id::cuda(1);
     ddp::host::device dev;
-    ddp::trainer<misplaced_module> trainer(model, comm, dev, sgd);
+    ddp::trainer<misdescribed_module> trainer(model, comm, dev, sgd);
   });
   REQUIRE(o.all_threw());
   for (const auto& e : o.errors) {
@@ -300,6 +303,21 @@ TEST_CASE("the samplers reject a rank outside the world and an empty world, sayi
   CHECK_THROWS_WITH_AS(ddp::sampler::contiguous::indices(10, 3, 3, 0, 0), doctest::Contains("rank 3 is outside"),
                        ddp::error);
   CHECK(shuffled::indices(10, 1, 2, 0, 0).size() == 5);
+}
+
+TEST_CASE("a parameter neither f32 nor 16-bit (f64) is an error on every rank naming it") {
+  auto o = on_ranks(2, [](auto& comm) {
+    misdescribed_module model(5);
+    model.claimed_type = ddp::dtype::f64;
+    ddp::host::device dev;
+    ddp::trainer<misdescribed_module> trainer(model, comm, dev, sgd);
+  });
+  REQUIRE(o.all_threw());
+  for (const auto& e : o.errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "parameter 'aux.weight' is f64 with a f64 gradient"));
+    CHECK(contains(e, "bf16 or f16 ones through an f32 master copy"));
+  }
 }
 
 TEST_CASE("a parameter listed twice (a tied weight under two names) is an error on every rank naming both") {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ddp/core/random.hpp"
+#include "ddp/host/half.hpp"
 #include "ddp/host/kernels.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/linear.hpp"
@@ -164,6 +165,25 @@ std::vector<std::vector<float>> parameter_values(Module& m) {
   for (auto& p : m.parameters()) {
     auto v = p.value.template as<float>();
     out.emplace_back(v.begin(), v.end());
+  }
+  return out;
+}
+
+// Every parameter as the module holds it, f32 or 16 bits widened to f32 (exactly).
+template <class Module>
+std::vector<std::vector<float>> held_values(Module& m) {
+  std::vector<std::vector<float>> out;
+  for (auto& p : m.parameters()) {
+    std::vector<float> v(p.value.numel());
+    if (p.value.type == ddp::dtype::f32) {
+      const auto f = p.value.template as<float>();
+      v.assign(f.begin(), f.end());
+    } else {
+      ddp::host::visit_half_dtype(p.value.type, [&]<class F>(F) {
+        ddp::host::widen<F>(static_cast<const std::uint16_t*>(p.value.data), v.data(), v.size());
+      });
+    }
+    out.push_back(std::move(v));
   }
   return out;
 }

@@ -19,6 +19,7 @@
 #include "ddp/concepts/device.hpp"
 #include "ddp/cuda/check.hpp"
 #include "ddp/cuda/kernels.hpp"
+#include "ddp/cuda/pinned_staging.hpp"
 #include "ddp/cuda/stream.hpp"
 
 namespace ddp::cuda {
@@ -82,8 +83,16 @@ class device {
   }
 
   void copy(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToDevice); }
-  // The host source may be freed as soon as this returns (pageable memory is staged first).
-  void copy_from_host(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice); }
+  // The host source may be freed as soon as this returns. Up to 16 MiB (a batch's inputs) go
+  // through this device's pinned buffers (pinned_staging.hpp), asynchronously; larger ones (a
+  // checkpoint's tensors) through the driver's own staging, which keeps no pinned memory.
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) {
+    if (!bytes || dst == src) return;
+    if (bytes > pinned_upload_limit) return enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice);
+    activate();
+    if (staging_.upload(dst, src, bytes, stream())) note_host_wait();
+  }
+  static constexpr std::size_t pinned_upload_limit = std::size_t{16} << 20;
   void copy_to_host(void* dst, const void* src, std::size_t bytes) {
     enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToHost);
     note_host_wait();
@@ -196,6 +205,7 @@ class device {
 
   call_site site_;
   cuda::stream stream_;
+  pinned_staging staging_{site_};  // after stream_: its buffers go before the stream
   kernels::launch_limits limits_;
   cublasHandle_t blas_ = nullptr;
   double* reduction_scratch_ = nullptr;  // sum_of_squares: per-block partials, then the result
