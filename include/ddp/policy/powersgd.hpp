@@ -153,13 +153,10 @@ struct powersgd {
     if (plan.plain_floats) {
       auto* u = static_cast<float*>(b.scratch(1, plan.plain_floats * sizeof(float)));
       dev.pack(plan.plain, u);
-      b.all_reduce(const_buffer{u, plan.plain_floats, dtype::f32}, mutable_buffer{u, plan.plain_floats, dtype::f32},
-                   reduce_op::avg);
+      all_reduce_in_place(b, u, plan.plain_floats, reduce_op::avg);
     }
     // Summed, not averaged: P is orthonormalised next, which undoes any scale.
-    if (plan.p_floats)
-      b.all_reduce(const_buffer{p, plan.p_floats, dtype::f32}, mutable_buffer{p, plan.p_floats, dtype::f32},
-                   reduce_op::sum);
+    if (plan.p_floats) all_reduce_in_place(b, p, plan.p_floats, reduce_op::sum);
   }
 
   template <class IO>
@@ -178,8 +175,7 @@ struct powersgd {
            q + f.q, f.rank);
     }
     if (plan.q_floats) {
-      b.all_reduce(const_buffer{q, plan.q_floats, dtype::f32}, mutable_buffer{q, plan.q_floats, dtype::f32},
-                   reduce_op::sum);
+      all_reduce_in_place(b, q, plan.q_floats, reduce_op::sum);
       b.wait();
       dev.scale(q, plan.q_floats, 1.0f / static_cast<float>(b.ranks()));
     }
@@ -193,6 +189,10 @@ struct powersgd {
   }
 
  private:
+  template <class IO>
+  static void all_reduce_in_place(IO& b, float* x, std::size_t n, reduce_op op) {
+    b.all_reduce(const_buffer{x, n, dtype::f32}, mutable_buffer{x, n, dtype::f32}, op);
+  }
   template <class IO>
   static float* float_state(IO& b, int slot, std::size_t floats) {
     return static_cast<float*>(b.state(slot, floats * sizeof(float)).data);
