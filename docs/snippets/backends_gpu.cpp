@@ -1,8 +1,9 @@
-// The NCCL and staged snippets of docs/backends.md, compiled by the ddp_gpu target (CUDA toolkit, NCCL).
+// The NCCL and staged snippets of docs/backends.md and the step graph of docs/cuda.md, compiled by the ddp_gpu target (CUDA toolkit, NCCL).
 #include <ddp/cuda/nn/cross_entropy.hpp>
 #include <ddp/cuda/nn/linear.hpp>
 #include <ddp/cuda/nn/relu.hpp>
 #include <ddp/comm/staged_communicator.hpp>
+#include <ddp/cuda/step_graph.hpp>
 #include <ddp/ddp.hpp>
 #include <ddp/nccl/communicator.hpp>
 #include <ddp/nn/sequential.hpp>
@@ -49,5 +50,32 @@ void one_gpu_ranks(std::uint64_t seed, const ddp::optim::sgd& opt) {
   });
   // [end doc]
 }
+
+struct host_batch {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+};
+
+template <class Trainer>
+void captured_steps(Trainer& trainer, ddp::cuda::device& dev, g::matrix& x, ddp::cuda::device_vector<std::int32_t>& y,
+                    const std::vector<host_batch>& batches) {
+  // [doc: cuda.md]
+  #include <ddp/cuda/step_graph.hpp>
+
+  ddp::cuda::step_graph graph(trainer, [&](auto& replica) {           // x, y: device buffers
+    replica.backward(ddp::cuda::nn::softmax_cross_entropy_gradient(replica.forward(x), y));
+  });                                           // one ordinary step (warm-up), then the capture
+  for (const auto& b : batches) {
+    dev.copy_from_host(x.data(), b.x.data(), b.x.size() * sizeof(float));   // the same buffers
+    dev.copy_from_host(y.data(), b.y.data(), b.y.size() * sizeof(std::int32_t));
+    graph.replay();                                                     // one more step
+  }
+  // [end doc]
+}
+
+using nccl_trainer = ddp::trainer<gpu_model, ddp::use_communicator<ddp::nccl::communicator>,
+                                  ddp::use_device<ddp::cuda::device>>;
+template void captured_steps<nccl_trainer>(nccl_trainer&, ddp::cuda::device&, g::matrix&,
+                                           ddp::cuda::device_vector<std::int32_t>&, const std::vector<host_batch>&);
 
 }  // namespace snippets

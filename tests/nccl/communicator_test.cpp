@@ -82,28 +82,32 @@ TEST_CASE("nccl rejects a host buffer, naming it and both devices (P3)") {
   });
 }
 
-TEST_CASE("a collective that cannot finish times out with its name, on the watchdog") {
+// The watchdog's clock starts when the GPU reaches the collective. On one rank nothing waits
+// for a peer, so a collective that outlasts the timeout is a long one: an out-of-place
+// all_reduce of 16 GiB (a copy of about 8 ms on an H200) against a 1 ms timeout. wait() only
+// orders the compute stream and does not block; the failure reaches the host through the work
+// handle once the host has synchronised with the GPU, and through every later collective.
+TEST_CASE("a collective that runs past its timeout fails on the watchdog, naming it; wait() never blocks the host") {
   ddp::nccl::options opts;
-  opts.timeout = std::chrono::milliseconds(300);
+  opts.timeout = std::chrono::milliseconds(1);
   on_one_gpu(
       [](auto&, ddp::nccl::communicator& comm, ddp::cuda::device& dev) {
-        auto d = ddp::cuda::device_vector<float>::zeros(dev, 1024);
-        // The compute stream is held for 2 s, so the reduction ordered after it cannot start.
-        ddp::cuda::check(cudaLaunchHostFunc(dev.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); },
-                                            nullptr),
-                         "cudaLaunchHostFunc");
-        auto w = comm.all_reduce({d.data(), d.size(), ddp::dtype::f32}, {d.data(), d.size(), ddp::dtype::f32},
+        const std::size_t n = std::size_t{4} << 30;  // floats: 16 GiB each way
+        ddp::cuda::device_vector<float> send(dev, n), recv(dev, n);
+        auto w = comm.all_reduce({send.data(), n, ddp::dtype::f32}, {recv.data(), n, ddp::dtype::f32},
                                  ddp::reduce_op::sum);
+        const auto before = dev.host_waits();
+        w.wait();
+        CHECK(dev.host_waits() == before);
+        dev.synchronize();  // the aborted collective completes on the stream
         try {
-          w.wait();
+          w.rethrow_failure();
           FAIL("no timeout");
         } catch (const ddp::timeout_error& e) {
           CHECK(contains(e.what(), "all_reduce #0"));
-          CHECK(contains(e.what(), "made no progress for 300 ms"));
+          CHECK(contains(e.what(), "made no progress for 1 ms"));
         }
-        CHECK_THROWS_AS(comm.barrier(), ddp::peer_error);
-        // Everything queued (the held stream, the aborted reduction) drains before `d` is freed.
-        ddp::cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        CHECK_THROWS_AS(comm.barrier(), ddp::timeout_error);
       },
       opts, /*aborts=*/true);
 }

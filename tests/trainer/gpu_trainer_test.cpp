@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "ddp/comm/staged_communicator.hpp"
@@ -13,6 +15,7 @@
 #include "ddp/cuda/nn/linear.hpp"
 #include "ddp/cuda/nn/relu.hpp"
 #include "ddp/cuda/nn/sync.hpp"
+#include "ddp/cuda/step_graph.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/host/half.hpp"
 #include "ddp/inproc/launch.hpp"
@@ -324,4 +327,145 @@ TEST_CASE("bf16 parameters on the GPU (cuda::nn, f32 master in the trainer) trac
     for (std::size_t i = 0; i < gpu[k].size(); ++i)
       CHECK(std::fabs(gpu[k][i] - host[k][i]) <= 0x1p-7 * std::fabs(host[k][i]) + 1e-4);
   }
+}
+
+namespace {
+
+using graph_trainer = ddp::trainer<gpu_model, ddp::use_communicator<ddp::nccl::communicator>,
+                                   ddp::use_device<ddp::cuda::device>>;
+
+// The inputs of a captured step live at fixed device addresses; each batch is copied into them.
+struct step_inputs {
+  explicit step_inputs(ddp::cuda::device& dev) : x(dev, 16, 6), y(dev, 16) {}
+  void load(ddp::cuda::device& dev, const batch& b) {
+    dev.copy_from_host(x.data(), b.x.data.data(), b.x.data.size() * sizeof(float));
+    dev.copy_from_host(y.data(), b.y.data(), b.y.size() * sizeof(std::int32_t));
+  }
+  g::matrix x;
+  ddp::cuda::device_vector<std::int32_t> y;
+};
+
+gpu_model make_gpu_model(ddp::cuda::device& dev) {
+  return gpu_model(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
+}
+
+// Every step of `data` on one NCCL rank, captured (warm-up on the first batch, replays after) or
+// not; the learning rate halves before step `lr_change` when it is in range.
+std::vector<std::vector<float>> train_one_rank(const std::vector<batch>& data, bool captured, std::size_t lr_change,
+                                               std::size_t* captures = nullptr) {
+  return ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(0, host.rank());
+    auto comm = ddp::nccl::bootstrap(host, dev);
+    auto m = make_gpu_model(dev);
+    graph_trainer t(m, comm, dev, shared_gpu_sgd);
+    step_inputs in(dev);
+    auto step = [&](auto& r) { r.backward(g::softmax_cross_entropy_gradient(r.forward(in.x), in.y)); };
+    std::optional<ddp::cuda::step_graph<graph_trainer>> graph;
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      if (i == lr_change) t.optimizer().lr *= 0.5f;
+      in.load(dev, data[i]);
+      if (!captured) t.step(step);
+      else if (!graph) graph.emplace(t, step);
+      else graph->replay();
+    }
+    CHECK(t.steps() == data.size());
+    if (graph && captures) *captures = graph->captures();
+    return parameters_on_host(m, dev);
+  })[0];
+}
+
+}  // namespace
+
+TEST_CASE("a step captured into a CUDA graph and replayed gives the bits of the uncaptured steps") {
+  const auto data = make_batches(6);
+  const auto eager = train_one_rank(data, false, data.size());
+  std::size_t captures = 0;
+  CHECK(train_one_rank(data, true, data.size(), &captures) == eager);
+  CHECK(captures == 1);
+  // A schedule's change of the learning rate is captured again, and the bits still agree.
+  const auto eager_scheduled = train_one_rank(data, false, 3);
+  CHECK(train_one_rank(data, true, 3, &captures) == eager_scheduled);
+  CHECK(captures == 2);
+}
+
+TEST_CASE("a replayed step waits for nothing on the host; its graph's nodes are counted") {
+  const auto data = make_batches(4);
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(0, host.rank());
+    auto comm = ddp::nccl::bootstrap(host, dev);
+    auto m = make_gpu_model(dev);
+    graph_trainer t(m, comm, dev, shared_gpu_sgd);
+    step_inputs in(dev);
+    in.load(dev, data[0]);
+    const auto eager_waits = dev.host_waits();
+    t.step([&](auto& r) { r.backward(g::softmax_cross_entropy_gradient(r.forward(in.x), in.y)); });
+    const auto waits_per_eager_step = dev.host_waits() - eager_waits;
+    ddp::cuda::step_graph graph(t, [&](auto& r) { r.backward(g::softmax_cross_entropy_gradient(r.forward(in.x), in.y)); });
+    const auto before = dev.host_waits();
+    for (std::size_t i = 1; i < data.size(); ++i) graph.replay();  // the same batch: only the count matters
+    CHECK(dev.host_waits() == before);
+    CHECK(graph.nodes().kernels > 10);  // forward, backward, the reduction, the update
+    MESSAGE("one step: " << graph.nodes().kernels << " kernels, " << graph.nodes().copies << " copies, "
+                         << graph.nodes().memsets << " memsets, " << graph.nodes().other
+                         << " other nodes; host waits per step: " << waits_per_eager_step
+                         << " uncaptured, 0 replayed");
+    dev.synchronize();
+    graph.last_replay()->rethrow_failure();
+  });
+}
+
+TEST_CASE("a step that cannot be captured is refused, naming why") {
+  const auto data = make_batches(1);
+  auto refusal = [&](auto configure, auto step_fn) {
+    std::string seen;
+    try {
+      ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
+        ddp::cuda::device dev(0, host.rank());
+        auto comm = ddp::nccl::bootstrap(host, dev);
+        auto m = make_gpu_model(dev);
+        graph_trainer t(m, comm, dev, shared_gpu_sgd);
+        configure(t);
+        step_inputs in(dev);
+        in.load(dev, data[0]);
+        try {
+          ddp::cuda::step_graph graph(t, [&](auto& r) { step_fn(r, in); });
+        } catch (const ddp::error& e) {
+          seen = e.what();
+        }
+      });
+    } catch (const ddp::inproc::launch_error&) {  // a refusal inside the capture aborted the rank's peers
+    }
+    return seen;
+  };
+  auto device_only = [](auto& r, step_inputs& in) {
+    r.backward(g::softmax_cross_entropy_gradient(r.forward(in.x), in.y));
+  };
+  CHECK(refusal([](graph_trainer& t) { t.clip_gradient_norm(1.0f); }, device_only).find("gradient clipping") !=
+        std::string::npos);
+  // The loss read back on the host (the usual softmax_cross_entropy) cannot be captured.
+  CHECK(refusal([](graph_trainer&) {},
+                [](auto& r, step_inputs& in) { r.backward(g::softmax_cross_entropy(r.forward(in.x), in.y).grad); })
+            .find("while the step is being captured") != std::string::npos);
+}
+
+TEST_CASE("AdamW's bias correction changes its rule every step: a captured step is refused") {
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
+    ddp::cuda::device dev(0, host.rank());
+    auto comm = ddp::nccl::bootstrap(host, dev);
+    auto m = make_gpu_model(dev);
+    ddp::trainer<gpu_model, ddp::optim::adamw, ddp::use_communicator<ddp::nccl::communicator>,
+                 ddp::use_device<ddp::cuda::device>>
+        t(m, comm, dev, noise_proof_adamw);
+    step_inputs in(dev);
+    using trainer_type = decltype(t);
+    try {
+      ddp::cuda::step_graph<trainer_type> graph(t, [&](auto& r) {
+        r.backward(g::softmax_cross_entropy_gradient(r.forward(in.x), in.y));
+      });
+      FAIL("captured");
+    } catch (const ddp::error& e) {
+      CHECK(std::string(e.what()).find("bias correction") != std::string::npos);
+    }
+    CHECK(t.steps() == 0);  // refused before the warm-up step
+  });
 }

@@ -60,7 +60,7 @@ class device {
   void activate() const { check(cudaSetDevice(site_.device), "cudaSetDevice", site_); }
 
   // How many times the host has waited for this GPU (copy_to_host, synchronize, sum_of_squares,
-  // deallocate, and a communicator's wait that calls note_host_wait): the example prints it per
+  // deallocate, an upload that waited for a pinned buffer): the example prints it per
   // step, where every one is a bubble in the GPU's queue.
   std::uint64_t host_waits() const noexcept { return host_waits_.load(std::memory_order_relaxed); }
   void note_host_wait() noexcept { host_waits_.fetch_add(1, std::memory_order_relaxed); }
@@ -88,12 +88,18 @@ class device {
   // checkpoint's tensors) through the driver's own staging, which keeps no pinned memory.
   void copy_from_host(void* dst, const void* src, std::size_t bytes) {
     if (!bytes || dst == src) return;
+    refuse_while_capturing("copy_from_host",
+                           "a captured upload would read this host memory again at every replay, after it has "
+                           "changed or gone: copy the step's inputs into device memory before replay()");
     if (bytes > pinned_upload_limit) return enqueue_copy(dst, src, bytes, cudaMemcpyHostToDevice);
     activate();
     if (staging_.upload(dst, src, bytes, stream())) note_host_wait();
   }
   static constexpr std::size_t pinned_upload_limit = std::size_t{16} << 20;
   void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+    refuse_while_capturing("copy_to_host",
+                           "the host cannot read a value inside a captured step (nothing runs until replay()): "
+                           "read it after replay(), or leave it out of the step");
     enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToHost);
     note_host_wait();
     stream_.synchronize();
@@ -155,8 +161,16 @@ class device {
   }
 
   void synchronize() {
+    refuse_while_capturing("synchronize", "a captured step cannot wait for the GPU: nothing runs until replay()");
     note_host_wait();
     stream_.synchronize();
+  }
+
+  // Whether the compute stream is being captured into a CUDA graph (ddp::cuda::step_graph).
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream(), &status), "cudaStreamIsCapturing", site_);
+    return status != cudaStreamCaptureStatusNone;
   }
 
   // Where `p` lives according to the driver: a device pointer names its GPU, anything else is
@@ -189,6 +203,13 @@ class device {
     check(cudaDeviceGetDefaultMemPool(&pool, site_.device), "cudaDeviceGetDefaultMemPool", site_);
     std::uint64_t keep = ~std::uint64_t{0};
     check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", site_);
+  }
+
+  void refuse_while_capturing(const char* operation, const char* why) const {
+    if (capturing())
+      throw error("cuda", operation, site_.rank,
+                  std::string("called while the step is being captured into a CUDA graph on ") +
+                      id().to_string() + ": " + why);
   }
 
   void enqueue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {

@@ -7,14 +7,19 @@
 // Ordering: a collective observes every write queued on the device's compute stream before the
 // call (an event recorded there, which the communication stream waits for), so a bucket's
 // reduction starts as soon as backward has produced it and runs beside the rest of backward.
-// wait() returns once the collective finished; work the caller queues on the compute stream
-// afterwards reads the result.
+// wait() orders the compute stream after the collective and returns at once: work the caller
+// queues there afterwards reads the result, and the host never waits for a collective (it waits
+// only where it reads a value: copy_to_host).
 //
 // Failure: NCCL by itself lets a rank wait forever for a peer that died. Here a watchdog thread
 // per communicator aborts it (ncclCommAbort) when a collective runs past the timeout, when NCCL
 // reports an asynchronous error, or when a peer gave up (heard through the host communicator
-// that bootstrapped it); every pending and later collective then throws ddp::peer_error (or
-// ddp::timeout_error) naming the rank at fault. abort(reason) does the same from this rank.
+// that bootstrapped it); every later collective then throws ddp::peer_error (or
+// ddp::timeout_error) naming the rank at fault, and so does work.rethrow_failure(), which a
+// caller that read a collective's result on the host (after copy_to_host) calls before trusting
+// it: an aborted collective still completes on the stream. The failure is latched before NCCL is
+// aborted, so it is visible by the time the stream gets past the collective. abort(reason) does
+// the same from this rank.
 //
 // P3: every buffer's pointer attributes are checked against the communicator's GPU before the
 // collective is queued; a mismatch names the buffer and both devices.
@@ -70,6 +75,7 @@ struct pending {
   const char* name;
   std::uint64_t sequence;
   std::optional<clock::time_point> seen_started;  // when the watchdog first saw `started` (its lock)
+  bool captured = false;  // queued while the compute stream was being captured into a CUDA graph
 };
 
 using comm::failure;
@@ -94,6 +100,7 @@ class pending_pool : public std::enable_shared_from_this<pending_pool> {
       p->name = name;
       p->sequence = sequence;
       p->seen_started.reset();
+      p->captured = false;
     } else {
       p = std::make_unique<pending>(site, name, sequence);
     }
@@ -187,37 +194,52 @@ class core {
       settle(call(comm_, stream_.get()), name);
     }
     p->done.record(stream_.get());
-    {
+    // Captured into a graph, the collective runs only when the graph is launched: the watchdog
+    // cannot query its events (they belong to the capture), and watches the launch instead.
+    p->captured = device_->capturing();
+    if (!p->captured) {
       std::lock_guard lock(watch_mutex_);
       in_flight_.push_back(p);
     }
     return p;
   }
 
-  // Host waits for `p` (the watchdog turns a collective that never finishes into a failure);
-  // then the compute stream is ordered after it too.
+
+  // Orders the compute stream after `p`, without waiting on the host: the watchdog owns the
+  // timeout. A collective it aborts (a peer died, the timeout passed) still completes on the
+  // stream, with whatever its buffers held; the failure is latched before NCCL is aborted, so a
+  // caller that synchronised with the compute stream afterwards sees it in rethrow_failure().
   void wait(const pending& p) {
-    if (!p.done.done()) {  // one event query when it already finished
-      device_->note_host_wait();
-      for (int spins = 0; !p.done.done(); ++spins) {
-        throw_if_failed(p.name);
-        if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else std::this_thread::yield();
-      }
-    }
     throw_if_failed(p.name);
     device_->activate();
     cuda::check(cudaStreamWaitEvent(device_->stream(), p.done.get(), 0), "cudaStreamWaitEvent", device_->site());
   }
 
-  // True once wait() would return at once: done, or failed (then wait() throws).
+  // True once the collective has finished on the GPU, or failed.
   bool test(const pending& p) const noexcept {
     if (failure_.failed()) return true;
+    if (p.captured) return false;  // its events belong to a graph being captured: not queryable
     try {
       return p.done.done();
     } catch (...) {
-      return true;  // a device error: wait() reports it
+      return true;  // a device error: rethrow_failure() reports it once the watchdog has
     }
+  }
+
+  // Puts work the caller queues on the compute stream in `queue()` (a CUDA graph's launch) under
+  // the watchdog, as one collective named `name`: it fails every rank when it runs past the
+  // timeout, or when NCCL or a peer fails while it runs.
+  template <class Queue>
+  std::shared_ptr<pending> watch(const char* name, Queue queue) {
+    throw_if_failed(name);
+    device_->activate();
+    auto p = pool_->take(device_->site(), name, next_sequence_++);
+    p->started.record(device_->stream());
+    queue();
+    p->done.record(device_->stream());
+    std::lock_guard lock(watch_mutex_);
+    in_flight_.push_back(p);
+    return p;
   }
 
   void abort(const std::string& reason) {
@@ -375,10 +397,17 @@ class work {
  public:
   work() = default;
   work(std::shared_ptr<detail::core> c, std::shared_ptr<detail::pending> p) : core_(std::move(c)), pending_(std::move(p)) {}
+  // Orders the device's compute stream after the collective and returns at once (no host wait).
   void wait() const {
     if (pending_) core_->wait(*pending_);
   }
+  // True once the collective finished on the GPU (or failed).
   bool test() const noexcept { return !pending_ || core_->test(*pending_); }
+  // Throws the communicator's failure, if it has one: call it after the host synchronised with
+  // the compute stream (copy_to_host) and before trusting what it read there.
+  void rethrow_failure() const {
+    if (core_) core_->throw_if_failed(pending_ ? pending_->name : "collective");
+  }
 
  private:
   std::shared_ptr<detail::core> core_;
@@ -446,6 +475,13 @@ class communicator {
   }
 
   void abort(const std::string& reason) { core_->abort(reason); }
+
+  // Work queued on the device's compute stream by `queue()` (a CUDA graph's launch, whose
+  // collectives the watchdog cannot see one by one) watched as one collective named `name`.
+  template <class Queue>
+  work watch(const char* name, Queue queue) {
+    return work(core_, core_->watch(name, std::move(queue)));
+  }
 
  private:
   template <class Call>

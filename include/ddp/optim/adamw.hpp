@@ -35,12 +35,15 @@ struct adamw {
       v = beta2 * v + (1.0f - beta2) * g * g;
       p -= step_size * m / (sqrtf(v) * inv_sqrt_bc2 + eps);
     }
+    bool operator==(const rule&) const = default;
   };
   rule at(std::int64_t step) const {
     const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
     const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
     return {beta1, beta2, eps, 1.0f - lr * weight_decay, lr / bc1, 1.0f / std::sqrt(bc2)};
   }
+
+  bool operator==(const adamw&) const = default;
 
   std::string describe() const {
     return "adamw(lr=" + std::to_string(lr) + ", betas=(" + std::to_string(beta1) + ", " +

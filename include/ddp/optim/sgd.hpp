@@ -36,8 +36,11 @@ struct sgd {
       m = momentum * m + d;
       p -= lr * (nesterov ? d + momentum * m : m);
     }
+    bool operator==(const rule&) const = default;
   };
   rule at(std::int64_t) const { return {lr, momentum, weight_decay, nesterov}; }
+
+  bool operator==(const sgd&) const = default;
 
   std::string describe() const {
     return "sgd(lr=" + std::to_string(lr) + ", momentum=" + std::to_string(momentum) +

@@ -118,6 +118,7 @@ concept policy = requires(H& h, bucket_io& b) {
 struct none {
   using slot = comm_hook::slot;
   static constexpr std::string_view name = "none";
+  static constexpr bool capturable = true;  // ddp::cuda::step_graph may hold it
   void reduce(bucket_io& b) { b.reduce_gradients(); }
   void finish(bucket_io&) {}
 };
@@ -127,6 +128,7 @@ struct compress {
   static_assert(Low == dtype::f16 || Low == dtype::bf16, "ddp: comm_hook::compress takes dtype::f16 or dtype::bf16");
   using slot = comm_hook::slot;
   static constexpr std::string_view name = Low == dtype::f16 ? "fp16" : "bf16";
+  static constexpr bool capturable = true;
 
   void reduce(bucket_io& b) {
     const std::size_t n = b.size();

@@ -91,7 +91,9 @@ struct bucket final : update::bucket_ops {
     if (!binds_values) device->unpack(value_segments, values.data());
   }
 
-  // Waits for every collective in flight, ignoring failures (a step that failed half-way).
+  // Waits for every collective in flight, ignoring failures (a step that failed half-way). A
+  // stream backend's wait() only orders the compute stream: the device's deallocate then waits
+  // for the GPU before the memory goes.
   void drain() noexcept {
     auto quietly = [](work_type& w) {
       try {
@@ -102,6 +104,14 @@ struct bucket final : update::bucket_ops {
     for (auto* w : {&work, &control_work, &gather})
       if (*w) quietly(**w);
     for (auto& w : more) quietly(w);
+  }
+
+  // A stream backend's failure that aborted this bucket's collectives (ddp::rethrow_failure):
+  // after the host has synchronised with the device.
+  void rethrow_failures() const {
+    for (const auto* w : {&work, &control_work, &gather})
+      if (*w) rethrow_failure(**w);
+    for (const auto& w : more) rethrow_failure(w);
   }
 
   void clear_works() {

@@ -5,7 +5,9 @@
 // three buffer-sync policies and two optimizers instantiates 3 + 2 adapters and one core, not
 // 3 x 2 trainers. The per-element work (an optimizer's rule) stays a template inside its
 // adapter; what crosses the interface is a call per bucket or per step.
+#include <concepts>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -99,6 +101,8 @@ struct update_adapter final : update_part {
 template <class Device>
 struct comm_hook_part {
   virtual std::string_view name() const noexcept = 0;
+  // Device work and collectives only, the same every step: a CUDA graph may hold it.
+  virtual bool capturable() const noexcept = 0;
   virtual void reduce(comm_hook::bucket_io_on<Device>&) = 0;
   virtual void finish(comm_hook::bucket_io_on<Device>&) = 0;
 
@@ -110,6 +114,10 @@ template <comm_hook::policy P, class Device>
 struct comm_hook_adapter final : comm_hook_part<Device> {
   P policy;
   std::string_view name() const noexcept override { return P::name; }
+  bool capturable() const noexcept override {
+    if constexpr (requires { { P::capturable } -> std::convertible_to<bool>; }) return P::capturable;
+    else return false;
+  }
   void reduce(comm_hook::bucket_io_on<Device>& b) override { policy.reduce(b); }
   void finish(comm_hook::bucket_io_on<Device>& b) override { policy.finish(b); }
 };
@@ -133,6 +141,9 @@ struct optimizer_part {
   virtual float& learning_rate() noexcept = 0;
   virtual bool applies_update() const noexcept = 0;
   virtual bool has_weight_decay() const noexcept = 0;
+  // Whether the rule of an update depends on the update count (AdamW's bias correction); none
+  // when the rule has no operator== to tell.
+  virtual std::optional<bool> rule_varies_with_step() const = 0;
   // The rule of each parameter's `step`-th update over `segments`; state slot k of an element at
   // state + k * stride + its offset.
   // group: a parameter group's options over the optimizer's (nullptr: the optimizer's own).
@@ -151,6 +162,16 @@ struct optimizer_adapter final : optimizer_part<Device> {
   float& learning_rate() noexcept override { return optimizer.lr; }
   bool applies_update() const noexcept override { return optim::applies_update<O>(); }
   bool has_weight_decay() const noexcept override { return requires(O& o) { o.weight_decay = 0.0f; }; }
+  std::optional<bool> rule_varies_with_step() const override {
+    if constexpr (!optim::applies_update<O>()) {
+      return false;
+    } else if constexpr (std::equality_comparable<optim::rule_of<O>>) {
+      const auto first = optimizer.at(1);
+      return !(first == optimizer.at(2) && first == optimizer.at(1000));
+    } else {
+      return std::nullopt;
+    }
+  }
   void update(Device& dev, std::span<const segment> segments, const float* grad, float* state, std::size_t stride,
               std::int64_t step, const optim::parameter_group* group) override {
     if constexpr (optim::applies_update<O>()) {

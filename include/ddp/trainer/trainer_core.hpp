@@ -263,6 +263,57 @@ class trainer_core {
   // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch.
   std::uint64_t micro_batches_run() const noexcept { return micro_batches_run_; }
 
+  // ---- a step captured into a CUDA graph (ddp::cuda::step_graph drives these) ------------
+
+  // What one step changes in the trainer's host state: replaying a captured step adds it.
+  struct step_increment {
+    std::uint64_t steps = 0, micro_batches = 0;
+    std::vector<std::int64_t> update_counts;
+  };
+
+  // Why this trainer's step cannot be captured now, or nothing. A captured step runs only device
+  // work and collectives: nothing may be read on the host inside it.
+  std::optional<std::string> capture_refusal() const {
+    if (broken_) return "the trainer is unusable after a failed step: " + *broken_;
+    if (micro_batches_ != 0) return "accumulate() micro-batches are waiting for their step(); capture between steps";
+    if (!parts_.optimizer.applies_update())
+      return "optim::external leaves the update to an optimizer outside the trainer, which the graph cannot hold";
+    if (const auto varies = parts_.optimizer.rule_varies_with_step(); !varies || *varies)
+      return varies ? "the optimizer's update rule changes with every update count (AdamW's bias correction), "
+                      "but a captured step replays the rule it was captured with: use an optimizer whose rule "
+                      "does not depend on the step (ddp::optim::sgd)"
+                    : "the optimizer's rule has no operator==, so a captured step cannot tell whether it changes "
+                      "with the update count: give the rule `bool operator==(const rule&) const = default;`";
+    if (max_gradient_norm_ > 0.0f)
+      return "gradient clipping reads the gradient norm on the host every step; clip_gradient_norm(0) to capture";
+    if (!parts_.comm_hook.capturable())
+      return "the communication hook '" + std::string(parts_.comm_hook.name()) +
+             "' keeps host-side state per step; capture with comm_hook::none, fp16 or bf16";
+    return std::nullopt;
+  }
+
+  // Between these two, run one step(): its device work is captured, not run. The host state
+  // that step advanced is put back, and what it added is returned for replayed().
+  step_increment begin_capture() {
+    if (const auto why = capture_refusal()) throw error("trainer", "capture", comm_.rank(), *why);
+    capturing_ = true;
+    return {steps_, micro_batches_run_, update_counts_};
+  }
+  step_increment end_capture(const step_increment& before) {
+    capturing_ = false;
+    step_increment added{steps_ - before.steps, micro_batches_run_ - before.micro_batches, update_counts_};
+    for (std::size_t i = 0; i < added.update_counts.size(); ++i) added.update_counts[i] -= before.update_counts[i];
+    steps_ = before.steps, micro_batches_run_ = before.micro_batches, update_counts_ = before.update_counts;
+    return added;
+  }
+  // The captured step was queued once more.
+  void replayed(const step_increment& added) {
+    steps_ += added.steps;
+    micro_batches_run_ += added.micro_batches;
+    for (std::size_t i = 0; i < update_counts_.size(); ++i) update_counts_[i] += added.update_counts[i];
+  }
+  std::size_t parameter_group_count() const noexcept { return groups_.size(); }
+
   // ---- checkpoints (ddp::trainer::save and load write and read the files) -----------------
 
   // This rank's state: parameters, buffers, its part of the optimizer state, each parameter's
@@ -736,7 +787,7 @@ class trainer_core {
     if constexpr (!binds) device_.pack(bk.segments, bk.grads.data());
     for (const auto& h : bk.half_grads)
       device_.cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{bk.grads.data() + h.offset, h.count, dtype::f32});
-    if (bk.control) {
+    if (bk.control && !capturing_) {  // captured: every replay is one micro-batch on every rank, nothing read
       std::vector<float> control(bk.control, 0.0f);
       control[0] = static_cast<float>(micro_batches_);
       // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
@@ -762,9 +813,29 @@ class trainer_core {
     }
     if (!final_) return;
     if (!reports) std::fill(used_.begin(), used_.end(), 1);
+    if (capturing_) return finish_captured_step();
     reduce_remaining();
     measure_overlap();
     read_control();
+    finish_update();
+  }
+
+  // A captured step reads nothing on the host, so the control floats neither go nor come back:
+  // each replay is this one micro-batch on every rank (the mean is 1), and every parameter must
+  // get a gradient in it, as every replay then updates every one.
+  void finish_captured_step() {
+    if (micro_batches_ != 1)
+      throw error("trainer", "capture", comm_.rank(),
+                  "the captured step ran " + std::to_string(micro_batches_) +
+                      " micro-batches; a captured step is one forward-backward pair and its update");
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!used_[i])
+        throw error("trainer", "capture", comm_.rank(),
+                    "parameter '" + params_[i].name + "' got no gradient in the captured step, but every replay "
+                    "updates every parameter: capture a step that uses them all, or run such steps uncaptured");
+    reduce_remaining();
+    std::fill(update_.begin(), update_.end(), 1);
+    mean_micro_batches_ = 1.0f;
     finish_update();
   }
 
@@ -838,6 +909,7 @@ class trainer_core {
     auto& last = buckets_.back();
     std::vector<float> control(last.control);
     device_.copy_to_host(control.data(), last.grads.data() + last.padded, control.size() * sizeof(float));
+    last.rethrow_failures();
     mean_micro_batches_ = control[0];
     if constexpr (reports)
       if (mean_micro_batches_ > 0.0f)  // else every rank shadowed: no step to rule on
@@ -952,6 +1024,7 @@ class trainer_core {
   std::size_t micro_batches_ = 0;
   float mean_micro_batches_ = 1.0f;  // over the ranks, from the last bucket's control floats
   bool shadowing_ = false;           // in join(): this step is the peers', not this rank's
+  bool capturing_ = false;           // this step is being captured into a CUDA graph
   std::size_t forwards_ = 0;    // since the last update
   std::vector<char> used_;      // reported in any backward of this step
   std::vector<char> reported_;  // reported in the final backward

@@ -68,4 +68,24 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
   return detail::softmax_cross_entropy(logits, labels, weights.per_sample, weights.divisor());
 }
 
+// The mean loss's gradient alone, with nothing read on the host, so that a step captured into a
+// CUDA graph (ddp::cuda::step_graph) can end with it. Each row's loss goes to `row_loss` when
+// given (logits.rows() doubles of device memory the caller keeps, and reads after the step).
+// Labels outside the classes are not reported here: check them when the data is loaded.
+inline matrix softmax_cross_entropy_gradient(const matrix& logits, const device_vector<std::int32_t>& labels,
+                                             double* row_loss = nullptr) {
+  const std::size_t n = logits.rows();
+  ddp::nn::detail::check_cross_entropy_arguments("ddp::cuda::nn::softmax_cross_entropy_gradient", n, labels.size(), 0,
+                                                static_cast<double>(n ? n : 1));
+  auto& dev = logits.device();
+  matrix grad(dev, n, logits.cols());
+  device_vector<double> losses(dev, row_loss ? 0 : n);
+  device_vector<std::int32_t> flags(dev, n + 1);  // correct per row, then the first bad label
+  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), nullptr, 1.0 / static_cast<double>(n ? n : 1), n,
+                                       logits.cols(), grad.data(), row_loss ? row_loss : losses.data(), flags.data(),
+                                       flags.data() + n, dev.stream()),
+        "softmax_cross_entropy kernel", dev.site());
+  return grad;
+}
+
 }  // namespace ddp::cuda::nn
