@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -56,6 +57,8 @@ struct op_queue {
   std::atomic<int> pending{0};
   std::atomic<bool> busy{false};
   std::atomic<std::chrono::steady_clock::rep> last_submit{0};
+  // When the operation running now started (its work_state's `started`), for a watchdog; 0: none.
+  std::atomic<std::chrono::steady_clock::rep> running_since{0};
   const progress_options options;
 
   explicit op_queue(progress_options o) : options(o) {}
@@ -82,12 +85,14 @@ struct op_queue {
     lock.unlock();
     auto& state = *item.state;
     state.started = std::chrono::steady_clock::now();
+    running_since.store(state.started.time_since_epoch().count() | 1, std::memory_order_relaxed);  // never 0
     try {
       item.op();
     } catch (...) {
       state.failure = std::current_exception();
     }
     state.finished = std::chrono::steady_clock::now();
+    running_since.store(0, std::memory_order_relaxed);
     state.done.store(true, std::memory_order_release);
     lock.lock();
     running = false;
@@ -158,6 +163,14 @@ class progress_thread {
     }
     queue_->progress_cv.notify_all();
     thread_.join();
+  }
+
+  // When the operation running now started (on whichever thread runs it), or nothing: a
+  // watchdog's clock, read without a lock.
+  std::optional<std::chrono::steady_clock::time_point> running_since() const noexcept {
+    const auto since = queue_->running_since.load(std::memory_order_relaxed);
+    if (since == 0) return std::nullopt;
+    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since));
   }
 
   work submit(std::function<void()> op) {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <chrono>
 #include <climits>
@@ -242,21 +243,12 @@ class communicator {
   template <class Body>
   work submit(const char* name, Body body) {
     const std::uint64_t sequence = next_sequence_++;
+    // What the watchdog reports, without a lock or a clock read of its own: the progress queue
+    // says since when the operation has run.
     return progress_->submit([=, this] {
-      {
-        std::lock_guard lock(watch_mutex_);
-        current_ = running{name, sequence, std::chrono::steady_clock::now()};
-        entered_ = sequence + 1;
-      }
-      try {
-        body(name);
-      } catch (...) {
-        std::lock_guard lock(watch_mutex_);
-        current_.reset();
-        throw;
-      }
-      std::lock_guard lock(watch_mutex_);
-      current_.reset();
+      current_name_.store(name, std::memory_order_relaxed);
+      entered_.store(sequence + 1, std::memory_order_relaxed);
+      body(name);
     });
   }
 
@@ -326,10 +318,10 @@ class communicator {
   // (MPI cannot tell the peers), after a roll call of its own says who is missing.
   bool watch() {
     if (can_roll_call_) answer_roll_calls();
-    std::unique_lock lock(watch_mutex_);
-    if (!current_ || std::chrono::steady_clock::now() - current_->started <= options_.timeout) return true;
-    const running stuck = *current_;
-    lock.unlock();
+    const auto since = progress_->running_since();
+    if (!since || std::chrono::steady_clock::now() - *since <= options_.timeout) return true;
+    // The operation running since then: the latest one entered (they run one at a time).
+    const running stuck{current_name_.load(std::memory_order_relaxed), entered_.load(std::memory_order_relaxed) - 1};
     abort(std::string(stuck.name) + " #" + std::to_string(stuck.sequence) + " made no progress for " +
           std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck.sequence));
     return false;
@@ -347,11 +339,8 @@ class communicator {
       char query = 0;
       MPI_Recv(&query, 1, MPI_CHAR, status.MPI_SOURCE, query_tag, roll_, MPI_STATUS_IGNORE);
       std::uint64_t where[2];
-      {
-        std::lock_guard lock(watch_mutex_);
-        where[0] = entered_;
-        where[1] = current_ ? 1 : 0;
-      }
+      where[0] = entered_.load(std::memory_order_relaxed);
+      where[1] = progress_->running_since() ? 1 : 0;
       MPI_Send(where, 2, MPI_UINT64_T, status.MPI_SOURCE, answer_tag, roll_);
     }
   }
@@ -415,7 +404,6 @@ class communicator {
   struct running {
     const char* name;
     std::uint64_t sequence;
-    std::chrono::steady_clock::time_point started;
   };
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -429,9 +417,8 @@ class communicator {
   // sharded update does one per bucket per step). Operations run one at a time, in issue order.
   std::vector<std::uint8_t> scratch_, kept_;
 
-  std::mutex watch_mutex_;
-  std::optional<running> current_;
-  std::uint64_t entered_ = 0;  // collectives this rank has entered
+  std::atomic<const char*> current_name_{""};  // the latest collective entered
+  std::atomic<std::uint64_t> entered_{0};       // collectives this rank has entered
   std::optional<comm::watchdog> watchdog_;
   std::optional<progress_thread> progress_;
 };
