@@ -21,6 +21,9 @@
 // control floats (micro-batch count, unused-parameter flags) in f32 beside the hook's traffic.
 // A hook that needs the device itself (its kernels, matrix products) makes reduce and finish
 // templates over the bucket_io they are given: the trainer gives a bucket_io_on<Device>.
+// A hook that does the same device work and collectives every step, and reads nothing on the
+// host, may declare `static constexpr bool capturable = true;`: a step captured into a CUDA graph
+// (ddp::cuda::step_graph) may then hold it.
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
