@@ -177,6 +177,8 @@ void check_same(const std::vector<std::vector<float>>& gpu, const std::vector<st
 // NCCL's collectives run on a stream: their work handles have no host-side timing, so the
 // trainer reports its overlap as unmeasured instead of zero.
 static_assert(!ddp::timed_work_handle<ddp::nccl::work>);
+// Its wait() only orders the compute stream: a failure found later comes through rethrow_failure().
+static_assert(ddp::stream_ordered_work<ddp::nccl::work>);
 
 TEST_CASE("GPU trainer (cuda device, nccl) equals the host trainer: SGD with momentum") {
   const auto data = make_batches(4);

@@ -167,3 +167,74 @@ TEST_CASE("a parameter group that selects nothing is an error listing the names"
                       doctest::Contains("matched no parameter; the names are like '0.weight', '0.bias'"));
   });
 }
+
+namespace {
+
+// Parameters after `steps` steps on `world` ranks; from step 1 on, each step as a CUDA graph's
+// capture drives it (ddp::cuda::step_graph): begin_capture, the step, end_capture, replayed. On
+// the host device the "captured" step runs at once, so its bits can be compared.
+template <class Update>
+std::vector<std::vector<std::vector<float>>> capture_protocol_ranks(int world, bool captured) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(42);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, Update, ddp::bucket_cap<256>> trainer(model, comm, dev, sgd);
+    const std::size_t r = static_cast<std::size_t>(comm.rank());
+    for (int s = 0; s < steps; ++s) {
+      auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(comm.size()), 1000 + s)
+                   .rows(r * per_rank_batch, (r + 1) * per_rank_batch);
+      auto step = [&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); };
+      if (!captured || s == 0) {
+        trainer.step(step);
+        continue;
+      }
+      const auto before = trainer.begin_capture();
+      trainer.step(step);
+      const auto added = trainer.end_capture(before);
+      CHECK(trainer.steps() == static_cast<std::uint64_t>(s));  // put back: nothing ran, as far as it knows
+      CHECK(added.steps == 1);
+      CHECK(added.micro_batches == 1);
+      for (auto c : added.update_counts) CHECK(c == 1);
+      trainer.replayed(added);
+    }
+    CHECK(trainer.steps() == static_cast<std::uint64_t>(steps));
+    CHECK(trainer.micro_batches_run() == static_cast<std::uint64_t>(steps));
+    return test::parameter_values(model);
+  });
+}
+
+}  // namespace
+
+// The trainer's side of ddp::cuda::step_graph, on host ranks (the graph itself needs a GPU): a
+// captured step neither sends nor reads the control floats, and takes the bits of an ordinary
+// one; the host counters come back and replayed() advances them.
+TEST_CASE("a step under the capture protocol takes the bits of an ordinary step; counters as after the step") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    CHECK(capture_protocol_ranks<ddp::update::replicated>(world, true) ==
+          capture_protocol_ranks<ddp::update::replicated>(world, false));
+    CHECK(capture_protocol_ranks<ddp::update::sharded>(world, true) ==
+          capture_protocol_ranks<ddp::update::sharded>(world, false));
+  }
+}
+
+TEST_CASE("what decides per step on the host refuses to be captured, naming it") {
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp> trainer(model, comm, dev, sgd);
+    CHECK_FALSE(trainer.capture_refusal());
+    trainer.clip_gradient_norm(1.0f);
+    CHECK_THROWS_WITH(trainer.begin_capture(), doctest::Contains("gradient clipping reads the gradient norm"));
+    trainer.clip_gradient_norm(0.0f);
+    auto b = test::make_batch(4, 7);
+    trainer.accumulate([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+    CHECK(trainer.capture_refusal().value_or("").find("accumulate()") != std::string::npos);
+  });
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::optim::adamw> trainer(model, comm, dev, {});
+    CHECK(trainer.capture_refusal().value_or("").find("AdamW's bias correction") != std::string::npos);
+  });
+}
