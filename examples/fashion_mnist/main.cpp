@@ -58,7 +58,7 @@ void print_banner(const fmnist::config& c) {
 int main(int argc, char** argv) {
   fmnist::config c;
   CLI::App app{std::string("ddp example: data-parallel training of ") + model_description + " on Fashion-MNIST"};
-  app.add_option("--ranks", c.ranks, "number of ranks (in-process threads; with --device cuda one GPU each)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--ranks", c.ranks, "number of ranks (in-process threads; with --backend nccl one GPU each)")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--epochs", c.epochs, "passes over the 60,000 training images")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--batch", c.batch, "batch size per rank (global batch = ranks x batch)")->check(CLI::Range(2, 60000))->capture_default_str();
   app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
@@ -108,8 +108,14 @@ int main(int argc, char** argv) {
   c.device = "cuda";
   app.add_option("--backend", c.backend,
                  "communicator: nccl, one GPU per rank (in-process threads, or one process per GPU under "
-                 "mpirun/srun)")
-      ->check(only("nccl", "the host backends (inproc, mpi) are in fashion_mnist and fashion_mnist_mpi"))
+                 "mpirun/srun); staged, in-process ranks sharing the GPUs (rank r on GPU r mod count; NCCL refuses "
+                 "two ranks on one GPU), their collectives through host memory")
+      ->check([](const std::string& v) {
+        return v == "nccl" || v == "staged"
+                   ? std::string()
+                   : "'" + v + "': this binary's backends are nccl and staged; the host backends (inproc, mpi) are in "
+                     "fashion_mnist and fashion_mnist_mpi";
+      })
       ->capture_default_str();
   app.add_option("--device", c.device, "device")
       ->check(only("cuda", "--device cpu is in fashion_mnist and fashion_mnist_mpi"))
@@ -191,7 +197,7 @@ int main(int argc, char** argv) {
               r.policies.c_str(), c.precision == "f32" ? "f32" : (c.precision + " (f32 master copy)").c_str());
   if (r.host_waits_per_step >= 0)
     std::printf("  host waits      %.2f per step (the host waited for the GPU: copies to the host, the loss, "
-                "collectives not yet done)\n",
+                "staged collectives)\n",
                 r.host_waits_per_step);
   return 0;
 }

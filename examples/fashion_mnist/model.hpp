@@ -38,8 +38,8 @@ struct host_platform {
     return ddp::nn::softmax_cross_entropy(logits, labels, weights);
   }
   // Runs f(communicator&, device&) on this rank, given the launcher's communicator.
-  template <class Launcher, class F>
-  static void on_rank(Launcher& launcher, F&& f) {
+  template <class Launcher, class Config, class F>
+  static void on_rank(Launcher& launcher, const Config&, F&& f) {
     device dev;
     f(launcher, dev);
   }

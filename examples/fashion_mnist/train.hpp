@@ -324,10 +324,10 @@ void run_with(const config& c, report& out) {
     train_with_flags<Comm, Platform>(comm, dev, c, train_set, test_set, out);
   };
   if constexpr (std::is_same_v<Launcher, ddp::inproc::communicator>) {
-    ddp::inproc::launch(c.ranks, [&](Launcher& launcher) { Platform::on_rank(launcher, rank); });
+    ddp::inproc::launch(c.ranks, [&](Launcher& launcher) { Platform::on_rank(launcher, c, rank); });
   } else {  // one rank per process: this process is one of them
     Launcher launcher;
-    Platform::on_rank(launcher, rank);
+    Platform::on_rank(launcher, c, rank);
   }
 }
 

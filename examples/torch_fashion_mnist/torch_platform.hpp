@@ -80,8 +80,8 @@ struct torch_platform {
   // for its linear layers, whose idle pool would spin in sched_yield beside the ranks (a fifth
   // of the CPU time of an epoch here): one thread for it too. Freed tensors stay in the process
   // (ddp/torch/allocator.hpp): in-process ranks went from 1675 to 2022 samples/s (docs/results.md).
-  template <class Launcher, class F>
-  static void on_rank(Launcher& launcher, F&& f) {
+  template <class Launcher, class Config, class F>
+  static void on_rank(Launcher& launcher, const Config&, F&& f) {
     ddp::torch::retain_freed_memory();
     torch::set_num_threads(1);
     ddp::nn::blas::use_one_thread_per_rank();

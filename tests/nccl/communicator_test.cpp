@@ -87,7 +87,7 @@ TEST_CASE("nccl rejects a host buffer, naming it and both devices (P3)") {
 // all_reduce of 16 GiB (a copy of about 8 ms on an H200) against a 1 ms timeout. wait() only
 // orders the compute stream and does not block; the failure reaches the host through the work
 // handle once the host has synchronised with the GPU, and through every later collective.
-TEST_CASE("a collective that runs past its timeout fails on the watchdog, naming it; wait() never blocks the host") {
+TEST_CASE("a collective that runs past its timeout fails on the watchdog, naming it, and wait() never blocks the host") {
   ddp::nccl::options opts;
   opts.timeout = std::chrono::milliseconds(1);
   on_one_gpu(

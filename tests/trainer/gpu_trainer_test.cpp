@@ -390,7 +390,7 @@ TEST_CASE("a step captured into a CUDA graph and replayed gives the bits of the 
   CHECK(captures == 2);
 }
 
-TEST_CASE("a replayed step waits for nothing on the host; its graph's nodes are counted") {
+TEST_CASE("a replayed step waits for nothing on the host, and its graph's nodes are counted") {
   const auto data = make_batches(4);
   ddp::inproc::launch(1, [&](ddp::inproc::communicator& host) {
     ddp::cuda::device dev(0, host.rank());

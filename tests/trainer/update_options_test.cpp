@@ -208,7 +208,7 @@ std::vector<std::vector<std::vector<float>>> capture_protocol_ranks(int world, b
 // The trainer's side of ddp::cuda::step_graph, on host ranks (the graph itself needs a GPU): a
 // captured step neither sends nor reads the control floats, and takes the bits of an ordinary
 // one; the host counters come back and replayed() advances them.
-TEST_CASE("a step under the capture protocol takes the bits of an ordinary step; counters as after the step") {
+TEST_CASE("a step under the capture protocol takes the bits of an ordinary step, and the counters read as after it") {
   for (int world : {1, 2, 3}) {
     CAPTURE(world);
     CHECK(capture_protocol_ranks<ddp::update::replicated>(world, true) ==
