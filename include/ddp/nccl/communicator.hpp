@@ -204,7 +204,6 @@ class core {
     return p;
   }
 
-
   // Orders the compute stream after `p`, without waiting on the host: the watchdog owns the
   // timeout. A collective it aborts (a peer died, the timeout passed) still completes on the
   // stream, with whatever its buffers held; the failure is latched before NCCL is aborted, so a
