@@ -25,18 +25,19 @@ run() {  # run NAME TIMEOUT COMMAND...
 }
 # Every check is bounded and the bounds add up to 300 s: the whole run fits the 5 minutes a lent
 # GPU machine gives one command (scripts/gpu-check.sh says how long it took).
-run "GPU tests" 90 "$tests"
+# The GPU tests set up NCCL about 20 times (1-2 s each) and move 32 GiB in the timeout case.
+run "GPU tests" 110 "$tests"
 run "CUDA kernels vs cudaMemcpy (target: >= 85% at >= 64 MiB)" 40 "$kernels" --sizes-mib 64,256,1024 --repeats 20
 # NCCL refuses two ranks on one GPU: one rank per GPU, so as many ranks as GPUs.
 gpus=$(nvidia-smi -L | wc -l)
 run "ddp-bench collective all_reduce over NCCL, one rank per GPU, cudaMemcpy beside it" 40 \
   "$bench" collective all_reduce --backend nccl --ranks "$gpus" -b 8 -e 256M -f 4 -n 20 --out "${DDP_GPU_OUT:-.}/nccl_all_reduce.json"
-run "example: $gpus in-process rank(s), one GPU each" 55 "$example" --ranks "$gpus" --epochs 2 --no-progress --data-dir "$data"
+run "example: $gpus in-process rank(s), one GPU each" 45 "$example" --ranks "$gpus" --epochs 2 --no-progress --data-dir "$data"
 # Two ranks on GPU 0 (NCCL refuses that: --backend staged), the trainer's multi-rank logic on one GPU.
-run "example: 2 in-process ranks sharing GPU 0 (--backend staged)" 45 "$example" --ranks 2 --backend staged --epochs 1 \
+run "example: 2 in-process ranks sharing GPU 0 (--backend staged)" 40 "$example" --ranks 2 --backend staged --epochs 1 \
   --no-progress --data-dir "$data"
 if [ "$mpi" = --mpirun ] && command -v mpirun >/dev/null 2>&1; then
-  run "example: mpirun -np $gpus, one process per GPU" 30 \
+  run "example: mpirun -np $gpus, one process per GPU" 25 \
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$gpus" "$example" --epochs 1 --no-progress --data-dir "$data"
 fi
 if ((${#failed[@]})); then
