@@ -34,7 +34,8 @@ void host_all_reduce(C& comm, D& dev, std::span<T> data, reduce_op op) {
 
 template <communicator C, device D, class T>
 void host_broadcast(C& comm, D& dev, std::span<T> data, int root) {
-  staged(comm, dev, data, data.size(), [&](T* p) { return comm.broadcast(mutable_buffer{p, data.size(), dtype_of<T>}, root); });
+  staged(comm, dev, data, data.size(),
+         [&](T* p) { return comm.broadcast(mutable_buffer{p, data.size(), dtype_of<T>}, root); });
 }
 
 // Returns every rank's `mine`, rank after rank.
@@ -44,7 +45,8 @@ std::vector<T> host_all_gather(C& comm, D& dev, std::span<const T> mine) {
   const std::size_t offset = mine.size() * static_cast<std::size_t>(comm.rank());
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(offset));
   staged(comm, dev, std::span<T>(all), all.size(), [&](T* p) {
-    return comm.all_gather(const_buffer{p + offset, mine.size(), dtype_of<T>}, mutable_buffer{p, all.size(), dtype_of<T>});
+    return comm.all_gather(const_buffer{p + offset, mine.size(), dtype_of<T>},
+                           mutable_buffer{p, all.size(), dtype_of<T>});
   });
   return all;
 }

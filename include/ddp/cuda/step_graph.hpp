@@ -46,7 +46,6 @@ struct graph_nodes {
   std::size_t copies = 0;
   std::size_t memsets = 0;
   std::size_t other = 0;  // event waits, memory allocation and release, empty joins
-  std::size_t total() const noexcept { return kernels + copies + memsets + other; }
 };
 
 template <class Trainer>

@@ -20,7 +20,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -321,9 +320,9 @@ class communicator {
     const auto since = progress_->running_since();
     if (!since || std::chrono::steady_clock::now() - *since <= options_.timeout) return true;
     // The operation running since then: the latest one entered (they run one at a time).
-    const running stuck{current_name_.load(std::memory_order_relaxed), entered_.load(std::memory_order_relaxed) - 1};
-    abort(std::string(stuck.name) + " #" + std::to_string(stuck.sequence) + " made no progress for " +
-          std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck.sequence));
+    const std::uint64_t stuck = entered_.load(std::memory_order_relaxed) - 1;
+    abort(std::string(current_name_.load(std::memory_order_relaxed)) + " #" + std::to_string(stuck) +
+          " made no progress for " + std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck));
     return false;
   }
 
@@ -400,11 +399,6 @@ class communicator {
   std::chrono::milliseconds poll_interval() const {
     return std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1));
   }
-
-  struct running {
-    const char* name;
-    std::uint64_t sequence;
-  };
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm roll_ = MPI_COMM_NULL;  // the watchdogs' roll calls, apart from the collectives

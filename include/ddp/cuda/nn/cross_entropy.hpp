@@ -75,13 +75,14 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
 inline matrix softmax_cross_entropy_gradient(const matrix& logits, const device_vector<std::int32_t>& labels,
                                              double* row_loss = nullptr) {
   const std::size_t n = logits.rows();
+  const double divisor = static_cast<double>(n ? n : 1);
   ddp::nn::detail::check_cross_entropy_arguments("ddp::cuda::nn::softmax_cross_entropy_gradient", n, labels.size(), 0,
-                                                static_cast<double>(n ? n : 1));
+                                                divisor);
   auto& dev = logits.device();
   matrix grad(dev, n, logits.cols());
   device_vector<double> losses(dev, row_loss ? 0 : n);
   device_vector<std::int32_t> flags(dev, n + 1);  // correct per row, then the first bad label
-  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), nullptr, 1.0 / static_cast<double>(n ? n : 1), n,
+  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), nullptr, 1.0 / divisor, n,
                                        logits.cols(), grad.data(), row_loss ? row_loss : losses.data(), flags.data(),
                                        flags.data() + n, dev.stream()),
         "softmax_cross_entropy kernel", dev.site());
