@@ -1,7 +1,8 @@
 #pragma once
 // ddp-bench collective: an nccl-tests-style sweep of one collective over any communicator. For
-// every size, dtype and reduction: time, algbw and busbw out of place and in place, the number
-// of wrong elements (-c), and a baseline measured in the same run beside them. Sizes mean what
+// every size, dtype and reduction: time, algbw and busbw out of place and in place (the blocking
+// form a caller that wants the result uses), the number of wrong elements (-c), a baseline
+// measured in the same run beside them, and the asynchronous form (issued, then waited for). Sizes mean what
 // nccl-tests means: the bytes of the whole buffer (all_reduce and broadcast: the buffer;
 // reduce_scatter: the input of all ranks' parts; all_gather: the output), and busbw = algbw x
 // the collective's factor: all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n,
@@ -15,6 +16,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp_bench/report.hpp"
@@ -46,19 +48,24 @@ struct collective_params {
   std::string out;
 };
 
-// Seconds per call: `p.warmup` untimed calls, then the best of `p.repeats` batches of `p.iters`
-// calls (a shared machine's least disturbed), each batch after `start()`: a barrier, so that the
-// ranks begin together.
-template <class Call, class Start>
-double best_seconds_per_call(const collective_params& p, Call&& call, Start&& start) {
-  for (int i = 0; i < p.warmup; ++i) call();
-  double best = 1e300;
-  for (int r = 0; r < p.repeats; ++r) {
-    start();
-    const auto t0 = clock_type::now();
-    for (int i = 0; i < p.iters; ++i) call();
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
-  }
+// Seconds per call of each of `calls`: `p.warmup` untimed calls of each, then `p.repeats` rounds
+// in which each call in turn runs a batch of `p.iters` after `start()` (a barrier, so that the
+// ranks begin together); each call's best batch (a shared machine's least disturbed) is kept.
+// The calls take turns batch by batch, so a ratio between them compares the same moments of the
+// machine, not whichever ran first.
+inline std::vector<double> best_seconds_per_call(const collective_params& p,
+                                                 const std::vector<std::function<void()>>& calls,
+                                                 const std::function<void()>& start) {
+  for (const auto& call : calls)
+    for (int i = 0; i < p.warmup; ++i) call();
+  std::vector<double> best(calls.size(), 1e300);
+  for (int r = 0; r < p.repeats; ++r)
+    for (std::size_t c = 0; c < calls.size(); ++c) {
+      start();
+      const auto t0 = clock_type::now();
+      for (int i = 0; i < p.iters; ++i) calls[c]();
+      best[c] = std::min(best[c], std::chrono::duration<double>(clock_type::now() - t0).count() / p.iters);
+    }
   return best;
 }
 
@@ -104,13 +111,18 @@ struct host_memory {
   void synchronize() {}
 };
 
-// A baseline: seconds per call of the reference operation for this call (every rank calls it).
-using baseline_fn = std::function<double(collective_kind, ddp::dtype, ddp::reduce_op, call_shape, void* send, void* recv)>;
+// The reference operation for one call: `call` (every rank calls it), timed in turn with ddp's
+// forms; or, where it cannot run beside the ranks, `seconds` per call measured apart.
+struct baseline {
+  std::function<void()> call;
+  double seconds = 0;
+};
+using baseline_fn = std::function<baseline(collective_kind, ddp::dtype, ddp::reduce_op, call_shape, void* send, void* recv)>;
 
 // Runs the sweep on every rank of `comm`; `host` is a host-memory communicator over the same
 // ranks for barriers and the timing reductions (it may be `comm` itself). Rank 0 fills `out`.
 template <class Comm, class Host, sweep_memory Memory>
-void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, const baseline_fn& baseline,
+void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, const baseline_fn& reference,
                report& out) {
   const auto kind = parse_collective(p.collective);
   const int rank = comm.rank(), ranks = comm.size();
@@ -129,9 +141,6 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
     ddp::all_reduce(host, std::span<double>(&v, 1), op);
     return p.average == 1 ? v / ranks : v;
   };
-  auto timed = [&](const std::function<void()>& call) {
-    return across(best_seconds_per_call(p, call, [&] { ddp::barrier(host); }));
-  };
 
   for (const auto type : parse_dtypes(p.dtypes))
     for (const auto op : ops)
@@ -144,26 +153,45 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
         const std::size_t part = kind == collective_kind::reduce_scatter ? shape.recv : shape.send;
         auto* send_bytes = static_cast<std::byte*>(send.data());
         auto* recv_bytes = static_cast<std::byte*>(recv.data());
-        auto call = [&](bool in_place) {
+        // The call's buffers: broadcast reads and writes `recv`.
+        auto buffers = [&](bool in_place) -> std::pair<ddp::const_buffer, ddp::mutable_buffer> {
           switch (kind) {
             case collective_kind::all_reduce: {
               void* in = in_place ? recv.data() : send.data();
-              return comm.all_reduce(ddp::const_buffer{in, shape.send, type}, ddp::mutable_buffer{recv.data(), shape.recv, type}, op);
+              return {{in, shape.send, type}, {recv.data(), shape.recv, type}};
             }
             case collective_kind::reduce_scatter: {
               void* to = in_place ? send_bytes + static_cast<std::size_t>(rank) * part * esize : recv.data();
-              return comm.reduce_scatter(ddp::const_buffer{send.data(), shape.send, type}, ddp::mutable_buffer{to, shape.recv, type}, op);
+              return {{send.data(), shape.send, type}, {to, shape.recv, type}};
             }
             case collective_kind::all_gather: {
               void* from = in_place ? recv_bytes + static_cast<std::size_t>(rank) * part * esize : send.data();
-              return comm.all_gather(ddp::const_buffer{from, shape.send, type}, ddp::mutable_buffer{recv.data(), shape.recv, type});
+              return {{from, shape.send, type}, {recv.data(), shape.recv, type}};
             }
             case collective_kind::broadcast: break;
           }
-          return comm.broadcast(ddp::mutable_buffer{recv.data(), shape.recv, type}, p.root);
+          return {{recv.data(), shape.recv, type}, {recv.data(), shape.recv, type}};
         };
+        // As a caller that wants the result uses it: the blocking form (ddp/comm/collectives.hpp).
         auto run = [&](bool in_place) {
-          call(in_place).wait();
+          const auto [in, out] = buffers(in_place);
+          switch (kind) {
+            case collective_kind::all_reduce: ddp::all_reduce(comm, in, out, op); break;
+            case collective_kind::reduce_scatter: ddp::reduce_scatter(comm, in, out, op); break;
+            case collective_kind::all_gather: ddp::all_gather(comm, in, out); break;
+            case collective_kind::broadcast: ddp::broadcast(comm, out, p.root); break;
+          }
+          mem.synchronize();
+        };
+        // As the trainer's buckets use it: the asynchronous member, its handle waited for.
+        auto run_async = [&](bool in_place) {
+          const auto [in, out] = buffers(in_place);
+          switch (kind) {
+            case collective_kind::all_reduce: comm.all_reduce(in, out, op).wait(); break;
+            case collective_kind::reduce_scatter: comm.reduce_scatter(in, out, op).wait(); break;
+            case collective_kind::all_gather: comm.all_gather(in, out).wait(); break;
+            case collective_kind::broadcast: comm.broadcast(out, p.root).wait(); break;
+          }
           mem.synchronize();
         };
         // Out of place, in place; broadcast has only the in-place form.
@@ -209,21 +237,28 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
                               std::string(ddp::name_of(type)),
                               reduces ? std::string(ddp::name_of(op)) : std::string("none"),
                               kind == collective_kind::broadcast ? cell{static_cast<long long>(p.root)} : cell{-1LL}};
-        double oop_seconds = 0;
+        const long long oop_wrong = has_out_of_place ? check(false) : -1, ip_wrong = check(true);
+        // Out of place, in place, the asynchronous form and the baseline, taking turns.
+        const baseline base = reference(kind, type, op, shape, send.data(), recv.data());
+        std::vector<std::function<void()>> calls{[&] { run(true); }, [&] { run_async(!has_out_of_place); }};
+        if (has_out_of_place) calls.insert(calls.begin(), [&] { run(false); });
+        if (base.call) calls.push_back(base.call);
+        std::vector<double> seconds = best_seconds_per_call(p, calls, [&] { ddp::barrier(host); });
+        for (double& t : seconds) t = across(t);
+        const double oop_seconds = has_out_of_place ? seconds[0] : 0, ip_seconds = seconds[has_out_of_place ? 1 : 0],
+                     async_seconds = seconds[has_out_of_place ? 2 : 1], base_seconds = base.call ? seconds.back() : base.seconds;
         if (has_out_of_place) {
-          oop_seconds = timed([&] { run(false); });
-          const auto c = columns(oop_seconds, check(false));
+          const auto c = columns(oop_seconds, oop_wrong);
           row.insert(row.end(), c.begin(), c.end());
         } else {
           for (int i = 0; i < 4; ++i) row.push_back(std::string("n/a"));
         }
-        const double ip_seconds = timed([&] { run(true); });
-        const auto c = columns(ip_seconds, check(true));
+        const auto c = columns(ip_seconds, ip_wrong);
         row.insert(row.end(), c.begin(), c.end());
-        const double base = baseline(kind, type, op, shape, send.data(), recv.data());
-        const double base_bw = static_cast<double>(moved) / base / 1e9 * (p.backend == "mpi" ? factor : 1.0);
-        const double ddp_busbw = static_cast<double>(moved) / (has_out_of_place ? oop_seconds : ip_seconds) / 1e9 * factor;
-        row.insert(row.end(), {base * 1e6, base_bw, ddp_busbw / base_bw});
+        const double base_bw = static_cast<double>(moved) / base_seconds / 1e9 * (p.backend == "mpi" ? factor : 1.0);
+        const auto busbw = [&](double t) { return static_cast<double>(moved) / t / 1e9 * factor; };
+        row.insert(row.end(), {base_seconds * 1e6, base_bw, busbw(has_out_of_place ? oop_seconds : ip_seconds) / base_bw,
+                               async_seconds * 1e6, busbw(async_seconds) / base_bw});
         if (rank == 0) out.add(std::move(row));
       }
 }

@@ -82,7 +82,8 @@ std::vector<column> collective_columns() {
   return {{"size(B)", 12, 0},      {"count", 11, 0},       {"type", 6, 0},          {"redop", 5, 0},
           {"root", 4, 0},          {"oop_time(us)", 12, 2}, {"oop_algbw", 9, 2},     {"oop_busbw", 9, 2},
           {"oop_#wrong", 10, 0},   {"ip_time(us)", 11, 2},  {"ip_algbw", 8, 2},      {"ip_busbw", 8, 2},
-          {"ip_#wrong", 9, 0},     {"base_time(us)", 13, 2}, {"base_bw", 8, 2},       {"busbw/base", 10, 2}};
+          {"ip_#wrong", 9, 0},     {"base_time(us)", 13, 2}, {"base_bw", 8, 2},       {"busbw/base", 10, 2},
+          {"async_time(us)", 14, 2}, {"async/base", 10, 2}};
 }
 
 call_shape shape_of(collective_kind k, std::size_t bytes, ddp::dtype t, int ranks) {
@@ -149,6 +150,12 @@ std::string baseline_note(const std::string& backend) {
   return "base: cudaMemcpy device to device of the same bytes; busbw/base = out-of-place busbw / it";
 }
 
+void add_notes(report& out, const std::string& backend) {
+  out.note(baseline_note(backend));
+  out.note("oop/ip: the blocking form (ddp::all_reduce(comm, ...) and its siblings); async: the asynchronous member, "
+           "its handle waited for (out of place; broadcast in place); async/base = its busbw / the baseline's");
+}
+
 report make_report(const collective_params& p, int ranks) {
   const std::string title = p.collective + " on " + p.backend + ", " + std::to_string(ranks) + " rank(s); time = best of " +
                             std::to_string(p.repeats) + " x " + std::to_string(p.iters) + " iterations, " +
@@ -182,7 +189,7 @@ int run_inproc(const collective_params& p) {
       if (!memcpy_time.count(b)) memcpy_time[b] = memcpy_seconds(b, std::max(p.iters, 5));
     }
   const baseline_fn baseline = [&](collective_kind, ddp::dtype type, ddp::reduce_op, call_shape shape, void*, void*) {
-    return memcpy_time.at(std::max(shape.send, shape.recv) * ddp::size_of(type));
+    return bench::baseline{.seconds = memcpy_time.at(std::max(shape.send, shape.recv) * ddp::size_of(type))};
   };
   ddp::inproc::options options;
   options.bind_to_cores = p.bind;
@@ -193,7 +200,7 @@ int run_inproc(const collective_params& p) {
         run_sweep(comm, comm, mem, p, baseline, out);
       },
       options);
-  out.note(baseline_note(p.backend));
+  add_notes(out, p.backend);
   out.write(p.out);
   return 0;
 }
@@ -212,31 +219,29 @@ int run_mpi(const collective_params& p) {
                                    void* recv) {
     const MPI_Comm world = comm.native();
     const MPI_Op mop = op == ddp::reduce_op::min ? MPI_MIN : op == ddp::reduce_op::max ? MPI_MAX : MPI_SUM;
-    auto call = [&] {
+    const MPI_Datatype t = mpi_type(type);
+    const int root = p.root;
+    return bench::baseline{.call = [=] {
       switch (k) {
         case collective_kind::all_reduce:
-          MPI_Allreduce(send, recv, static_cast<int>(shape.send), mpi_type(type), mop, world);
+          MPI_Allreduce(send, recv, static_cast<int>(shape.send), t, mop, world);
           break;
         case collective_kind::reduce_scatter:
-          MPI_Reduce_scatter_block(send, recv, static_cast<int>(shape.recv), mpi_type(type), mop, world);
+          MPI_Reduce_scatter_block(send, recv, static_cast<int>(shape.recv), t, mop, world);
           break;
         case collective_kind::all_gather:
-          MPI_Allgather(send, static_cast<int>(shape.send), mpi_type(type), recv, static_cast<int>(shape.send),
-                        mpi_type(type), world);
+          MPI_Allgather(send, static_cast<int>(shape.send), t, recv, static_cast<int>(shape.send), t, world);
           break;
         case collective_kind::broadcast:
-          MPI_Bcast(recv, static_cast<int>(shape.recv), mpi_type(type), p.root, world);
+          MPI_Bcast(recv, static_cast<int>(shape.recv), t, root, world);
           break;
       }
-    };
-    double best = best_seconds_per_call(p, call, [&] { MPI_Barrier(world); });
-    MPI_Allreduce(MPI_IN_PLACE, &best, 1, MPI_DOUBLE, MPI_MAX, world);
-    return best;
+    }};
   };
   host_memory mem;
   run_sweep(comm, comm, mem, p, baseline, out);
   if (comm.rank() == 0) {
-    out.note(baseline_note(p.backend));
+    add_notes(out, p.backend);
     out.write(p.out);
   }
   return 0;
@@ -256,7 +261,7 @@ int run_collective(const collective_params& p) {
   if (p.backend == "nccl") {
     report out = make_report(p, p.ranks);
     const int code = run_collective_nccl(p, out);  // no_nccl.cpp outside the GPU build
-    out.note(baseline_note(p.backend));
+    add_notes(out, p.backend);
     out.write(p.out);
     return code;
   }

@@ -7,6 +7,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <memory>
 
 #include "ddp_bench/commands.hpp"
 #include "ddp/cuda/device.hpp"
@@ -60,17 +61,15 @@ int run_collective_nccl(const collective_params& p, report& out) {
     const baseline_fn baseline = [&](collective_kind, ddp::dtype type, ddp::reduce_op, call_shape shape, void* send,
                                      void* recv) {
       const std::size_t bytes = std::max(shape.send, shape.recv) * ddp::size_of(type);
-      auto a = ddp::cuda::device_vector<std::uint8_t>::zeros(dev, std::max<std::size_t>(bytes, 1));
-      auto b = ddp::cuda::device_vector<std::uint8_t>::zeros(dev, a.size());
+      using bytes_vector = ddp::cuda::device_vector<std::uint8_t>;
+      auto a = std::make_shared<bytes_vector>(bytes_vector::zeros(dev, std::max<std::size_t>(bytes, 1)));
+      auto b = std::make_shared<bytes_vector>(bytes_vector::zeros(dev, a->size()));
       (void)send, (void)recv;
-      auto copy = [&] {
-        ddp::cuda::check(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, dev.stream()),
+      return bench::baseline{.call = [a, b, bytes, &dev] {
+        ddp::cuda::check(cudaMemcpyAsync(b->data(), a->data(), bytes, cudaMemcpyDeviceToDevice, dev.stream()),
                          "cudaMemcpyAsync", dev.site());
         dev.synchronize();
-      };
-      double best = best_seconds_per_call(p, copy, [] {});
-      ddp::all_reduce(host, std::span<double>(&best, 1), ddp::reduce_op::max);
-      return best;
+      }};
     };
     run_sweep(comm, host, mem, p, baseline, out);
   });

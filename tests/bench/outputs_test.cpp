@@ -54,6 +54,8 @@ void check_collective(const std::string& name, const std::string& collective, in
     else CHECK(row.at("oop_#wrong") == 0);
     CHECK(row.at("ip_time(us)").get<double>() > 0);
     CHECK(row.at("base_time(us)").get<double>() > 0);
+    CHECK(row.at("async_time(us)").get<double>() > 0);
+    CHECK(row.at("async/base").get<double>() > 0);
     CHECK(row.at("size(B)").get<long long>() > 0);
   }
 }
@@ -69,6 +71,7 @@ TEST_CASE("ddp-bench collective over MPI at 2 ranks, with raw MPI as the baselin
   check_collective("collective_all_reduce_mpi.json", "all_reduce", 2);
   const auto j = read_json("collective_all_reduce_mpi.json");
   CHECK(j.at("notes").at(0).get<std::string>().find("raw MPI") != std::string::npos);
+  CHECK(j.at("notes").at(1).get<std::string>().find("blocking form") != std::string::npos);
 }
 
 TEST_CASE("ddp-bench step: every configuration at each world, against the unsynchronised step") {

@@ -258,7 +258,7 @@ void avg_overflow_cases(Comm& comm) {
   avg_overflow_case<double>(comm);
 }
 
-// Asynchronous forms: several collectives in flight, waited in reverse order.
+// Asynchronous forms: several collectives in flight, a blocking one behind them, waited in reverse order.
 template <class Comm>
 void async_cases(Comm& comm) {
   const int w = comm.size();
@@ -269,6 +269,12 @@ void async_cases(Comm& comm) {
   for (auto& b : bufs)
     pending.push_back(comm.all_reduce(ddp::as_buffer(std::span<const float>(b)),
                                       ddp::as_buffer(std::span<float>(b)), ddp::reduce_op::sum));
+  // A blocking collective issued now goes behind them.
+  std::vector<float> after(10, 1.0f);
+  ddp::all_reduce(comm, std::span<float>(after), ddp::reduce_op::sum);
+  CHECK(after[9] == static_cast<float>(w));
+  if constexpr (Comm::memory_kind == ddp::device_kind::cpu)
+    for (auto& p : pending) CHECK(p.test());
   for (auto it = pending.rbegin(); it != pending.rend(); ++it) it->wait();
   for (auto& p : pending) CHECK(p.test());
   for (std::size_t b = 0; b < bufs.size(); ++b) {

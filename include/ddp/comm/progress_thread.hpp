@@ -5,15 +5,18 @@
 // Whoever gets to the head of the queue first runs it: the queue's progress thread, or a thread
 // waiting for one of its operations (on machines with as many busy ranks as cores, the progress
 // thread's wake-up is most of a small collective's cost). The progress thread spins a while
-// after each operation, then sleeps until a submission wakes it. Nothing on the way takes a
-// lock that another thread holds for long, and nothing calls into the kernel unless a thread
-// sleeps: a small collective costs a few hundred nanoseconds of bookkeeping.
+// after each operation, then sleeps until a submission wakes it. The queue's lock is held
+// briefly (except by run_blocking, below), and nothing calls into the kernel unless a thread
+// sleeps. A submitted operation costs one allocation and two clock reads (its work handle says
+// when it ran); run_blocking() on an idle queue costs neither: it runs the operation at once on
+// the calling thread.
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +24,7 @@
 #include <utility>
 
 #include "ddp/concepts/work.hpp"
+#include "ddp/core/issue_mode.hpp"
 #include "ddp/core/spin_wait.hpp"
 
 namespace ddp {
@@ -29,7 +33,7 @@ struct progress_options {
   // How long the progress thread, and a thread waiting for an operation, spin before they sleep
   // (spin_wait.hpp).
   std::chrono::microseconds spin = detail::spin_budget;
-  std::chrono::microseconds grace{10};  // see op_queue::grace_over
+  std::chrono::microseconds grace{10};  // see progress_thread::grace_over
 };
 
 namespace detail {
@@ -37,68 +41,80 @@ struct work_state {
   std::atomic<bool> done{false};
   std::exception_ptr failure;  // written before `done`
   std::chrono::steady_clock::time_point started, finished;
+  virtual ~work_state() = default;
+  virtual void run() = 0;  // runs the operation, then releases what it captured
 };
 
-struct queued_op {
-  std::function<void()> op;
-  std::shared_ptr<work_state> state;
+// The operation lives in its state: one allocation per submission.
+template <class Op>
+struct work_state_of final : work_state {
+  explicit work_state_of(Op&& o) : op(std::move(o)) {}
+  void run() override {
+    struct release {
+      std::optional<Op>& op;
+      ~release() { op.reset(); }
+    } on_return{op};
+    (*op)();
+  }
+  std::optional<Op> op;
 };
 
 struct op_queue {
   std::mutex mutex;
   std::condition_variable progress_cv;  // the progress thread sleeps here
   std::condition_variable waiters_cv;   // threads waiting for an operation sleep here
-  std::deque<queued_op> ops;
+  std::deque<std::shared_ptr<work_state>> ops;
   bool running = false;
   bool stopping = false;
   int waiters_asleep = 0;
   bool progress_asleep = false;
-  // Readable without the lock, for spinning: ops.size() and `running`.
+  // Readable without the lock, for spinning and for a watchdog: ops.size(), and the number of
+  // the operation running now (operations count from 1 in the order they start; 0: none runs).
   std::atomic<int> pending{0};
-  std::atomic<bool> busy{false};
-  std::atomic<std::chrono::steady_clock::rep> last_submit{0};
-  // When the operation running now started (its work_state's `started`), for a watchdog; 0: none.
-  std::atomic<std::chrono::steady_clock::rep> running_since{0};
+  std::atomic<std::uint64_t> running_op{0};
+  std::atomic<std::uint64_t> started_ops{0};  // written under the lock
   const progress_options options;
 
   explicit op_queue(progress_options o) : options(o) {}
 
   bool runnable() const { return !running && !ops.empty(); }
-  // The progress thread leaves a fresh submission to its submitter for a moment: a caller that
-  // waits at once runs it on its own thread, without handing it over. The moment counts from
-  // when the queue stopped being empty, so a burst of submissions does not hold the first back.
-  bool grace_over() const {
-    return std::chrono::steady_clock::now().time_since_epoch().count() - last_submit.load(std::memory_order_relaxed) >=
-           std::chrono::nanoseconds(options.grace).count();
-  }
   bool maybe_runnable() const {
-    return pending.load(std::memory_order_acquire) != 0 && !busy.load(std::memory_order_acquire);
+    return pending.load(std::memory_order_acquire) != 0 && running_op.load(std::memory_order_acquire) == 0;
+  }
+
+  // Caller holds the lock and saw nothing running.
+  void begin_running() {
+    running = true;
+    const std::uint64_t n = started_ops.load(std::memory_order_relaxed) + 1;
+    started_ops.store(n, std::memory_order_relaxed);
+    running_op.store(n, std::memory_order_relaxed);
+  }
+  // Caller holds the lock.
+  void end_running() {
+    running = false;
+    running_op.store(0, std::memory_order_release);
+    if (waiters_asleep) waiters_cv.notify_all();
+    if (!ops.empty() && progress_asleep) progress_cv.notify_one();  // a waiter ran this one: the rest are the thread's
   }
 
   // Caller holds `lock` and saw runnable(): runs the head outside the lock; holds it again on return.
   void run_head(std::unique_lock<std::mutex>& lock) {
-    queued_op item = std::move(ops.front());
+    std::shared_ptr<work_state> item = std::move(ops.front());
     ops.pop_front();
     pending.fetch_sub(1, std::memory_order_relaxed);
-    running = true;
-    busy.store(true, std::memory_order_relaxed);
+    begin_running();
     lock.unlock();
-    auto& state = *item.state;
+    auto& state = *item;
     state.started = std::chrono::steady_clock::now();
-    running_since.store(state.started.time_since_epoch().count() | 1, std::memory_order_relaxed);  // never 0
     try {
-      item.op();
+      state.run();
     } catch (...) {
       state.failure = std::current_exception();
     }
     state.finished = std::chrono::steady_clock::now();
-    running_since.store(0, std::memory_order_relaxed);
     state.done.store(true, std::memory_order_release);
     lock.lock();
-    running = false;
-    busy.store(false, std::memory_order_release);
-    if (waiters_asleep) waiters_cv.notify_all();
-    if (!ops.empty() && progress_asleep) progress_cv.notify_one();  // a waiter ran this one: the rest are the thread's
+    end_running();
   }
 };
 }  // namespace detail
@@ -165,28 +181,54 @@ class progress_thread {
     thread_.join();
   }
 
-  // When the operation running now started (on whichever thread runs it), or nothing: a
-  // watchdog's clock, read without a lock.
-  std::optional<std::chrono::steady_clock::time_point> running_since() const noexcept {
-    const auto since = queue_->running_since.load(std::memory_order_relaxed);
-    if (since == 0) return std::nullopt;
-    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since));
-  }
+  // The number of the operation running now (on whichever thread runs it; operations count
+  // from 1 in the order they start), or 0: read without a lock, for a watchdog that times how
+  // long one operation runs.
+  std::uint64_t running_op() const noexcept { return queue_->running_op.load(std::memory_order_acquire); }
 
-  work submit(std::function<void()> op) {
-    auto state = std::make_shared<detail::work_state>();
+  template <std::invocable Op>
+  work submit(Op op) {
+    std::shared_ptr<detail::work_state> state = std::make_shared<detail::work_state_of<Op>>(std::move(op));
     auto& q = *queue_;
     bool wake = false;
     {
       std::lock_guard lock(q.mutex);
-      q.ops.push_back({std::move(op), state});
+      q.ops.push_back(state);
       q.pending.fetch_add(1, std::memory_order_release);
-      if (q.ops.size() == 1)  // grace counts from when the queue stopped being empty
-        q.last_submit.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
       wake = q.progress_asleep;
     }
     if (wake) q.progress_cv.notify_one();
     return work(std::move(state), queue_);
+  }
+
+  // submit(op).wait(), without the handle: when nothing is queued or running, `op` runs at once
+  // on the calling thread, and nothing is allocated or timed. Its exception propagates. It runs
+  // holding the queue's lock (one lock where taking it twice would cost as much as the rest):
+  // nothing else may start meanwhile anyway, and a thread that wants the queue waits its turn.
+  template <std::invocable Op>
+  void run_blocking(Op op) {
+    auto& q = *queue_;
+    std::unique_lock lock(q.mutex);
+    if (!q.ops.empty() || q.running) {
+      lock.unlock();
+      submit(std::move(op)).wait();
+      return;
+    }
+    q.begin_running();
+    struct end_running {
+      detail::op_queue& q;
+      ~end_running() { q.end_running(); }  // before the lock goes
+    } guard{q};
+    op();
+  }
+
+  // submit(op) or run_blocking(op), as `how` asks.
+  template <issue_mode How, std::invocable Op>
+  auto issue(How, Op op) {
+    if constexpr (std::same_as<How, blocking_t>)
+      run_blocking(std::move(op));
+    else
+      return submit(std::move(op));
   }
 
  private:
@@ -200,10 +242,12 @@ class progress_thread {
       }
       if (q.stopping && q.ops.empty() && !q.running) return;
       lock.unlock();
-      const bool more = detail::spin_until([&] { return q.maybe_runnable() && q.grace_over(); }, q.options.spin,
+      const bool more = detail::spin_until([&] { return q.maybe_runnable() && grace_over(); }, q.options.spin,
                                            detail::spin_kind::for_core);
       lock.lock();
-      if (more) continue;  // runnable, or a waiter took it meanwhile: spin again
+      // Runnable, or a waiter took it meanwhile: spin again. A submission between the spin and
+      // the lock found this thread awake and did not wake it: look once more before sleeping.
+      if (more || q.runnable()) continue;
       q.progress_asleep = true;
       if (q.stopping)  // until a waiter's operation ends
         q.progress_cv.wait_for(lock, q.options.spin);
@@ -213,7 +257,25 @@ class progress_thread {
     }
   }
 
+  // The progress thread leaves a fresh submission to its submitter for a moment: a caller that
+  // waits at once runs it on its own thread, without handing it over. The moment counts from
+  // when this thread first saw the operation at the head (the submitter reads no clock), so a
+  // burst of submissions does not hold the first back.
+  bool grace_over() {
+    const std::uint64_t head = queue_->started_ops.load(std::memory_order_relaxed);
+    const auto now = std::chrono::steady_clock::now();
+    if (!head_seen_since_ || head != head_seen_) {
+      head_seen_ = head;
+      head_seen_since_ = now;
+      return false;
+    }
+    return now - *head_seen_since_ >= queue_->options.grace;
+  }
+
   std::shared_ptr<detail::op_queue> queue_;
+  // The progress thread's own: the head it saw waiting (by the operations started before it), and since when.
+  std::uint64_t head_seen_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> head_seen_since_;
   std::thread thread_;  // last: starts after the members it uses exist
 };
 

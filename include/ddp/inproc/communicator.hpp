@@ -38,8 +38,9 @@ class communicator {
   int size() const noexcept { return world_->size(); }
   const inproc::world& world() const noexcept { return *world_; }
 
-  work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
-    return submit("all_reduce", send.count, send.type, op, 0, send.data, recv.data,
+  template <issue_mode How = asynchronous_t>
+  auto all_reduce(const_buffer send, mutable_buffer recv, reduce_op op, How how = How{}) {
+    return issue(how, "all_reduce", send.count, send.type, op, 0, send.data, recv.data,
                   [=, this](const std::vector<slot*>& slots) {
                     require(recv.count == send.count && recv.type == send.type,
                             "all_reduce", "recv must have the count and dtype of send");
@@ -47,11 +48,11 @@ class communicator {
                   });
   }
 
-  work broadcast(mutable_buffer buf, int root) {
-    return submit("broadcast", buf.count, buf.type, reduce_op::sum, root, buf.data, buf.data,
+  template <issue_mode How = asynchronous_t>
+  auto broadcast(mutable_buffer buf, int root, How how = How{}) {
+    return issue(how, "broadcast", buf.count, buf.type, reduce_op::sum, root, buf.data, buf.data,
                   [=, this](const std::vector<slot*>& slots) {
-                    require(root >= 0 && root < size(), "broadcast",
-                            "root " + std::to_string(root) + " is not a rank");
+                    require_root(root, "broadcast");
                     const auto [begin, end] = my_slice(buf.count, buf.type);
                     const std::size_t es = size_of(buf.type);
                     const auto* src = static_cast<const char*>(slots[root]->send) + begin * es;
@@ -62,8 +63,9 @@ class communicator {
                   });
   }
 
-  work all_gather(const_buffer send, mutable_buffer recv) {
-    return submit("all_gather", send.count, send.type, reduce_op::sum, 0, send.data, recv.data,
+  template <issue_mode How = asynchronous_t>
+  auto all_gather(const_buffer send, mutable_buffer recv, How how = How{}) {
+    return issue(how, "all_gather", send.count, send.type, reduce_op::sum, 0, send.data, recv.data,
                   [=, this](const std::vector<slot*>& slots) {
                     require(recv.count == send.count * size() && recv.type == send.type,
                             "all_gather", "recv must hold size() * send.count elements of send's dtype");
@@ -75,8 +77,9 @@ class communicator {
                   });
   }
 
-  work reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op) {
-    return submit("reduce_scatter", recv.count, send.type, op, 0, send.data, recv.data,
+  template <issue_mode How = asynchronous_t>
+  auto reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op, How how = How{}) {
+    return issue(how, "reduce_scatter", recv.count, send.type, op, 0, send.data, recv.data,
                   [=, this](const std::vector<slot*>& slots) {
                     require(send.count == recv.count * size() && recv.type == send.type,
                             "reduce_scatter",
@@ -87,17 +90,18 @@ class communicator {
 
   void abort(const std::string& reason) { world_->fail(rank_, reason); }
 
-  work barrier() {
-    return submit("barrier", 0, dtype::u8, reduce_op::sum, 0, nullptr, nullptr,
+  template <issue_mode How = asynchronous_t>
+  auto barrier(How how = How{}) {
+    return issue(how, "barrier", 0, dtype::u8, reduce_op::sum, 0, nullptr, nullptr,
                   [](const std::vector<slot*>&) {});
   }
 
  private:
-  template <class Body>
-  work submit(const char* name, std::size_t count, dtype type, reduce_op op, int root,
-              const void* send, void* recv, Body body) {
+  template <issue_mode How, class Body>
+  auto issue(How how, const char* name, std::size_t count, dtype type, reduce_op op, int root, const void* send,
+             void* recv, Body body) {
     const collective_call call{name, next_sequence_++, count, type, op, root};
-    return progress_.submit([=, this] { run(call, send, recv, body); });
+    return progress_.issue(how, [=, this] { run(call, send, recv, body); });
   }
 
   template <class Body>
@@ -138,8 +142,12 @@ class communicator {
     if (failure) std::rethrow_exception(failure);
   }
 
-  void require(bool ok, const char* op, const std::string& what) const {
+  // `what` is a literal: a collective builds no message unless it fails.
+  void require(bool ok, const char* op, const char* what) const {
     if (!ok) throw error("inproc", op, rank_, what);
+  }
+  void require_root(int root, const char* op) const {
+    if (root < 0 || root >= size()) throw error("inproc", op, rank_, "root " + std::to_string(root) + " is not a rank");
   }
 
   // This rank's share [begin, end) of n elements, cut on 64-byte boundaries.

@@ -154,8 +154,9 @@ class communicator {
   // bits); at any other world the sum is divided, and an element whose sum overflowed is summed
   // again from divided contributions (average_after_sum). Integers sum, then divide. f16 and bf16
   // (half_ops) divide every contribution first, then sum, rounding to 16 bits at each step.
-  work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
-    return submit("all_reduce", [=, this](const char* name) {
+  template <issue_mode How = asynchronous_t>
+  auto all_reduce(const_buffer send, mutable_buffer recv, reduce_op op, How how = How{}) {
+    return issue(how, "all_reduce", [=, this](const char* name) {
       require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
       const int n = count(send.count, name);
       const auto sum = [&](const void* in, void* out) {
@@ -179,15 +180,17 @@ class communicator {
     });
   }
 
-  work broadcast(mutable_buffer buf, int root) {
-    return submit("broadcast", [=, this](const char* name) {
-      require(root >= 0 && root < size_, name, "root " + std::to_string(root) + " is not a rank");
+  template <issue_mode How = asynchronous_t>
+  auto broadcast(mutable_buffer buf, int root, How how = How{}) {
+    return issue(how, "broadcast", [=, this](const char* name) {
+      require_root(root, name);
       check(MPI_Bcast(buf.data, count(buf.count, name), datatype_of(buf.type), root, comm_), name, rank_);
     });
   }
 
-  work all_gather(const_buffer send, mutable_buffer recv) {
-    return submit("all_gather", [=, this](const char* name) {
+  template <issue_mode How = asynchronous_t>
+  auto all_gather(const_buffer send, mutable_buffer recv, How how = How{}) {
+    return issue(how, "all_gather", [=, this](const char* name) {
       require(recv.count == send.count * static_cast<std::size_t>(size_) && recv.type == send.type, name,
               "recv must hold size() * send.count elements of send's dtype");
       const auto* own = static_cast<const char*>(recv.data) + static_cast<std::size_t>(rank_) * send.bytes();
@@ -197,8 +200,9 @@ class communicator {
     });
   }
 
-  work reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op) {
-    return submit("reduce_scatter", [=, this](const char* name) {
+  template <issue_mode How = asynchronous_t>
+  auto reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op, How how = How{}) {
+    return issue(how, "reduce_scatter", [=, this](const char* name) {
       require(send.count == recv.count * static_cast<std::size_t>(size_) && recv.type == send.type, name,
               "send must hold size() * recv.count elements of recv's dtype");
       // MPI's in-place form differs from ours (recv inside send): reduce into scratch then.
@@ -226,8 +230,9 @@ class communicator {
     });
   }
 
-  work barrier() {
-    return submit("barrier", [this](const char* name) { check(MPI_Barrier(comm_), name, rank_); });
+  template <issue_mode How = asynchronous_t>
+  auto barrier(How how = How{}) {
+    return issue(how, "barrier", [this](const char* name) { check(MPI_Barrier(comm_), name, rank_); });
   }
 
   // Ends the job: MPI cannot tell peers that wait in a collective to stop, but mpirun stops
@@ -239,20 +244,24 @@ class communicator {
   }
 
  private:
-  template <class Body>
-  work submit(const char* name, Body body) {
+  // The collective tells the watchdog, without a lock or a clock read, which one this rank
+  // entered last.
+  template <issue_mode How, class Body>
+  auto issue(How how, const char* name, Body body) {
     const std::uint64_t sequence = next_sequence_++;
-    // What the watchdog reports, without a lock or a clock read of its own: the progress queue
-    // says since when the operation has run.
-    return progress_->submit([=, this] {
+    return progress_->issue(how, [=, this] {
       current_name_.store(name, std::memory_order_relaxed);
       entered_.store(sequence + 1, std::memory_order_relaxed);
       body(name);
     });
   }
 
-  void require(bool ok, const char* op, const std::string& what) const {
+  // `what` is a literal: a collective builds no message unless it fails.
+  void require(bool ok, const char* op, const char* what) const {
     if (!ok) throw error("mpi", op, rank_, what);
+  }
+  void require_root(int root, const char* op) const {
+    if (root < 0 || root >= size()) throw error("mpi", op, rank_, "root " + std::to_string(root) + " is not a rank");
   }
 
   int count(std::size_t n, const char* op) const {
@@ -317,8 +326,16 @@ class communicator {
   // (MPI cannot tell the peers), after a roll call of its own says who is missing.
   bool watch() {
     if (can_roll_call_) answer_roll_calls();
-    const auto since = progress_->running_since();
-    if (!since || std::chrono::steady_clock::now() - *since <= options_.timeout) return true;
+    // How long the running operation has run, from when this watchdog first saw it (a poll
+    // interval late at most): the collectives themselves read no clock.
+    const std::uint64_t running = progress_->running_op();
+    const auto now = std::chrono::steady_clock::now();
+    if (running == 0 || running != watched_op_) {
+      watched_op_ = running;
+      watched_since_ = now;
+      return true;
+    }
+    if (now - watched_since_ <= options_.timeout) return true;
     // The operation running since then: the latest one entered (they run one at a time).
     const std::uint64_t stuck = entered_.load(std::memory_order_relaxed) - 1;
     abort(std::string(current_name_.load(std::memory_order_relaxed)) + " #" + std::to_string(stuck) +
@@ -339,7 +356,7 @@ class communicator {
       MPI_Recv(&query, 1, MPI_CHAR, status.MPI_SOURCE, query_tag, roll_, MPI_STATUS_IGNORE);
       std::uint64_t where[2];
       where[0] = entered_.load(std::memory_order_relaxed);
-      where[1] = progress_->running_since() ? 1 : 0;
+      where[1] = progress_->running_op() != 0 ? 1 : 0;
       MPI_Send(where, 2, MPI_UINT64_T, status.MPI_SOURCE, answer_tag, roll_);
     }
   }
@@ -411,6 +428,8 @@ class communicator {
   // sharded update does one per bucket per step). Operations run one at a time, in issue order.
   std::vector<std::uint8_t> scratch_, kept_;
 
+  std::uint64_t watched_op_ = 0;  // the watchdog's own: the operation it saw running, and since when
+  std::chrono::steady_clock::time_point watched_since_;
   std::atomic<const char*> current_name_{""};  // the latest collective entered
   std::atomic<std::uint64_t> entered_{0};       // collectives this rank has entered
   std::optional<comm::watchdog> watchdog_;
