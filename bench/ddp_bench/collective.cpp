@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <string>
+#include <thread>
 
 #include "conformance/expected.hpp"
 #include "ddp_bench/commands.hpp"
@@ -163,15 +165,27 @@ report make_report(const collective_params& p, int ranks) {
   return report("collective", title, collective_columns());
 }
 
-double memcpy_seconds(std::size_t bytes, int iterations) {
-  std::vector<char> a(std::max<std::size_t>(bytes, 1), 1), b(a.size(), 2);
+// Seconds per memcpy of `bytes` on one thread; with `threads` > 1, each thread copying buffers of
+// its own at the same moment (the slowest one's time): the memory bandwidth ranks share.
+double memcpy_seconds(std::size_t bytes, int iterations, int threads = 1) {
+  std::vector<std::vector<char>> from(static_cast<std::size_t>(threads)), to(from.size());
+  for (std::size_t t = 0; t < from.size(); ++t) {
+    from[t].assign(std::max<std::size_t>(bytes, 1), 1);
+    to[t].assign(from[t].size(), 2);
+  }
+  auto copies = [&](std::size_t t) {
+    for (int i = 0; i < iterations; ++i) {
+      std::memcpy(to[t].data(), from[t].data(), bytes);
+      asm volatile("" ::"r"(to[t].data()) : "memory");
+    }
+  };
   double best = 1e300;
   for (int r = 0; r < 3; ++r) {
     const auto t0 = clock_type::now();
-    for (int i = 0; i < iterations; ++i) {
-      std::memcpy(b.data(), a.data(), bytes);
-      asm volatile("" ::"r"(b.data()) : "memory");
-    }
+    std::vector<std::thread> others;
+    for (std::size_t t = 1; t < from.size(); ++t) others.emplace_back(copies, t);
+    copies(0);
+    for (auto& o : others) o.join();
     best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count() / iterations);
   }
   return best;
@@ -191,6 +205,24 @@ int run_inproc(const collective_params& p) {
   const baseline_fn baseline = [&](collective_kind, ddp::dtype type, ddp::reduce_op, call_shape shape, void*, void*) {
     return bench::baseline{.seconds = memcpy_time.at(std::max(shape.send, shape.recv) * ddp::size_of(type))};
   };
+  // What the machine allows at the largest size: every rank's thread copying at once.
+  std::string ceiling;
+  if (p.ranks > 1 && !memcpy_time.empty()) {
+    const auto [bytes, alone] = *memcpy_time.rbegin();
+    const double slowdown = memcpy_seconds(bytes, std::max(p.iters, 5), p.ranks) / alone;
+    char text[320];
+    std::snprintf(text, sizeof text, "ceiling: %d threads each copying %zu bytes at once took %.2fx one thread's time",
+                  p.ranks, bytes, slowdown);
+    ceiling = text;
+    if (parse_collective(p.collective) == collective_kind::all_reduce) {
+      const double factor = bus_factor(collective_kind::all_reduce, p.ranks);
+      std::snprintf(text, sizeof text,
+                    "; an all_reduce moves a copy's bytes on every rank, so busbw/base at that size tops out near "
+                    "%.2f / %.2f = %.2f",
+                    factor, slowdown, factor / slowdown);
+      ceiling += text;
+    }
+  }
   ddp::inproc::options options;
   options.bind_to_cores = p.bind;
   ddp::inproc::launch(
@@ -201,6 +233,7 @@ int run_inproc(const collective_params& p) {
       },
       options);
   add_notes(out, p.backend);
+  if (!ceiling.empty()) out.note(ceiling);
   out.write(p.out);
   return 0;
 }

@@ -65,6 +65,11 @@ void check_collective(const std::string& name, const std::string& collective, in
 TEST_CASE("ddp-bench collective: every collective, every dtype and reduction, in-process at 3 ranks, no wrong element") {
   for (const std::string c : {"all_reduce", "reduce_scatter", "all_gather", "broadcast"})
     check_collective("collective_" + c + "_inproc.json", c, 3);
+  // The machine's ceiling beside the memcpy baseline: three threads copying at once.
+  const auto notes = read_json("collective_all_reduce_inproc.json").at("notes");
+  REQUIRE(notes.size() == 3);
+  CHECK(notes.at(2).get<std::string>().find("ceiling: 3 threads each copying") == 0);
+  CHECK(notes.at(2).get<std::string>().find("tops out near 1.33 / ") != std::string::npos);
 }
 
 TEST_CASE("ddp-bench collective over MPI at 2 ranks, with raw MPI as the baseline") {
