@@ -2,8 +2,8 @@
 // ddp-bench collective: an nccl-tests-style sweep of one collective over any communicator. For
 // every size, dtype and reduction: time, algbw and busbw out of place and in place (the blocking
 // form a caller that wants the result uses), the number of wrong elements (-c), a baseline
-// measured in the same run beside them, and the asynchronous form (issued, then waited for). Sizes mean what
-// nccl-tests means: the bytes of the whole buffer (all_reduce and broadcast: the buffer;
+// measured in the same run beside them, and the asynchronous form (issued, then waited for).
+// Sizes mean what nccl-tests means: the bytes of the whole buffer (all_reduce and broadcast: the buffer;
 // reduce_scatter: the input of all ranks' parts; all_gather: the output), and busbw = algbw x
 // the collective's factor: all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n,
 // broadcast 1.
@@ -174,23 +174,23 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
         };
         // As a caller that wants the result uses it: the blocking form (ddp/comm/collectives.hpp).
         auto run = [&](bool in_place) {
-          const auto [in, out] = buffers(in_place);
+          const auto [from, to] = buffers(in_place);
           switch (kind) {
-            case collective_kind::all_reduce: ddp::all_reduce(comm, in, out, op); break;
-            case collective_kind::reduce_scatter: ddp::reduce_scatter(comm, in, out, op); break;
-            case collective_kind::all_gather: ddp::all_gather(comm, in, out); break;
-            case collective_kind::broadcast: ddp::broadcast(comm, out, p.root); break;
+            case collective_kind::all_reduce: ddp::all_reduce(comm, from, to, op); break;
+            case collective_kind::reduce_scatter: ddp::reduce_scatter(comm, from, to, op); break;
+            case collective_kind::all_gather: ddp::all_gather(comm, from, to); break;
+            case collective_kind::broadcast: ddp::broadcast(comm, to, p.root); break;
           }
           mem.synchronize();
         };
         // As the trainer's buckets use it: the asynchronous member, its handle waited for.
         auto run_async = [&](bool in_place) {
-          const auto [in, out] = buffers(in_place);
+          const auto [from, to] = buffers(in_place);
           switch (kind) {
-            case collective_kind::all_reduce: comm.all_reduce(in, out, op).wait(); break;
-            case collective_kind::reduce_scatter: comm.reduce_scatter(in, out, op).wait(); break;
-            case collective_kind::all_gather: comm.all_gather(in, out).wait(); break;
-            case collective_kind::broadcast: comm.broadcast(out, p.root).wait(); break;
+            case collective_kind::all_reduce: comm.all_reduce(from, to, op).wait(); break;
+            case collective_kind::reduce_scatter: comm.reduce_scatter(from, to, op).wait(); break;
+            case collective_kind::all_gather: comm.all_gather(from, to).wait(); break;
+            case collective_kind::broadcast: comm.broadcast(to, p.root).wait(); break;
           }
           mem.synchronize();
         };
