@@ -64,12 +64,12 @@ struct op_queue {
   std::condition_variable progress_cv;  // the progress thread sleeps here
   std::condition_variable waiters_cv;   // threads waiting for an operation sleep here
   std::deque<std::shared_ptr<work_state>> ops;
-  bool running = false;
   bool stopping = false;
   int waiters_asleep = 0;
   bool progress_asleep = false;
   // Readable without the lock, for spinning and for a watchdog: ops.size(), and the number of
-  // the operation running now (operations count from 1 in the order they start; 0: none runs).
+  // the operation running now (operations count from 1 in the order they start; 0: none runs;
+  // written under the lock).
   std::atomic<int> pending{0};
   std::atomic<std::uint64_t> running_op{0};
   std::atomic<std::uint64_t> started_ops{0};  // written under the lock
@@ -77,21 +77,21 @@ struct op_queue {
 
   explicit op_queue(progress_options o) : options(o) {}
 
-  bool runnable() const { return !running && !ops.empty(); }
+  // Caller holds the lock.
+  bool running() const { return running_op.load(std::memory_order_relaxed) != 0; }
+  bool runnable() const { return !running() && !ops.empty(); }
   bool maybe_runnable() const {
     return pending.load(std::memory_order_acquire) != 0 && running_op.load(std::memory_order_acquire) == 0;
   }
 
   // Caller holds the lock and saw nothing running.
   void begin_running() {
-    running = true;
     const std::uint64_t n = started_ops.load(std::memory_order_relaxed) + 1;
     started_ops.store(n, std::memory_order_relaxed);
     running_op.store(n, std::memory_order_relaxed);
   }
   // Caller holds the lock.
   void end_running() {
-    running = false;
     running_op.store(0, std::memory_order_release);
     if (waiters_asleep) waiters_cv.notify_all();
     if (!ops.empty() && progress_asleep) progress_cv.notify_one();  // a waiter ran this one: the rest are the thread's
@@ -209,7 +209,7 @@ class progress_thread {
   void run_blocking(Op op) {
     auto& q = *queue_;
     std::unique_lock lock(q.mutex);
-    if (!q.ops.empty() || q.running) {
+    if (!q.ops.empty() || q.running()) {
       lock.unlock();
       submit(std::move(op)).wait();
       return;
@@ -240,7 +240,7 @@ class progress_thread {
         q.run_head(lock);
         continue;
       }
-      if (q.stopping && q.ops.empty() && !q.running) return;
+      if (q.stopping && q.ops.empty() && !q.running()) return;
       lock.unlock();
       const bool more = detail::spin_until([&] { return q.maybe_runnable() && grace_over(); }, q.options.spin,
                                            detail::spin_kind::for_core);
