@@ -171,7 +171,7 @@ TEST_CASE("a parameter group that selects nothing is an error listing the names"
 namespace {
 
 // Parameters after `steps` steps on `world` ranks; from step 1 on, each step as a CUDA graph's
-// capture drives it (ddp::cuda::step_graph): begin_capture, the step, end_capture, replayed. On
+// capture drives it (ddp::cuda::step_graph): capture(step, record), then replayed. On
 // the host device the "captured" step runs at once, so its bits can be compared.
 template <class Update>
 std::vector<std::vector<std::vector<float>>> capture_protocol_ranks(int world, bool captured) {
@@ -188,9 +188,12 @@ std::vector<std::vector<std::vector<float>>> capture_protocol_ranks(int world, b
         trainer.step(step);
         continue;
       }
-      const auto before = trainer.begin_capture();
-      trainer.step(step);
-      const auto added = trainer.end_capture(before);
+      bool recorded = false;
+      const auto added = trainer.capture(step, [&](auto&& run) {
+        run();
+        recorded = true;
+      });
+      CHECK(recorded);
       CHECK(trainer.steps() == static_cast<std::uint64_t>(s));  // put back: nothing ran, as far as it knows
       CHECK(added.steps == 1);
       CHECK(added.micro_batches == 1);
@@ -225,10 +228,12 @@ TEST_CASE("what decides per step on the host refuses to be captured, naming it")
     ddp::trainer<test::mlp> trainer(model, comm, dev, sgd);
     CHECK_FALSE(trainer.capture_refusal());
     trainer.clip_gradient_norm(1.0f);
-    CHECK_THROWS_WITH(trainer.begin_capture(), doctest::Contains("gradient clipping reads the gradient norm"));
-    trainer.clip_gradient_norm(0.0f);
     auto b = test::make_batch(4, 7);
-    trainer.accumulate([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+    auto step = [&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); };
+    CHECK_THROWS_WITH(trainer.capture(step, [](auto&& run) { run(); }),
+                      doctest::Contains("gradient clipping reads the gradient norm"));
+    trainer.clip_gradient_norm(0.0f);
+    trainer.accumulate(step);
     CHECK(trainer.capture_refusal().value_or("").find("accumulate()") != std::string::npos);
   });
   ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {

@@ -106,24 +106,20 @@ class step_graph {
   void capture() {
     auto& dev = trainer_.device();
     dev.activate();
-    const auto before = trainer_.begin_capture();
-    // Thread-local: the communicator's watchdog thread goes on querying its own events meanwhile.
-    cudaError_t began = cudaStreamBeginCapture(dev.stream(), cudaStreamCaptureModeThreadLocal);
-    if (began != cudaSuccess) {
-      trainer_.end_capture(before);
-      check(began, "cudaStreamBeginCapture", dev.site());
-    }
     cudaGraph_t graph = nullptr;
-    try {
-      trainer_.step(step_);
-    } catch (...) {
-      cudaStreamEndCapture(dev.stream(), &graph);
-      if (graph) cudaGraphDestroy(graph);
-      trainer_.end_capture(before);
-      throw;
-    }
-    const cudaError_t ended = cudaStreamEndCapture(dev.stream(), &graph);
-    added_ = trainer_.end_capture(before);
+    cudaError_t ended = cudaSuccess;
+    added_ = trainer_.capture(step_, [&](auto&& run_step) {
+      // Thread-local: the communicator's watchdog thread goes on querying its own events meanwhile.
+      check(cudaStreamBeginCapture(dev.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture", dev.site());
+      try {
+        run_step();
+      } catch (...) {
+        cudaStreamEndCapture(dev.stream(), &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      ended = cudaStreamEndCapture(dev.stream(), &graph);
+    });
     if (ended != cudaSuccess || !graph) {
       if (graph) cudaGraphDestroy(graph);
       throw error("cuda", "step_graph capture", dev.rank(),
@@ -170,7 +166,7 @@ class step_graph {
 
   Trainer& trainer_;
   std::function<void(replica&)> step_;
-  typename Trainer::core_type::step_increment added_;
+  typename Trainer::core_type::captured_step added_;
   optimizer_type optimizer_{};
   std::size_t groups_ = 0;
   std::size_t captures_ = 0;

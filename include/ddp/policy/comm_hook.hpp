@@ -187,6 +187,10 @@ struct one_of {
   }
 };
 
+// The plain reduction (none) goes unnamed where a trainer describes itself (its policies, the
+// checkpoints' policy line, its timeline), so that those read as for a trainer without a hook.
+constexpr bool is_plain(std::string_view hook) noexcept { return hook == none::name; }
+
 struct slot {
   static constexpr std::string_view name = "comm_hook";
   using default_policy = none;

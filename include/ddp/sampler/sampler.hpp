@@ -164,6 +164,12 @@ ddp::shard make_shard(std::size_t n, int rank, int world, std::uint64_t seed, st
   return s;
 }
 
+// A whole data set in order, every sample counted once at any world size: rank r's share as
+// distributed<false, tail::pad> deals it, the padding weighing nothing (trainer.evaluate()).
+inline ddp::shard evaluation_shard(std::size_t n, int rank, int world) {
+  return make_shard<distributed<false, tail::pad>>(n, rank, world, 0, 0);
+}
+
 // Batches of `batch` per rank in one epoch: equal on every rank; a short last one counts when
 // the sampler visits every sample.
 template <policy P>

@@ -1,16 +1,23 @@
 #pragma once
 // One gradient bucket: its memory, its layout (which part this rank updates, from the update
-// policy), and the collectives the update policy issues on it (update::bucket_ops). A
-// communication hook (ddp/policy/comm_hook.hpp) carries the gradients' reduction; it sees the
-// bucket through comm_hook::bucket_io.
+// policy), and the collectives in flight on it. The gradient reducer (gradient_reducer.hpp)
+// builds and owns the buckets; each other client sees one narrow face of a bucket:
 //
-// Layout of grads (and of values, when the update policy gathers parameters): the parameters'
-// slots in [0, numel), zero padding up to `padded`, then `control` floats (the unused-parameter
-// policy's, last bucket only). This rank updates [shard_begin, shard_begin + shard).
+//   the update policy      update::bucket_ops (all_reduce / reduce_scatter the gradients,
+//                          all_gather the parameters)
+//   the communication hook comm_hook::bucket_io_on<Device> (a private view, one per call)
+//   the update stage       the averaged shard of the gradients, and where parameters lie in it
+//
+// Memory of grads (and of values, when the update policy gathers parameters): the parameters'
+// slots in [0, numel), zero padding up to `padded`, then `control` floats (the reducer's control
+// channel: last bucket only). This rank updates [shard_begin, shard_begin + shard).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/concepts/communicator.hpp"
@@ -32,63 +39,95 @@ struct half_segment {
   std::size_t count = 0;
 };
 
+// What a bucket is made from: the reducer's plan for it and the update policy's layout.
+struct bucket_shape {
+  std::size_t index = 0;
+  std::size_t numel = 0;
+  update::layout layout;
+  std::size_t control = 0;      // control floats after the padding (the last bucket's)
+  bool gathers = false;         // the update policy gathers parameters: keep `values`
+  bool binds_values = false;    // the module keeps its parameters in `values`
+  bool binds_gradients = false; // the module's gradients live in `grads`
+};
+
 template <communicator Comm, device Device>
-struct bucket final : update::bucket_ops {
+class bucket final : public update::bucket_ops {
+ public:
   using work_type = decltype(std::declval<Comm&>().all_reduce(const_buffer{}, mutable_buffer{}, reduce_op::avg));
 
-  Comm* comm = nullptr;
-  Device* device = nullptr;
-  comm_hook_part<Device>* hook = nullptr;
-  const std::uint64_t* steps = nullptr;  // the trainer's step count
-  std::size_t index = 0;
-  bool binds_values = false;  // the module keeps its parameters in `values`
+  // `params`: the parameters in it, in the plan's order.
+  bucket(Comm& comm, Device& dev, comm_hook_part<Device>& hook, const std::uint64_t& steps, const bucket_shape& shape,
+         std::vector<std::size_t> params)
+      : comm_(&comm), device_(&dev), hook_(&hook), steps_(&steps), shape_(shape), params_(std::move(params)),
+        grads_(zeroed(shape.layout.padded + shape.control)),
+        values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()) {}
 
-  std::vector<std::size_t> params;
-  std::vector<segment> segments;  // module grad <-> bucket grads, f32 parameters
-  std::vector<half_segment> half_grads;  // 16-bit parameters' gradients, widened into the bucket
-  std::vector<comm_hook::tensor_layout> tensors;  // each parameter's place and matrix shape
-  std::size_t numel = 0;
-  std::size_t shard = 0;
-  std::size_t shard_begin = 0;
-  std::size_t padded = 0;
-  std::size_t control = 0;
-  device_array<Device, float> grads;
-  device_array<Device, float> state;   // optimizer state of the shard: state_slots * shard floats
-  device_array<Device, float> values;  // gathered parameters, when the update policy gathers
-  std::vector<segment> value_segments;  // module value <-> values
-  std::vector<device_array<Device, float>> hook_scratch;  // the hook's (before the works: freed after them)
-  std::vector<device_array<Device, float>> hook_state;    // the hook's, saved in checkpoints
-  std::size_t pending = 0;              // parameters still to report ready in this backward
-  std::optional<work_type> work;          // the gradients' reduction (the hook's first collective)
-  std::vector<work_type> more;            // the hook's further collectives in this step
-  std::optional<work_type> control_work;  // the control floats', when not part of `work`
-  std::optional<work_type> gather;        // the updated parameters' all_gather
+  // ---- built by the reducer, parameter by parameter -------------------------------------
 
-  void all_reduce_gradients() override { start_reduction(false); }
-  void reduce_scatter_gradients() override { start_reduction(true); }
+  // An f32 parameter's gradient; returns where it lives in the bucket (to bind the module's
+  // gradient there when it binds gradient storage).
+  float* add_gradient(float* module_grad, std::size_t offset, std::size_t count) {
+    float* in_bucket = grads_.data() + offset;
+    segments_.push_back({shape_.binds_gradients ? in_bucket : module_grad, offset, count});
+    return in_bucket;
+  }
+  // A 16-bit parameter's gradient, widened into the bucket when it launches.
+  void add_half_gradient(void* module_grad, dtype type, std::size_t offset, std::size_t count) {
+    half_grads_.push_back({module_grad, type, offset, count});
+  }
+  // The f32 value the optimizer updates; returns where it lives when the module binds its
+  // parameters into the gathered copy, else `value` itself.
+  float* add_value(float* value, std::size_t offset, std::size_t count, std::size_t rows) {
+    float* v = shape_.binds_values ? values_.data() + offset : value;
+    value_segments_.push_back({v, offset, count});
+    tensors_.push_back({offset, rows, count / rows});
+    return v;
+  }
 
+  // ---- the reducer's face -----------------------------------------------------------------
+
+  std::size_t index() const noexcept { return shape_.index; }
+  std::size_t numel() const noexcept { return shape_.numel; }
+  std::size_t padded() const noexcept { return shape_.layout.padded; }
+  std::size_t control_floats() const noexcept { return shape_.control; }
+  std::span<const std::size_t> parameters() const noexcept { return params_; }
+
+  // Readiness in the step's last backward: the parameters still to report.
+  void expect(std::size_t parameters) noexcept { pending_ = parameters; }
+  bool ready_one() noexcept { return --pending_ == 0; }
+  bool ready() const noexcept { return pending_ == 0; }
+
+  // Gradients into bucket memory (unbound f32 ones copied, 16-bit ones widened), the control
+  // floats after them, then the update policy's collective.
+  void launch(update_part& update, std::span<const float> control) {
+    if (!shape_.binds_gradients) device_->pack(segments_, grads_.data());
+    for (const auto& h : half_grads_)
+      device_->cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{grads_.data() + h.offset, h.count, dtype::f32});
+    if (!control.empty())
+      device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
+    update.reduce(*this);
+  }
   // Waits for the reduction and lets the hook complete it: the averaged gradients are in place.
   void complete_reduction() {
     hook_view io(*this);
     io.wait();
-    if (control_work) control_work->wait();
-    hook->finish(io);
+    if (control_work_) control_work_->wait();
+    hook_->finish(io);
   }
-  void all_gather_parameters() override {
-    float* v = values.data();
-    if (!binds_values) {  // this rank's shard of the module's parameters, copied in first
-      std::vector<segment> mine;
-      for (const auto& s : value_segments)
-        if (const segment part = shard_part(s); part.count) mine.push_back(part);
-      device->pack(mine, v + shard_begin);
-    }
-    gather.emplace(comm->all_gather(const_buffer{v + shard_begin, shard, dtype::f32},
-                                    mutable_buffer{v, padded, dtype::f32}));
+  // The averaged control floats (after complete_reduction).
+  void read_control(std::span<float> out) const {
+    device_->copy_to_host(out.data(), grads_.data() + padded(), out.size_bytes());
+    rethrow_failures();
   }
-  void finish_parameters() override {
-    if (!gather) return;
-    gather->wait();
-    if (!binds_values) device->unpack(value_segments, values.data());
+  // The gradients' reduction (the hook's first collective), when one went out.
+  const std::optional<work_type>& reduction() const noexcept { return work_; }
+
+  void zero_gradients() {
+    if (shape_.binds_gradients)
+      device_->fill_zero(grads_.data(), numel() * sizeof(float));
+    else
+      for (const auto& s : segments_) device_->fill_zero(s.tensor, s.count * sizeof(float));
+    for (const auto& h : half_grads_) device_->fill_zero(h.tensor, h.count * size_of(h.type));
   }
 
   // Waits for every collective in flight, ignoring failures (a step that failed half-way). A
@@ -101,121 +140,184 @@ struct bucket final : update::bucket_ops {
       } catch (...) {
       }
     };
-    for (auto* w : {&work, &control_work, &gather})
+    for (auto* w : {&work_, &control_work_, &gather_})
       if (*w) quietly(**w);
-    for (auto& w : more) quietly(w);
+    for (auto& w : more_) quietly(w);
+  }
+  void clear_works() { work_.reset(), more_.clear(), control_work_.reset(), gather_.reset(); }
+
+  // The hook's state (PowerSGD's error feedback), for checkpoints.
+  std::vector<device_array<Device, float>>& hook_state() noexcept { return hook_state_; }
+  const std::vector<device_array<Device, float>>& hook_state() const noexcept { return hook_state_; }
+
+  // Module values -> the gathered copy (parameters the module keeps itself).
+  void stage_values() { device_->pack(value_segments_, values_.data()); }
+
+  // ---- the update stage's face --------------------------------------------------------------
+
+  std::size_t shard() const noexcept { return shape_.layout.shard; }
+  std::size_t shard_begin() const noexcept { return shape_.layout.begin; }
+  bool sharded() const noexcept { return shard() < padded(); }
+  // This rank's shard of the averaged gradients.
+  float* gradient_shard() noexcept { return grads_.data() + shard_begin(); }
+  // The averaged gradients back into the module's own gradient tensors (optim::external).
+  void unpack_gradients() {
+    if (!shape_.binds_gradients) device_->unpack(segments_, grads_.data());
+  }
+  // The part of a parameter's value (offset in the bucket) inside this rank's shard: where its
+  // values start, its offset from the shard's start, its count (0 when none of it is there).
+  segment shard_part(const segment& s) const {
+    const std::size_t begin = std::max(s.offset, shard_begin());
+    const std::size_t end = std::min(s.offset + s.count, shard_begin() + shard());
+    if (end <= begin) return {s.tensor, 0, 0};
+    return {s.tensor + (begin - s.offset), begin - shard_begin(), end - begin};
+  }
+
+  // ---- the update policy's face (update::bucket_ops) -------------------------------------
+
+  void all_reduce_gradients() override { start_reduction(false); }
+  void reduce_scatter_gradients() override { start_reduction(true); }
+  void all_gather_parameters() override {
+    float* v = values_.data();
+    if (!shape_.binds_values) {  // this rank's shard of the module's parameters, copied in first
+      std::vector<segment> mine;
+      for (const auto& s : value_segments_)
+        if (const segment part = shard_part(s); part.count) mine.push_back(part);
+      device_->pack(mine, v + shard_begin());
+    }
+    gather_.emplace(comm_->all_gather(const_buffer{v + shard_begin(), shard(), dtype::f32},
+                                      mutable_buffer{v, padded(), dtype::f32}));
+  }
+  void finish_parameters() override {
+    if (!gather_) return;
+    gather_->wait();
+    if (!shape_.binds_values) device_->unpack(value_segments_, values_.data());
+  }
+
+ private:
+  device_array<Device, float> zeroed(std::size_t n) {
+    device_array<Device, float> a(*device_, n);
+    device_->fill_zero(a.data(), n * sizeof(float));  // and the padding stays 0
+    return a;
   }
 
   // A stream backend's failure that aborted this bucket's collectives (ddp::rethrow_failure):
   // after the host has synchronised with the device.
   void rethrow_failures() const {
-    for (const auto* w : {&work, &control_work, &gather})
+    for (const auto* w : {&work_, &control_work_, &gather_})
       if (*w) rethrow_failure(**w);
-    for (const auto& w : more) rethrow_failure(w);
+    for (const auto& w : more_) rethrow_failure(w);
   }
 
-  void clear_works() {
-    work.reset(), more.clear(), control_work.reset(), gather.reset();
-  }
-
-  // The part of a segment (offset in the bucket) inside this rank's shard: where its values start,
-  // its offset from the shard's start, its count (0 when none of it is in the shard).
-  segment shard_part(const segment& s) const {
-    const std::size_t begin = std::max(s.offset, shard_begin);
-    const std::size_t end = std::min(s.offset + s.count, shard_begin + shard);
-    if (end <= begin) return {s.tensor, 0, 0};
-    return {s.tensor + (begin - s.offset), begin - shard_begin, end - begin};
-  }
-
- private:
   // The update policy asked for the gradients' reduction: all of them (all_reduce) or this
   // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,
   // unless the hook chose the plain reduction, which carries them in its own collective.
   void start_reduction(bool scatter) {
-    scatters = scatter;
-    control_in_reduction = false;
+    scatters_ = scatter;
+    control_in_reduction_ = false;
     hook_view io(*this);
-    hook->reduce(io);
-    if (control && !control_in_reduction) {
-      float* c = grads.data() + padded;
-      control_work.emplace(comm->all_reduce(const_buffer{c, control, dtype::f32}, mutable_buffer{c, control, dtype::f32},
-                                            reduce_op::avg));
+    hook_->reduce(io);
+    if (shape_.control && !control_in_reduction_) {
+      float* c = grads_.data() + padded();
+      control_work_.emplace(comm_->all_reduce(const_buffer{c, shape_.control, dtype::f32},
+                                              mutable_buffer{c, shape_.control, dtype::f32}, reduce_op::avg));
     }
   }
 
   void track(work_type w) {
-    if (!work) work.emplace(std::move(w));
-    else more.push_back(std::move(w));
+    if (!work_) work_.emplace(std::move(w));
+    else more_.push_back(std::move(w));
   }
 
   // The bucket as its hook sees it, for one call.
   struct hook_view final : comm_hook::bucket_io_on<Device> {
     bucket& b;
     explicit hook_view(bucket& owner) : b(owner) {}
-    Device& device() noexcept override { return *b.device; }
-    std::size_t index() const noexcept override { return b.index; }
-    std::uint64_t step() const noexcept override { return *b.steps; }
-    int rank() const noexcept override { return b.comm->rank(); }
-    int ranks() const noexcept override { return b.comm->size(); }
-    float* gradients() noexcept override { return b.grads.data(); }
-    std::size_t size() const noexcept override { return b.padded; }
-    std::size_t shard_begin() const noexcept override { return b.scatters ? b.shard_begin : 0; }
-    std::size_t shard() const noexcept override { return b.scatters ? b.shard : b.padded; }
-    std::span<const comm_hook::tensor_layout> tensors() const noexcept override { return b.tensors; }
-    void* scratch(int slot, std::size_t bytes) override { return kept(b.hook_scratch, slot, bytes).data; }
-    comm_hook::hook_state state(int slot, std::size_t bytes) override { return kept(b.hook_state, slot, bytes); }
+    Device& device() noexcept override { return *b.device_; }
+    std::size_t index() const noexcept override { return b.index(); }
+    std::uint64_t step() const noexcept override { return *b.steps_; }
+    int rank() const noexcept override { return b.comm_->rank(); }
+    int ranks() const noexcept override { return b.comm_->size(); }
+    float* gradients() noexcept override { return b.grads_.data(); }
+    std::size_t size() const noexcept override { return b.padded(); }
+    std::size_t shard_begin() const noexcept override { return b.scatters_ ? b.shard_begin() : 0; }
+    std::size_t shard() const noexcept override { return b.scatters_ ? b.shard() : b.padded(); }
+    std::span<const comm_hook::tensor_layout> tensors() const noexcept override { return b.tensors_; }
+    void* scratch(int slot, std::size_t bytes) override { return kept(b.hook_scratch_, slot, bytes).data; }
+    comm_hook::hook_state state(int slot, std::size_t bytes) override { return kept(b.hook_state_, slot, bytes); }
     // Slot `slot` of `arrays` at `bytes` (rounded up to floats): made and zeroed when new or resized.
     comm_hook::hook_state kept(std::vector<device_array<Device, float>>& arrays, int slot, std::size_t bytes) {
-      if (slot < 0) throw error("comm_hook", "scratch", b.comm->rank(), "slot " + std::to_string(slot) + " is negative");
+      if (slot < 0) throw error("comm_hook", "scratch", b.comm_->rank(), "slot " + std::to_string(slot) + " is negative");
       const auto k = static_cast<std::size_t>(slot);
       if (arrays.size() <= k) arrays.resize(k + 1);
       auto& a = arrays[k];
       const std::size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
       if (a.size() == floats) return {a.data(), false};
-      a = device_array<Device, float>(*b.device, floats);
-      b.device->fill_zero(a.data(), floats * sizeof(float));
+      a = device_array<Device, float>(*b.device_, floats);
+      b.device_->fill_zero(a.data(), floats * sizeof(float));
       return {a.data(), true};
     }
     void cast(const_buffer from, mutable_buffer to, float factor) override {
-      if constexpr (requires { b.device->cast(from, to, factor); }) {
-        b.device->cast(from, to, factor);
+      if constexpr (requires { b.device_->cast(from, to, factor); }) {
+        b.device_->cast(from, to, factor);
       } else {  // a device without the fused form: the source (this bucket's gradients) is scaled in place
-        if (factor != 1.0f) b.device->scale(static_cast<float*>(const_cast<void*>(from.data)), from.count, factor);
-        b.device->cast(from, to);
+        if (factor != 1.0f) b.device_->scale(static_cast<float*>(const_cast<void*>(from.data)), from.count, factor);
+        b.device_->cast(from, to);
       }
     }
     void reduce_gradients() override {
-      float* g = b.grads.data();
-      if (b.scatters) return reduce_like_gradients(mutable_buffer{g, b.padded, dtype::f32}, reduce_op::avg);
+      float* g = b.grads_.data();
+      if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
       // The all_reduce carries the control floats too: one collective, as without a hook.
-      const std::size_t n = b.padded + b.control;
-      b.track(b.comm->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
-      b.control_in_reduction = true;
+      const std::size_t n = b.padded() + b.shape_.control;
+      b.track(b.comm_->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
+      b.control_in_reduction_ = true;
     }
     void reduce_like_gradients(mutable_buffer x, reduce_op op) override {
-      if (x.count != b.padded)
-        throw error("comm_hook", "reduce_like_gradients", b.comm->rank(),
-                    "bucket " + std::to_string(b.index) + " has " + std::to_string(b.padded) +
+      if (x.count != b.padded())
+        throw error("comm_hook", "reduce_like_gradients", b.comm_->rank(),
+                    "bucket " + std::to_string(b.index()) + " has " + std::to_string(b.padded()) +
                         " gradient elements, but the buffer given has " + std::to_string(x.count) +
                         "; give one laid out as gradients(), of size() elements");
-      if (b.scatters) {
-        auto* shard = static_cast<char*>(x.data) + b.shard_begin * size_of(x.type);
-        b.track(b.comm->reduce_scatter(const_buffer{x.data, b.padded, x.type}, mutable_buffer{shard, b.shard, x.type}, op));
+      if (b.scatters_) {
+        auto* shard = static_cast<char*>(x.data) + b.shard_begin() * size_of(x.type);
+        b.track(b.comm_->reduce_scatter(const_buffer{x.data, b.padded(), x.type},
+                                        mutable_buffer{shard, b.shard(), x.type}, op));
       } else {
-        b.track(b.comm->all_reduce(const_buffer{x.data, b.padded, x.type}, mutable_buffer{x.data, b.padded, x.type}, op));
+        b.track(b.comm_->all_reduce(const_buffer{x.data, b.padded(), x.type}, mutable_buffer{x.data, b.padded(), x.type}, op));
       }
     }
     void all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) override {
-      b.track(b.comm->all_reduce(send, recv, op));
+      b.track(b.comm_->all_reduce(send, recv, op));
     }
     void wait() override {
-      if (b.work) b.work->wait();
-      for (auto& w : b.more) w.wait();
+      if (b.work_) b.work_->wait();
+      for (auto& w : b.more_) w.wait();
     }
   };
 
-  bool scatters = false;              // this step's reduction is the update policy's reduce_scatter
-  bool control_in_reduction = false;  // the control floats ride in `work`
+  Comm* comm_;
+  Device* device_;
+  comm_hook_part<Device>* hook_;
+  const std::uint64_t* steps_;  // the trainer's step count, for the hook
+  bucket_shape shape_;
+
+  std::vector<std::size_t> params_;
+  std::vector<segment> segments_;                 // module grad <-> bucket grads, f32 parameters
+  std::vector<half_segment> half_grads_;          // 16-bit parameters' gradients, widened into the bucket
+  std::vector<segment> value_segments_;           // the optimizer's values <-> values_
+  std::vector<comm_hook::tensor_layout> tensors_;  // each parameter's place and matrix shape
+  device_array<Device, float> grads_;
+  device_array<Device, float> values_;            // gathered parameters, when the update policy gathers
+  std::vector<device_array<Device, float>> hook_scratch_;  // the hook's (before the works: freed after them)
+  std::vector<device_array<Device, float>> hook_state_;    // the hook's, saved in checkpoints
+  std::size_t pending_ = 0;                       // parameters still to report ready in this backward
+  std::optional<work_type> work_;                 // the gradients' reduction (the hook's first collective)
+  std::vector<work_type> more_;                   // the hook's further collectives in this step
+  std::optional<work_type> control_work_;         // the control floats', when not part of work_
+  std::optional<work_type> gather_;               // the updated parameters' all_gather
+  bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
+  bool control_in_reduction_ = false;  // the control floats ride in work_
 };
 
 }  // namespace ddp::detail

@@ -15,6 +15,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/tensor.hpp"
 #include "ddp/trainer/buffer_group.hpp"
+#include "ddp/trainer/checkpoint_file.hpp"
 
 namespace ddp::detail {
 
@@ -28,13 +29,34 @@ class buffer_set {
     std::uint64_t synced_at = 0;  // version right after the trainer last overwrote it
   };
 
-  buffer_set(Comm& comm, Device& dev) : comm_(comm), device_(dev), all_(dev, dtype::u8) {}
+  buffer_set(Comm& comm, Device& dev, const std::vector<buffer_ref>& buffers)
+      : comm_(comm), device_(dev), all_(dev, dtype::u8) {
+    for (const auto& b : buffers) add(b);
+  }
 
   void add(const buffer_ref& b) {
     entries_.push_back({b.name, b.value, b.version, 0});
     all_.add(b.value);
   }
   const std::vector<entry>& entries() const noexcept { return entries_; }
+
+  // Checkpoint sections "buffer/<name>": each buffer's bytes.
+  void write_state(checkpoint_file& f) const {
+    for (const auto& b : entries_) {
+      std::vector<std::uint8_t> bytes(b.value.bytes());
+      device_.copy_to_host(bytes.data(), b.value.data, bytes.size());
+      f.set_bytes("buffer/" + b.name, std::move(bytes));
+    }
+  }
+  void read_state(const checkpoint_file& f) {
+    for (const auto& b : entries_) {
+      const auto& bytes = f.section("buffer/" + b.name);
+      if (bytes.size() != b.value.bytes())
+        throw error("trainer", "load", comm_.rank(), "'" + f.path() + "': buffer '" + b.name + "' has another size");
+      device_.copy_from_host(b.value.data, bytes.data(), bytes.size());
+      if (b.version) b.version->bump();
+    }
+  }
 
   // Collective: every buffer takes root's bytes.
   void broadcast(int root) {

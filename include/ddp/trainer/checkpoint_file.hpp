@@ -23,6 +23,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <span>
 #include <string>
 #include <vector>
@@ -234,5 +235,18 @@ struct checkpoint_directory {
     return std::make_pair(step, world);
   }
 };
+
+// N numbers per row of a text section ("1 2 3\n4 5 6\n"), as rows; reading stops at the first
+// row that is not whole.
+template <std::size_t N>
+std::vector<std::array<std::size_t, N>> number_rows(const std::string& text) {
+  std::vector<std::array<std::size_t, N>> rows;
+  std::istringstream in(text);
+  for (std::array<std::size_t, N> r{};;) {
+    for (auto& v : r)
+      if (!(in >> v)) return rows;
+    rows.push_back(r);
+  }
+}
 
 }  // namespace ddp::detail

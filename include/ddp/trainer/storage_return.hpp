@@ -1,32 +1,59 @@
 #pragma once
-// The trainer points a module's gradients (and, when the update policy gathers parameters, its
-// values) into bucket memory; a storage_return hands that storage back to the module before the
+// A module that binds storage keeps its gradients (and, when the update policy gathers
+// parameters, its values) in bucket memory: a storage_return points the module there once the
+// reducer has placed every parameter, and hands the storage back to the module before the
 // buckets go, also when construction fails half-way.
 #include <cstddef>
 #include <vector>
 
 #include "ddp/concepts/module.hpp"
+#include "ddp/core/dtype.hpp"
+#include "ddp/trainer/parameter_table.hpp"
 
 namespace ddp::detail {
 
 template <class Module>
-struct storage_return {
-  Module* module = nullptr;
-  std::vector<std::size_t> gradients;  // parameters with bound gradients
-  std::vector<std::size_t> values;     // parameters with bound values
-
-  storage_return() = default;
+class storage_return {
+ public:
+  // Binds each parameter's gradient (f32 ones) and, with `values`, its value to where `params`
+  // says they now live.
+  storage_return(Module& module, const parameter_table& params, bool values) : module_(&module) {
+    try {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if constexpr (binds_gradient_storage<Module>)
+          if (params[i].type == dtype::f32) {
+            module.bind_gradient(i, params[i].grad);
+            gradients_.push_back(i);
+          }
+        if constexpr (binds_parameter_storage<Module>)
+          if (values) {
+            module.bind_parameter(i, params[i].value);
+            values_.push_back(i);
+          }
+      }
+    } catch (...) {
+      give_back();
+      throw;
+    }
+  }
   storage_return(const storage_return&) = delete;
   storage_return& operator=(const storage_return&) = delete;
-  ~storage_return() {
+  ~storage_return() { give_back(); }
+
+ private:
+  void give_back() noexcept {
     try {
       if constexpr (binds_gradient_storage<Module>)
-        for (const auto i : gradients) module->bind_gradient(i, nullptr);
+        for (const auto i : gradients_) module_->bind_gradient(i, nullptr);
       if constexpr (binds_parameter_storage<Module>)
-        for (const auto i : values) module->bind_parameter(i, nullptr);
+        for (const auto i : values_) module_->bind_parameter(i, nullptr);
     } catch (...) {  // a module that cannot take storage back keeps dangling views; nothing else to do here
     }
   }
+
+  Module* module_;
+  std::vector<std::size_t> gradients_;  // parameters with bound gradients
+  std::vector<std::size_t> values_;     // parameters with bound values
 };
 
 }  // namespace ddp::detail

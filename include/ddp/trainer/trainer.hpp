@@ -244,8 +244,9 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
  private:
   core_type& core() noexcept { return *this; }
 
-  // A hook is named unless it is none, so that checkpoints from before the slot keep matching.
-  static std::string unless_none(std::string hook) { return hook == comm_hook::none::name ? std::string() : hook; }
+  // The plain reduction goes unnamed, so that a trainer reads, and its checkpoints match, as one
+  // without a hook.
+  static std::string unless_none(std::string hook) { return comm_hook::is_plain(hook) ? std::string() : hook; }
   static std::string type_hook_name() { return unless_none(std::string(comm_hook_policy::name)); }
   std::string hook_name() const {
     if constexpr (requires { holder::comm_hook.policy.describe(); })

@@ -1,0 +1,381 @@
+#pragma once
+// The gradient reducer: owns the buckets and everything about a step's reduction.
+//
+//   ready tracking   which parameters the module reported in this step (any backward) and in the
+//                    final one; a bucket whose parameters are all ready launches
+//   launch order     buckets go strictly in index order, so every rank issues the same
+//                    collectives in the same order whatever order its backward finishes in
+//   control channel  the last bucket carries this rank's micro-batch count and the
+//                    unused-parameter policy's floats, averaged with the gradients
+//   the hook's state kept per bucket, saved in checkpoints with the bucket layout
+//
+// It is built from the bucket policy's plan and the update policy's layout, both checked here:
+// a plan that leaves a parameter out, puts two in one place or runs past its bucket, and a
+// layout that does not cut the bucket as its all_gather will, are errors naming the parameter or
+// the bucket and the policy.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/concepts/device.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/policy/bucket_cap.hpp"
+#include "ddp/policy/unused_params.hpp"
+#include "ddp/trainer/bucket.hpp"
+#include "ddp/trainer/checkpoint_file.hpp"
+#include "ddp/trainer/parameter_table.hpp"
+#include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/step_observer.hpp"
+
+namespace ddp::detail {
+
+// A bucket's row in a checkpoint's layout: numel, padded, shard begin, shard.
+using saved_bucket = std::array<std::size_t, 4>;
+inline std::vector<saved_bucket> saved_bucket_layout(const checkpoint_file& f) { return number_rows<4>(f.text("buckets")); }
+
+template <communicator Comm, device Device>
+class gradient_reducer {
+ public:
+  using bucket_type = bucket<Comm, Device>;
+
+  // What the reducer is built with: the policies it calls, and what the module does.
+  struct wiring {
+    unused_params_part& unused_params;
+    update_part& update;
+    comm_hook_part<Device>& hook;
+    step_observer& observer;
+    const std::uint64_t& steps;  // the trainer's step count
+    bool reports = false;          // the module reports ready gradients
+    bool binds_gradients = false;  // it keeps its gradients in bucket memory
+    bool binds_values = false;     // it keeps its parameters in the gathered copy
+  };
+
+  // Places every parameter of `params` in its bucket (its grad, and value when bound, now point
+  // into bucket memory).
+  gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w)
+      : comm_(comm), device_(dev), params_(params), w_(w) {
+    check_plan(plan);
+    const bool gathers = w.update.gathers_parameters();
+    buckets_.reserve(plan.buckets.size());
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      bucket_shape shape{b, plan.sizes[b], w.update.plan(plan.sizes[b], comm.rank(), comm.size())};
+      check_layout(shape);
+      if (b + 1 == plan.buckets.size()) shape.control = 1 + (w.reports ? w.unused_params.control_floats(params.size()) : 0);
+      shape.gathers = gathers;
+      shape.binds_values = w.binds_values;
+      shape.binds_gradients = w.binds_gradients;
+      buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[b]);
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i];
+      p.slot = plan.slots[i];
+      auto& bk = buckets_[p.slot.bucket];
+      if (p.type == dtype::f32) {
+        float* in_bucket = bk.add_gradient(p.grad, p.slot.offset, p.numel);
+        if (w.binds_gradients) p.grad = in_bucket;
+      } else {
+        bk.add_half_gradient(p.module_grad, p.type, p.slot.offset, p.numel);
+      }
+      p.value = bk.add_value(p.value, p.slot.offset, p.numel, p.rows);
+    }
+    used_.assign(params.size(), 0);
+    reported_.assign(params.size(), 0);
+  }
+  gradient_reducer(const gradient_reducer&) = delete;
+  gradient_reducer& operator=(const gradient_reducer&) = delete;
+  ~gradient_reducer() { drain(); }
+  // Waits for the collectives still in flight (a step that failed half-way), ignoring failures:
+  // before bucket memory goes, or the module takes its storage back.
+  void drain() noexcept {
+    for (auto& bk : buckets_) bk.drain();
+  }
+
+  std::span<bucket_type> buckets() noexcept { return buckets_; }
+  std::span<const bucket_type> buckets() const noexcept { return buckets_; }
+
+  // ---- a step --------------------------------------------------------------------------------
+
+  void begin_micro_batch() noexcept { ++micro_batches_; }
+  // Micro-batches since the last update (this one included, from its start).
+  std::size_t micro_batches() const noexcept { return micro_batches_; }
+  // Inside join(): the step is the peers', this rank has nothing of its own to report.
+  void set_shadowing(bool on) noexcept { shadowing_ = on; }
+  // Inside a captured step: nothing goes to or comes from the host (no control floats).
+  void set_capturing(bool on) noexcept { capturing_ = on; }
+  bool capturing() const noexcept { return capturing_; }
+
+  // A backward begins; in the step's final one, buckets launch as their parameters report ready.
+  void begin_backward(bool final) {
+    collecting_ = final;
+    if (!final) return;
+    for (auto& bk : buckets_) bk.expect(bk.parameters().size());
+    std::fill(reported_.begin(), reported_.end(), 0);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!w_.unused_params.expects_gradient(i)) unexpected(i);
+    if (w_.reports) launch_ready();
+  }
+  void end_backward() noexcept { collecting_ = false; }
+
+  // The module's ready sink: parameter i's gradient is final for this backward.
+  void on_ready(std::size_t i) {
+    if (i >= params_.size())
+      throw error("trainer", "backward", comm_.rank(),
+                  "the module reported parameter index " + std::to_string(i) + " ready, but it has " +
+                      std::to_string(params_.size()) + " parameters");
+    used_[i] = 1;
+    if (!collecting_) return;
+    if (reported_[i])
+      throw error("trainer", "backward", comm_.rank(),
+                  "parameter '" + params_.name(i) + "' was reported ready twice in one backward; "
+                  "report each parameter once, when its gradient is final");
+    reported_[i] = 1;
+    if (!w_.unused_params.expects_gradient(i)) return w_.unused_params.on_unexpected_gradient(view_, i);
+    if (buckets_[params_[i].slot.bucket].ready_one()) launch_ready();
+  }
+
+  // A module that cannot report counts every parameter as used.
+  void mark_all_used() { std::fill(used_.begin(), used_.end(), 1); }
+  // The first parameter that got no gradient in this step, if any.
+  std::optional<std::size_t> first_unused() const {
+    const auto it = std::find(used_.begin(), used_.end(), 0);
+    return it == used_.end() ? std::nullopt : std::optional<std::size_t>(it - used_.begin());
+  }
+
+  // Launches the buckets backward has not, then waits for every bucket's reduction.
+  void reduce_all() {
+    for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
+    next_launch_ = buckets_.size();
+    {
+      auto span = w_.observer.phase("wait for reductions", w_.steps);
+      for (auto& bk : buckets_) bk.complete_reduction();
+    }
+    w_.observer.reductions_complete(buckets_, w_.steps, w_.update.name(), w_.hook.name());
+  }
+
+  // The averaged control floats are equal on every rank, so every rank decides alike: returns
+  // the mean micro-batch count over the ranks (0: every rank shadowed), and lets the
+  // unused-parameter policy rule on what was used (into `update`: the optimizer updates
+  // parameter i).
+  float read_control(std::span<char> update) {
+    auto& last = buckets_.back();
+    std::vector<float> control(last.control_floats());
+    last.read_control(control);
+    if (w_.reports && control[0] > 0.0f)
+      w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
+    return control[0];
+  }
+
+  void end_step() {
+    for (auto& bk : buckets_) bk.clear_works();
+    next_launch_ = 0;
+    micro_batches_ = 0;
+    std::fill(used_.begin(), used_.end(), 0);
+  }
+
+  void zero_gradients() {
+    for (auto& bk : buckets_) bk.zero_gradients();
+  }
+
+  // Parameters the module keeps itself, under an update policy that gathers: the gathered copy
+  // takes their values.
+  void stage_values() {
+    if (w_.update.gathers_parameters() && !w_.binds_values)
+      for (auto& bk : buckets_) bk.stage_values();
+  }
+
+  std::optional<std::string> capture_refusal() const {
+    if (!w_.hook.capturable())
+      return "the communication hook '" + std::string(w_.hook.name()) +
+             "' keeps host-side state per step; capture with comm_hook::none, fp16 or bf16";
+    return std::nullopt;
+  }
+
+  // ---- checkpoint sections: "buckets" (the layout) and the hook's state ---------------------
+
+  void write_state(checkpoint_file& f) const {
+    std::string layout, hook_index;
+    for (const auto& bk : buckets_)
+      layout += std::to_string(bk.numel()) + " " + std::to_string(bk.padded()) + " " +
+                std::to_string(bk.shard_begin()) + " " + std::to_string(bk.shard()) + "\n";
+    f.set_text("buckets", layout);
+    // "bucket slot floats" per line.
+    for (const auto& bk : buckets_)
+      for (std::size_t k = 0; k < bk.hook_state().size(); ++k) {
+        const auto& a = bk.hook_state()[k];
+        if (a.size() == 0) continue;
+        std::vector<float> v(a.size());
+        device_.copy_to_host(v.data(), a.data(), v.size() * sizeof(float));
+        f.set_array(hook_state_name(bk.index(), k), std::span<const float>(v));
+        hook_index += std::to_string(bk.index()) + " " + std::to_string(k) + " " + std::to_string(v.size()) + "\n";
+      }
+    if (!hook_index.empty()) f.set_text("hook_state", hook_index);
+  }
+
+  std::optional<std::string> check_state(const checkpoint_file& f) const {
+    std::string sizes, theirs;
+    for (const auto& bk : buckets_) sizes += std::to_string(bk.numel()) + " ";
+    for (const auto& row : saved_bucket_layout(f)) theirs += std::to_string(row[0]) + " ";
+    if (sizes != theirs)
+      return "'" + f.path() + "' was written with buckets of " + theirs + "elements, this trainer has " + sizes +
+             "(another bucket_cap): build the trainer with the checkpoint's bucket_cap";
+    for (const auto& [bucket, slot, floats] : hook_state_index(f)) {
+      if (bucket >= buckets_.size() || slot > 64)
+        return "'" + f.path() + "' holds communication-hook state for bucket " + std::to_string(bucket) + " slot " +
+               std::to_string(slot) + ", which this trainer does not have";
+      const auto name = hook_state_name(bucket, slot);
+      if (!f.has(name) || f.section(name).size() % sizeof(float) || f.section(name).size() / sizeof(float) != floats)
+        return "'" + f.path() + "': its communication-hook state '" + name +
+               "' is missing or of another size than its index says";
+    }
+    return std::nullopt;
+  }
+
+  // The hook's state is this rank's own (error feedback): restored at the same world size (one
+  // file), and started afresh at another.
+  void read_state(const std::vector<checkpoint_file>& files) {
+    for (auto& bk : buckets_) bk.hook_state().clear();
+    if (files.size() != 1) return;
+    for (const auto& [bucket, slot, floats] : hook_state_index(files[0])) {
+      auto& arrays = buckets_[bucket].hook_state();
+      if (arrays.size() <= slot) arrays.resize(slot + 1);
+      arrays[slot] = device_array<Device, float>(device_, floats);
+      const auto v = files[0].array<float>(hook_state_name(bucket, slot), floats);
+      device_.copy_from_host(arrays[slot].data(), v.data(), floats * sizeof(float));
+    }
+  }
+
+ private:
+  static std::string hook_state_name(std::size_t bucket, std::size_t slot) {
+    return "hook_state/" + std::to_string(bucket) + "/" + std::to_string(slot);
+  }
+  // A checkpoint's communication-hook state: bucket, slot, floats of each (none when no hook kept state).
+  static std::vector<std::array<std::size_t, 3>> hook_state_index(const checkpoint_file& f) {
+    if (!f.has("meta/hook_state")) return {};
+    return number_rows<3>(f.text("hook_state"));
+  }
+
+  // A parameter the unused-parameter policy expects no gradient for is not waited for.
+  void unexpected(std::size_t i) { buckets_[params_[i].slot.bucket].ready_one(); }
+
+  void launch_ready() {
+    while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready()) launch(next_launch_++);
+  }
+
+  void launch(std::size_t b) {
+    const auto began = w_.observer.launch_begins();
+    auto& bk = buckets_[b];
+    std::vector<float> control;
+    if (bk.control_floats() && !capturing_) {  // captured: every replay is one micro-batch on every rank, nothing read
+      control.assign(bk.control_floats(), 0.0f);
+      control[0] = static_cast<float>(micro_batches_);
+      // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
+      if (w_.reports && !shadowing_) w_.unused_params.write_control(view_, std::span(control).subspan(1));
+    }
+    bk.launch(w_.update, control);
+    w_.observer.launched(b, buckets_.size(), began, w_.steps);
+  }
+
+  // ---- the plan and the layout, checked --------------------------------------------------------
+
+  [[noreturn]] void fail(const std::string& what) const { throw error("trainer", "construct", comm_.rank(), what); }
+
+  void check_plan(const bucket_plan& plan) const {
+    const std::string policy = "the bucket_cap policy's plan";
+    if (plan.buckets.empty() || plan.sizes.size() != plan.buckets.size())
+      fail(policy + " has " + std::to_string(plan.buckets.size()) + " bucket(s) and " + std::to_string(plan.sizes.size()) +
+           " size(s); give every bucket a size, and at least one bucket");
+    if (plan.slots.size() != params_.size())
+      fail(policy + " places " + std::to_string(plan.slots.size()) + " parameter(s), but the module has " +
+           std::to_string(params_.size()) + "; give bucket_plan::slots one entry per parameter");
+    std::vector<std::size_t> listed(params_.size(), 0);
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+      for (const auto i : plan.buckets[b]) {
+        if (i >= params_.size())
+          fail(policy + " lists parameter index " + std::to_string(i) + " in bucket " + std::to_string(b) +
+               ", but the module has " + std::to_string(params_.size()) + " parameters");
+        if (plan.slots[i].bucket != b)
+          fail(policy + " lists parameter '" + params_.name(i) + "' in bucket " + std::to_string(b) +
+               " but places it in bucket " + std::to_string(plan.slots[i].bucket) + "; list it where its slot is");
+        ++listed[i];
+      }
+    std::vector<std::vector<std::size_t>> by_bucket(plan.buckets.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& s = plan.slots[i];
+      if (listed[i] != 1)
+        fail(policy + " lists parameter '" + params_.name(i) + "' " + std::to_string(listed[i]) +
+             " times; list every parameter in exactly one bucket");
+      if (s.offset + params_[i].numel > plan.sizes[s.bucket])
+        fail(policy + " places parameter '" + params_.name(i) + "' (" + std::to_string(params_[i].numel) +
+             " elements) at offset " + std::to_string(s.offset) + " of bucket " + std::to_string(s.bucket) + ", which has " +
+             std::to_string(plan.sizes[s.bucket]) + " elements; it must end inside its bucket");
+      by_bucket[s.bucket].push_back(i);
+    }
+    for (auto& members : by_bucket) {
+      std::sort(members.begin(), members.end(),
+                [&](auto a, auto b) { return plan.slots[a].offset < plan.slots[b].offset; });
+      for (std::size_t k = 1; k < members.size(); ++k) {
+        const auto a = members[k - 1], b = members[k];
+        if (plan.slots[a].offset + params_[a].numel > plan.slots[b].offset)
+          fail(policy + " gives parameters '" + params_.name(a) + "' and '" + params_.name(b) +
+               "' overlapping places in bucket " + std::to_string(plan.slots[a].bucket) + " (offsets " +
+               std::to_string(plan.slots[a].offset) + " and " + std::to_string(plan.slots[b].offset) +
+               "); give each parameter a slot of its own");
+      }
+    }
+  }
+
+  // Every rank's part must be where the all_gather of the parameters puts it: equal blocks, rank
+  // r's at r x shard. A layout that does not gather must at least stay inside the bucket.
+  void check_layout(const bucket_shape& s) const {
+    const auto& l = s.layout;
+    const std::string where = "the update policy '" + std::string(w_.update.name()) + "' lays out bucket " +
+                              std::to_string(s.index) + " (" + std::to_string(s.numel) + " elements) as shard " +
+                              std::to_string(l.shard) + " from " + std::to_string(l.begin) + " of " +
+                              std::to_string(l.padded) + ": ";
+    if (l.padded < s.numel) fail(where + "`padded` must hold the bucket's elements");
+    if (l.begin + l.shard > l.padded) fail(where + "this rank's shard runs past `padded`");
+    const auto ranks = static_cast<std::size_t>(comm_.size());
+    if (w_.update.gathers_parameters() &&
+        (l.padded != l.shard * ranks || l.begin != static_cast<std::size_t>(comm_.rank()) * l.shard))
+      fail(where + "a policy that gathers parameters must cut each bucket into equal shards, one per rank, rank r's "
+           "starting at r x shard, with padded = shard x ranks (where all_gather puts them)");
+  }
+
+  // The step as the unused-parameter policy sees it.
+  struct unused_view final : unused_params::step_view {
+    explicit unused_view(gradient_reducer& r) : r(r) {}
+    gradient_reducer& r;
+    std::size_t parameter_count() const noexcept override { return r.params_.size(); }
+    const std::string& parameter_name(std::size_t i) const override { return r.params_.name(i); }
+    bool used(std::size_t i) const noexcept override { return r.used_[i] != 0; }
+    bool all_buckets_sent() const noexcept override { return r.next_launch_ == r.buckets_.size(); }
+    int rank() const noexcept override { return r.comm_.rank(); }
+    int size() const noexcept override { return r.comm_.size(); }
+    std::vector<std::uint8_t> all_gather(std::span<const std::uint8_t> mine) override {
+      return host_all_gather(r.comm_, r.device_, mine);
+    }
+  };
+
+  Comm& comm_;
+  Device& device_;
+  parameter_table& params_;
+  wiring w_;
+  std::vector<bucket_type> buckets_;
+  std::vector<char> used_;      // reported in any backward of this step
+  std::vector<char> reported_;  // reported in the final backward
+  std::size_t next_launch_ = 0;
+  std::size_t micro_batches_ = 0;
+  bool collecting_ = false;  // inside the step's final backward
+  bool shadowing_ = false;
+  bool capturing_ = false;
+  unused_view view_{*this};
+};
+
+}  // namespace ddp::detail

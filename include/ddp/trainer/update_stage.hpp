@@ -1,0 +1,229 @@
+#pragma once
+// The update stage: from the averaged gradients to updated parameters. It owns what the update
+// keeps across steps: the optimizer's state (per bucket, this rank's shard of it), each
+// parameter's update count (AdamW's bias correction), which parameters the last step updated
+// (the unused-parameter rule's say), the parameter groups and the clipping norm.
+//
+//   run(): gradients / mean micro-batch count -> [clip by global norm] -> optimizer on this
+//          rank's shard of every bucket -> zero the gradients -> update policy's after_update
+//          (all_gather) -> finish (the parameters where the module reads them)
+//
+// Every element goes through the same arithmetic whatever the update policy's layout, so a
+// sharded update gives the bits of a replicated one.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/concepts/device.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/optim/parameter_group.hpp"
+#include "ddp/trainer/bucket.hpp"
+#include "ddp/trainer/checkpoint_file.hpp"
+#include "ddp/trainer/gradient_reducer.hpp"
+#include "ddp/trainer/parameter_table.hpp"
+#include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/step_observer.hpp"
+
+namespace ddp::detail {
+
+template <communicator Comm, device Device>
+class update_stage {
+ public:
+  using bucket_type = bucket<Comm, Device>;
+
+  update_stage(Comm& comm, Device& dev, optimizer_part<Device>& optimizer, update_part& update,
+               const parameter_table& params, std::span<const bucket_type> buckets)
+      : comm_(comm), device_(dev), optimizer_(optimizer), update_(update), params_(params) {
+    const auto slots = static_cast<std::size_t>(optimizer.state_slots());
+    for (const auto& bk : buckets) {
+      device_array<Device, float> s(dev, bk.shard() * slots);
+      dev.fill_zero(s.data(), s.size() * sizeof(float));
+      state_.push_back(std::move(s));
+    }
+    update_mask_.assign(params.size(), 1);
+    update_counts_.assign(params.size(), 0);
+  }
+
+  // Which parameters this step updates (the unused-parameter rule writes it).
+  std::span<char> update_mask() noexcept { return update_mask_; }
+  void update_every_parameter() { std::fill(update_mask_.begin(), update_mask_.end(), 1); }
+  std::vector<std::string> skipped_parameters() const {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (!update_mask_[i]) names.push_back(params_.name(i));
+    return names;
+  }
+
+  void run(std::span<bucket_type> buckets, float mean_micro_batches, const step_observer& observer, std::uint64_t step) {
+    if (mean_micro_batches != 1.0f)
+      for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), 1.0f / mean_micro_batches);
+    if (max_gradient_norm_ > 0.0f) clip(buckets);
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      auto& bk = buckets[b];
+      if (optimizer_.applies_update()) {
+        apply_optimizer(bk, state_[b]);
+        bk.zero_gradients();
+      } else {  // the caller's optimizer steps, and zeroes, from the averaged gradients
+        bk.unpack_gradients();
+      }
+      update_.after_update(bk);
+    }
+    auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
+    for (auto& bk : buckets) update_.finish(bk);
+  }
+
+  // ---- clipping and parameter groups --------------------------------------------------------
+
+  void clip_gradient_norm(float max_norm) {
+    if (!(max_norm >= 0.0f))
+      throw error("trainer", "clip_gradient_norm", comm_.rank(),
+                  "max_norm is " + std::to_string(max_norm) + "; give a positive norm, or 0 to stop clipping");
+    max_gradient_norm_ = max_norm;
+  }
+  double gradient_norm() const noexcept { return gradient_norm_; }
+
+  std::size_t set_parameter_group(const optim::parameter_selector& select, const optim::parameter_group& group) {
+    if (group.weight_decay && !optimizer_.has_weight_decay())
+      throw error("trainer", "set_parameter_group", comm_.rank(),
+                  "the group sets weight_decay, but the optimizer has no `float weight_decay` member to replace");
+    if (group_of_.empty()) group_of_.assign(params_.size(), 0);
+    groups_.push_back(group);
+    std::size_t selected = 0;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (select(params_.name(i))) group_of_[i] = groups_.size(), ++selected;
+    if (selected == 0) {
+      std::string names;
+      for (std::size_t i = 0; i < params_.size() && i < 4; ++i) names += (i ? ", '" : "'") + params_.name(i) + "'";
+      throw error("trainer", "set_parameter_group", comm_.rank(),
+                  "the selector matched no parameter; the names are like " + names);
+    }
+    return selected;
+  }
+  std::size_t group_count() const noexcept { return groups_.size(); }
+
+  // ---- capture -------------------------------------------------------------------------------
+
+  std::optional<std::string> capture_refusal() const {
+    if (!optimizer_.applies_update())
+      return "optim::external leaves the update to an optimizer outside the trainer, which the graph cannot hold";
+    if (const auto varies = optimizer_.rule_varies_with_step(); !varies || *varies)
+      return varies ? "the optimizer's update rule changes with every update count (AdamW's bias correction), "
+                      "but a captured step replays the rule it was captured with: use an optimizer whose rule "
+                      "does not depend on the step (ddp::optim::sgd)"
+                    : "the optimizer's rule has no operator==, so a captured step cannot tell whether it changes "
+                      "with the update count: give the rule `bool operator==(const rule&) const = default;`";
+    if (max_gradient_norm_ > 0.0f)
+      return "gradient clipping reads the gradient norm on the host every step; clip_gradient_norm(0) to capture";
+    return std::nullopt;
+  }
+  // Each parameter's update count: what a captured step adds, put back, and added per replay.
+  const std::vector<std::int64_t>& update_counts() const noexcept { return update_counts_; }
+  void set_update_counts(std::vector<std::int64_t> counts) { update_counts_ = std::move(counts); }
+
+  // ---- checkpoint sections: "state_slots", "update_counts", "state/<bucket>" ---------------
+
+  void write_state(checkpoint_file& f) const {
+    f.set_text("state_slots", std::to_string(optimizer_.state_slots()));
+    f.set_array("update_counts", std::span<const std::int64_t>(update_counts_));
+    for (std::size_t i = 0; i < state_.size(); ++i) {
+      std::vector<float> s(state_[i].size());
+      if (!s.empty()) device_.copy_to_host(s.data(), state_[i].data(), s.size() * sizeof(float));
+      f.set_array("state/" + std::to_string(i), std::span<const float>(s));
+    }
+  }
+  std::optional<std::string> check_state(const checkpoint_file& f) const {
+    const auto slots = std::to_string(optimizer_.state_slots());
+    if (f.text("state_slots") != slots)
+      return "'" + f.path() + "' holds " + f.text("state_slots") + " optimizer state value(s) per parameter, this "
+             "trainer's optimizer keeps " + slots;
+    return std::nullopt;
+  }
+  // The optimizer state of each bucket is assembled from the files' shards, which may be cut for
+  // another world size (a sharded update: the shards re-cut); the counts come from `own`.
+  void read_state(const std::vector<checkpoint_file>& files, std::size_t own, std::span<const bucket_type> buckets) {
+    update_counts_ = files[own].array<std::int64_t>("update_counts", params_.size());
+    const auto slots = static_cast<std::size_t>(optimizer_.state_slots());
+    std::vector<std::vector<saved_bucket>> layouts;
+    for (const auto& file : files) layouts.push_back(saved_bucket_layout(file));
+    for (std::size_t i = 0; i < buckets.size(); ++i) {
+      const auto& bk = buckets[i];
+      std::vector<float> mine(state_[i].size(), 0.0f);
+      for (std::size_t j = 0; j < files.size(); ++j) {  // each file's shard [begin, begin + shard) of every slot
+        const std::size_t begin = layouts[j].at(i)[2], shard = layouts[j].at(i)[3];
+        const auto theirs = files[j].array<float>("state/" + std::to_string(i), slots * shard);
+        const std::size_t lo = std::max(begin, bk.shard_begin()), hi = std::min(begin + shard, bk.shard_begin() + bk.shard());
+        for (std::size_t k = 0; k < slots && lo < hi; ++k)
+          std::copy(theirs.begin() + static_cast<std::ptrdiff_t>(k * shard + lo - begin),
+                    theirs.begin() + static_cast<std::ptrdiff_t>(k * shard + hi - begin),
+                    mine.begin() + static_cast<std::ptrdiff_t>(k * bk.shard() + lo - bk.shard_begin()));
+      }
+      if (!mine.empty()) device_.copy_from_host(state_[i].data(), mine.data(), mine.size() * sizeof(float));
+    }
+  }
+
+ private:
+  // Updates this rank's shard of the bucket (all of it when replicated); segment offsets, and
+  // the gradient and state pointers, count from the shard's start. One update call per run of
+  // parameters with the same update count and parameter group.
+  void apply_optimizer(bucket_type& bk, device_array<Device, float>& state) {
+    std::vector<segment> segs;
+    std::vector<std::int64_t> counts;
+    std::vector<std::size_t> groups;
+    for (const auto i : bk.parameters()) {
+      if (!update_mask_[i]) continue;
+      const auto count = ++update_counts_[i];
+      const auto& p = params_[i];
+      const segment part = bk.shard_part({p.value, p.slot.offset, p.numel});
+      if (part.count == 0) continue;
+      segs.push_back(part);
+      counts.push_back(count);
+      groups.push_back(group_of_.empty() ? 0 : group_of_[i]);
+    }
+    const float* grad = bk.gradient_shard();
+    for (std::size_t begin = 0, end; begin < segs.size(); begin = end) {
+      for (end = begin + 1; end < segs.size() && counts[end] == counts[begin] && groups[end] == groups[begin];) ++end;
+      optimizer_.update(device_, std::span(segs).subspan(begin, end - begin), grad, state.data(), bk.shard(),
+                        counts[begin], groups[begin] ? &groups_[groups[begin] - 1] : nullptr);
+    }
+  }
+
+  // The norm of the whole averaged gradient: where the layout gives each rank a disjoint shard
+  // of a bucket (a sharded update), the shards' sums of squares are summed over the ranks (one
+  // small all-reduce); the layouts are alike on every rank, so all decide alike.
+  void clip(std::span<bucket_type> buckets) {
+    double sum = 0.0;
+    bool sharded = false;
+    for (auto& bk : buckets) {
+      sum += device_.sum_of_squares(bk.gradient_shard(), bk.shard());
+      sharded = sharded || bk.sharded();
+    }
+    if (sharded) host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
+    gradient_norm_ = std::sqrt(sum);
+    const double coefficient = static_cast<double>(max_gradient_norm_) / (gradient_norm_ + 1e-6);  // as PyTorch's
+    if (coefficient >= 1.0) return;
+    for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), static_cast<float>(coefficient));
+  }
+
+  Comm& comm_;
+  Device& device_;
+  optimizer_part<Device>& optimizer_;
+  update_part& update_;
+  const parameter_table& params_;
+  std::vector<device_array<Device, float>> state_;  // per bucket: state_slots x shard floats
+  std::vector<char> update_mask_;                   // the optimizer updates parameter i
+  std::vector<std::int64_t> update_counts_;
+  std::vector<optim::parameter_group> groups_;  // set_parameter_group's, in order
+  std::vector<std::size_t> group_of_;           // per parameter: 0, or 1 + its index in groups_
+  float max_gradient_norm_ = 0.0f;              // 0: no clipping
+  double gradient_norm_ = 0.0;
+};
+
+}  // namespace ddp::detail
