@@ -184,3 +184,69 @@ TEST_CASE("a user's sampler hands each rank the indices it says") {
   CHECK(indices[0] == std::vector<std::size_t>{10, 9, 8, 7, 6});
   CHECK(indices[1] == std::vector<std::size_t>{5, 4, 3, 2, 1});
 }
+
+namespace {
+
+// A bucket policy whose plan the trainer must refuse: `fault` says what is wrong with it.
+enum class plan_fault { shared_slot, short_slots, past_bucket, listed_twice };
+template <plan_fault Fault>
+struct faulty_plan {
+  using slot = ddp::bucket_cap_detail::slot;
+  static constexpr std::string_view name = "faulty_plan";
+  ddp::bucket_plan plan(std::span<const std::size_t> numels) const {
+    auto p = ddp::plan_buckets(numels, [](std::size_t) { return std::size_t{1} << 20; });  // one bucket
+    if constexpr (Fault == plan_fault::shared_slot) p.slots[1].offset = p.slots[0].offset;
+    if constexpr (Fault == plan_fault::short_slots) p.slots.pop_back();
+    if constexpr (Fault == plan_fault::past_bucket) p.slots[0].offset = p.sizes[0];
+    if constexpr (Fault == plan_fault::listed_twice) p.buckets[0].push_back(p.buckets[0].front());
+    return p;
+  }
+  std::string describe() const { return "faulty"; }
+};
+
+// An update policy that gathers parameters but puts this rank's shard where all_gather will not.
+struct misplaced_shards : ddp::update::sharded {
+  static constexpr std::string_view name = "misplaced_shards";
+  ddp::update::layout plan(std::size_t numel, int rank, int ranks) const {
+    auto l = sharded::plan(numel, rank, ranks);
+    l.begin = static_cast<std::size_t>(ranks - 1 - rank) * l.shard;  // reversed
+    return l;
+  }
+};
+
+template <class Policy>
+std::string construction_error(int world) {
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(3);
+    ddp::host::device dev;
+    try {
+      ddp::trainer<test::mlp, Policy> trainer(model, comm, dev);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK(e.empty() == errors.front().empty());  // every rank raises it, none hangs
+  return errors.front();
+}
+
+}  // namespace
+
+TEST_CASE("a user's bucket plan or update layout that would write out of place is refused, naming the parameter or bucket") {
+  auto says = [](const std::string& error, std::string_view part) {
+    INFO(error);
+    CHECK(error.find(part) != std::string::npos);
+  };
+  // test::mlp's parameters in order: 0.weight (16 x 6), 0.bias, 1.weight, 1.bias, 3.weight, ...
+  const auto shared = construction_error<faulty_plan<plan_fault::shared_slot>>(2);
+  says(shared, "overlapping places in bucket 0");
+  says(shared, "'0.weight'");
+  says(shared, "'0.bias'");
+  says(construction_error<faulty_plan<plan_fault::short_slots>>(1), "places 7 parameter(s), but the module has 8");
+  says(construction_error<faulty_plan<plan_fault::past_bucket>>(1), "places parameter '0.weight' (96 elements) at offset");
+  says(construction_error<faulty_plan<plan_fault::listed_twice>>(1), "2 times");
+  const auto layout = construction_error<misplaced_shards>(2);
+  says(layout, "the update policy 'misplaced_shards' lays out bucket 0");
+  says(layout, "rank r's starting at r x shard");
+  CHECK(construction_error<misplaced_shards>(1).empty());  // one rank: its shard is where it belongs
+}

@@ -14,6 +14,7 @@
 #include "ddp/core/buffer_version.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/tensor.hpp"
+#include "ddp/policy/buffer_sync.hpp"
 #include "ddp/trainer/buffer_group.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
 
@@ -139,6 +140,24 @@ class buffer_set {
   buffer_group<Device> all_;
   std::vector<buffer_group<Device>> average_groups_;
   std::optional<buffer_group<Device>> integral_;  // set once the average groups are built
+};
+
+// The buffers as a buffer-sync policy sees them, in the trainer's current step and forward.
+template <communicator Comm, device Device>
+class buffer_sync_context final : public buffer_sync::context {
+ public:
+  buffer_sync_context(buffer_set<Comm, Device>& buffers, const std::uint64_t& step, const std::size_t& forwards)
+      : buffers_(buffers), step_(step), forwards_(forwards) {}
+  std::uint64_t step() const noexcept override { return step_; }
+  std::size_t forward_index() const noexcept override { return forwards_; }
+  void broadcast_buffers(int root) override { buffers_.broadcast(root); }
+  void average_buffers() override { buffers_.average(); }
+  void require_averageable() override { buffers_.require_averageable(); }
+
+ private:
+  buffer_set<Comm, Device>& buffers_;
+  const std::uint64_t& step_;
+  const std::size_t& forwards_;
 };
 
 }  // namespace ddp::detail

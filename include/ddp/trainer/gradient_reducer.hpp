@@ -99,6 +99,11 @@ class gradient_reducer {
 
   std::span<bucket_type> buckets() noexcept { return buckets_; }
   std::span<const bucket_type> buckets() const noexcept { return buckets_; }
+  std::vector<std::size_t> bucket_sizes() const {
+    std::vector<std::size_t> sizes;
+    for (const auto& bk : buckets_) sizes.push_back(bk.numel());
+    return sizes;
+  }
 
   // ---- a step --------------------------------------------------------------------------------
 

@@ -3,7 +3,11 @@
 // global mean instead of its own shard's.
 #include <array>
 #include <cstddef>
+#include <span>
 #include <string>
+
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/core/reduce_op.hpp"
 
 namespace ddp {
 
@@ -23,6 +27,17 @@ inline void add_metrics(metric& total, const metric& m) { total.add(m.sum, m.cou
 template <std::size_t N>
 void add_metrics(std::array<metric, N>& total, const std::array<metric, N>& m) {
   for (std::size_t i = 0; i < N; ++i) total[i].add(m[i].sum, m[i].count);
+}
+
+// Global sums of per-rank metrics: every rank gets the same values (pitfall P6, logging one
+// rank's mean). Collective.
+template <class Comm, class Device, std::size_t N>
+std::array<metric, N> reduce_metrics(Comm& comm, Device& dev, std::array<metric, N> local) {
+  std::array<double, 2 * N> flat;
+  for (std::size_t i = 0; i < N; ++i) flat[2 * i] = local[i].sum, flat[2 * i + 1] = local[i].count;
+  host_all_reduce(comm, dev, std::span<double>(flat), reduce_op::sum);
+  for (std::size_t i = 0; i < N; ++i) local[i] = {flat[2 * i], flat[2 * i + 1]};
+  return local;
 }
 }  // namespace detail
 

@@ -38,6 +38,7 @@
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/step_counts.hpp"
 #include "ddp/trainer/step_observer.hpp"
 #include "ddp/trainer/storage_return.hpp"
 #include "ddp/trainer/timeline.hpp"
@@ -131,19 +132,10 @@ class trainer_core {
     return shadowed;
   }
 
-  // Gradient clipping by global norm: from the next step on, the averaged gradient of the whole
-  // model (every bucket, every rank's shard under update::sharded) is scaled by
-  // max_norm / (norm + 1e-6) when its norm exceeds max_norm, before the optimizer runs, as
-  // torch.nn.utils.clip_grad_norm_ does on one process. 0 turns it off (the default).
+  // Gradient clipping by global norm, and optimizer options per parameter group (the update
+  // stage's: trainer/update_stage.hpp, docs/trainer.md).
   void clip_gradient_norm(float max_norm) { update_.clip_gradient_norm(max_norm); }
-  // The last step's averaged-gradient norm before clipping (0 until a step clipped, or while
-  // clipping is off: it costs a pass over the gradients).
   double gradient_norm() const noexcept { return update_.gradient_norm(); }
-
-  // Optimizer options for the parameters whose name `select` accepts (their dotted names, as
-  // errors print them): a learning-rate multiplier, a weight decay of their own. A later group
-  // overrides an earlier one where both select a parameter. Returns how many it selected; one
-  // that selects none is an error listing a few names. Call it on every rank alike.
   std::size_t set_parameter_group(const optim::parameter_selector& select, const optim::parameter_group& group) {
     return update_.set_parameter_group(select, group);
   }
@@ -160,15 +152,9 @@ class trainer_core {
     reducer_.zero_gradients();
   }
 
-  // Global sums of per-rank metrics: every rank gets the same values.
+  // Global sums of per-rank metrics: every rank gets the same values. Collective.
   template <std::size_t N>
-  std::array<metric, N> reduce(std::array<metric, N> local) {
-    std::array<double, 2 * N> flat;
-    for (std::size_t i = 0; i < N; ++i) flat[2 * i] = local[i].sum, flat[2 * i + 1] = local[i].count;
-    detail::host_all_reduce(comm_, device_, std::span<double>(flat), reduce_op::sum);
-    for (std::size_t i = 0; i < N; ++i) local[i] = {flat[2 * i], flat[2 * i + 1]};
-    return local;
-  }
+  std::array<metric, N> reduce(std::array<metric, N> local) { return detail::reduce_metrics(comm_, device_, local); }
   metric reduce(metric m) { return reduce(std::array<metric, 1>{m})[0]; }
 
   // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
@@ -193,11 +179,7 @@ class trainer_core {
   float& learning_rate() noexcept { return parts_.optimizer.learning_rate(); }
   std::uint64_t steps() const noexcept { return steps_; }
   std::size_t bucket_count() const noexcept { return reducer_.buckets().size(); }
-  std::vector<std::size_t> bucket_sizes() const {
-    std::vector<std::size_t> s;
-    for (const auto& b : reducer_.buckets()) s.push_back(b.numel());
-    return s;
-  }
+  std::vector<std::size_t> bucket_sizes() const { return reducer_.bucket_sizes(); }
   const overlap_timing& last_step_overlap() const noexcept { return observer_.overlap(); }
   // Records every following step's phases into `t` (nullptr stops); ddp::write_chrome_trace
   // writes them (trainer/timeline.hpp). `t` must outlive the recording.
@@ -210,10 +192,7 @@ class trainer_core {
   // ---- a step captured into a CUDA graph (ddp::cuda::step_graph) ----------------------------
 
   // What one step changes in the trainer's host state: replaying a captured step adds it.
-  struct captured_step {
-    std::uint64_t steps = 0, micro_batches = 0;
-    std::vector<std::int64_t> update_counts;
-  };
+  using captured_step = detail::step_counts;
 
   // Why this trainer's step cannot be captured now, or nothing: each component says what of its
   // own decides on the host per step.
@@ -225,37 +204,22 @@ class trainer_core {
   }
 
   // One step(step_fn) whose device work is captured, not run: record(run) calls run() once,
-  // between the start and the end of its capture. The host state the step advanced is put back
+  // between the start and the end of its capture. The counts the step advanced are put back
   // (also when it throws), and what it added is returned, for replayed().
   template <class F, class Record>
   captured_step capture(F&& step_fn, Record&& record) {
     if (const auto why = capture_refusal()) fail("capture", *why);
-    const captured_step before{steps_, micro_batches_run_, update_.update_counts()};
+    const auto before = counts();
     reducer_.set_capturing(true);
-    auto put_back = [&] {
+    detail::at_scope_exit put_back([&] {
       reducer_.set_capturing(false);
-      steps_ = before.steps, micro_batches_run_ = before.micro_batches;
-      update_.set_update_counts(before.update_counts);
-    };
-    try {
-      record([&] { step(step_fn); });
-    } catch (...) {
-      put_back();
-      throw;
-    }
-    captured_step added{steps_ - before.steps, micro_batches_run_ - before.micro_batches, update_.update_counts()};
-    for (std::size_t i = 0; i < added.update_counts.size(); ++i) added.update_counts[i] -= before.update_counts[i];
-    put_back();
-    return added;
+      set_counts(before);
+    });
+    record([&] { step(step_fn); });
+    return counts() - before;
   }
   // The captured step was queued once more.
-  void replayed(const captured_step& added) {
-    steps_ += added.steps;
-    micro_batches_run_ += added.micro_batches;
-    auto counts = update_.update_counts();
-    for (std::size_t i = 0; i < counts.size(); ++i) counts[i] += added.update_counts[i];
-    update_.set_update_counts(std::move(counts));
-  }
+  void replayed(const captured_step& added) { set_counts(counts() += added); }
 
   // ---- checkpoints (ddp::trainer::save and load write and read the files) -------------------
 
@@ -297,6 +261,12 @@ class trainer_core {
            std::ranges::none_of(params_, [](const detail::param_info& p) { return p.type != dtype::f32; });
   }
 
+  detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
+  void set_counts(detail::step_counts c) {
+    steps_ = c.steps, micro_batches_run_ = c.micro_batches;
+    update_.set_update_counts(std::move(c.update_counts));
+  }
+
   [[noreturn]] void fail(const char* operation, const std::string& what) const {
     throw error("trainer", operation, comm_.rank(), what);
   }
@@ -304,17 +274,6 @@ class trainer_core {
     if (reducer_.micro_batches() != 0 || in_final_backward_)
       fail(operation, "called inside a step or after accumulate() without step(); call it between steps");
   }
-
-  // The buffers as the buffer-sync policy sees them.
-  struct sync_context final : buffer_sync::context {
-    explicit sync_context(trainer_core& t) : t(t) {}
-    trainer_core& t;
-    std::uint64_t step() const noexcept override { return t.steps_; }
-    std::size_t forward_index() const noexcept override { return t.forwards_; }
-    void broadcast_buffers(int root) override { t.buffers_.broadcast(root); }
-    void average_buffers() override { t.buffers_.average(); }
-    void require_averageable() override { t.buffers_.require_averageable(); }
-  };
 
   // ---- the step -----------------------------------------------------------------------------
 
@@ -480,7 +439,7 @@ class trainer_core {
   std::size_t forwards_ = 0;  // since the last update
   std::optional<std::string> broken_;
 
-  sync_context sync_context_{*this};
+  detail::buffer_sync_context<Comm, Device> sync_context_{buffers_, steps_, forwards_};
 };
 
 }  // namespace ddp

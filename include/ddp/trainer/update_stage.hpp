@@ -82,14 +82,24 @@ class update_stage {
 
   // ---- clipping and parameter groups --------------------------------------------------------
 
+  // Gradient clipping by global norm: from the next step on, the averaged gradient of the whole
+  // model (every bucket, every rank's shard under a sharded update) is scaled by
+  // max_norm / (norm + 1e-6) when its norm exceeds max_norm, before the optimizer runs, as
+  // torch.nn.utils.clip_grad_norm_ does on one process. 0 turns it off (the default).
   void clip_gradient_norm(float max_norm) {
     if (!(max_norm >= 0.0f))
       throw error("trainer", "clip_gradient_norm", comm_.rank(),
                   "max_norm is " + std::to_string(max_norm) + "; give a positive norm, or 0 to stop clipping");
     max_gradient_norm_ = max_norm;
   }
+  // The last step's averaged-gradient norm before clipping (0 until a step clipped, or while
+  // clipping is off: it costs a pass over the gradients).
   double gradient_norm() const noexcept { return gradient_norm_; }
 
+  // Optimizer options for the parameters whose name `select` accepts (their dotted names, as
+  // errors print them): a learning-rate multiplier, a weight decay of their own. A later group
+  // overrides an earlier one where both select a parameter. Returns how many it selected; one
+  // that selects none is an error listing a few names. Call it on every rank alike.
   std::size_t set_parameter_group(const optim::parameter_selector& select, const optim::parameter_group& group) {
     if (group.weight_decay && !optimizer_.has_weight_decay())
       throw error("trainer", "set_parameter_group", comm_.rank(),
