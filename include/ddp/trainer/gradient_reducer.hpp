@@ -30,6 +30,7 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
+#include "ddp/trainer/consensus.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/step_observer.hpp"
@@ -61,18 +62,21 @@ class gradient_reducer {
   // into bucket memory).
   gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w)
       : comm_(comm), device_(dev), params_(params), w_(w) {
-    check_plan(plan);
-    const bool gathers = w.update.gathers_parameters();
-    buckets_.reserve(plan.buckets.size());
-    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    // Checked on every rank before any bucket is made; a fault on one rank is an error on all.
+    std::optional<std::string> problem = plan_problem(plan);
+    std::vector<bucket_shape> shapes;
+    for (std::size_t b = 0; !problem && b < plan.buckets.size(); ++b) {
       bucket_shape shape{b, plan.sizes[b], w.update.plan(plan.sizes[b], comm.rank(), comm.size())};
-      check_layout(shape);
       if (b + 1 == plan.buckets.size()) shape.control = 1 + (w.reports ? w.unused_params.control_floats(params.size()) : 0);
-      shape.gathers = gathers;
+      shape.gathers = w.update.gathers_parameters();
       shape.binds_values = w.binds_values;
       shape.binds_gradients = w.binds_gradients;
-      buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[b]);
+      problem = layout_problem(shape);
+      shapes.push_back(shape);
     }
+    agree_or_throw(comm, dev, problem, "construct", "the bucket plan or the update layout cannot be used");
+    buckets_.reserve(shapes.size());
+    for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[shape.index]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i];
       p.slot = plan.slots[i];
@@ -161,7 +165,7 @@ class gradient_reducer {
       auto span = w_.observer.phase("wait for reductions", w_.steps);
       for (auto& bk : buckets_) bk.complete_reduction();
     }
-    w_.observer.reductions_complete(buckets_, w_.steps, w_.update.name(), w_.hook.name());
+    w_.observer.record_reductions(buckets_, w_.steps, w_.update.name(), w_.hook.name());
   }
 
   // The averaged control floats are equal on every rank, so every rank decides alike: returns
@@ -223,13 +227,17 @@ class gradient_reducer {
     if (!hook_index.empty()) f.set_text("hook_state", hook_index);
   }
 
-  std::optional<std::string> check_state(const checkpoint_file& f) const {
+  // The bucket layout (checked first) and the hook's state (checked last).
+  std::optional<std::string> check_buckets(const checkpoint_file& f) const {
     std::string sizes, theirs;
     for (const auto& bk : buckets_) sizes += std::to_string(bk.numel()) + " ";
     for (const auto& row : saved_bucket_layout(f)) theirs += std::to_string(row[0]) + " ";
     if (sizes != theirs)
       return "'" + f.path() + "' was written with buckets of " + theirs + "elements, this trainer has " + sizes +
              "(another bucket_cap): build the trainer with the checkpoint's bucket_cap";
+    return std::nullopt;
+  }
+  std::optional<std::string> check_hook_state(const checkpoint_file& f) const {
     for (const auto& [bucket, slot, floats] : hook_state_index(f)) {
       if (bucket >= buckets_.size() || slot > 64)
         return "'" + f.path() + "' holds communication-hook state for bucket " + std::to_string(bucket) + " slot " +
@@ -289,24 +297,22 @@ class gradient_reducer {
 
   // ---- the plan and the layout, checked --------------------------------------------------------
 
-  [[noreturn]] void fail(const std::string& what) const { throw error("trainer", "construct", comm_.rank(), what); }
-
-  void check_plan(const bucket_plan& plan) const {
+  std::optional<std::string> plan_problem(const bucket_plan& plan) const {
     const std::string policy = "the bucket_cap policy's plan";
     if (plan.buckets.empty() || plan.sizes.size() != plan.buckets.size())
-      fail(policy + " has " + std::to_string(plan.buckets.size()) + " bucket(s) and " + std::to_string(plan.sizes.size()) +
+      return (policy + " has " + std::to_string(plan.buckets.size()) + " bucket(s) and " + std::to_string(plan.sizes.size()) +
            " size(s); give every bucket a size, and at least one bucket");
     if (plan.slots.size() != params_.size())
-      fail(policy + " places " + std::to_string(plan.slots.size()) + " parameter(s), but the module has " +
+      return (policy + " places " + std::to_string(plan.slots.size()) + " parameter(s), but the module has " +
            std::to_string(params_.size()) + "; give bucket_plan::slots one entry per parameter");
     std::vector<std::size_t> listed(params_.size(), 0);
     for (std::size_t b = 0; b < plan.buckets.size(); ++b)
       for (const auto i : plan.buckets[b]) {
         if (i >= params_.size())
-          fail(policy + " lists parameter index " + std::to_string(i) + " in bucket " + std::to_string(b) +
+          return (policy + " lists parameter index " + std::to_string(i) + " in bucket " + std::to_string(b) +
                ", but the module has " + std::to_string(params_.size()) + " parameters");
         if (plan.slots[i].bucket != b)
-          fail(policy + " lists parameter '" + params_.name(i) + "' in bucket " + std::to_string(b) +
+          return (policy + " lists parameter '" + params_.name(i) + "' in bucket " + std::to_string(b) +
                " but places it in bucket " + std::to_string(plan.slots[i].bucket) + "; list it where its slot is");
         ++listed[i];
       }
@@ -314,13 +320,13 @@ class gradient_reducer {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto& s = plan.slots[i];
       if (listed[i] != 1)
-        fail(policy + " lists parameter '" + params_.name(i) + "' " + std::to_string(listed[i]) +
+        return (policy + " lists parameter '" + params_.name(i) + "' " + std::to_string(listed[i]) +
              " times; list every parameter in exactly one bucket");
       if (s.offset + params_[i].numel > plan.sizes[s.bucket])
-        fail(policy + " places parameter '" + params_.name(i) + "' (" + std::to_string(params_[i].numel) +
+        return (policy + " places parameter '" + params_.name(i) + "' (" + std::to_string(params_[i].numel) +
              " elements) at offset " + std::to_string(s.offset) + " of bucket " + std::to_string(s.bucket) + ", which has " +
              std::to_string(plan.sizes[s.bucket]) + " elements; it must end inside its bucket");
-      by_bucket[s.bucket].push_back(i);
+      if (params_[i].numel) by_bucket[s.bucket].push_back(i);  // an empty parameter may share its place
     }
     for (auto& members : by_bucket) {
       std::sort(members.begin(), members.end(),
@@ -328,29 +334,31 @@ class gradient_reducer {
       for (std::size_t k = 1; k < members.size(); ++k) {
         const auto a = members[k - 1], b = members[k];
         if (plan.slots[a].offset + params_[a].numel > plan.slots[b].offset)
-          fail(policy + " gives parameters '" + params_.name(a) + "' and '" + params_.name(b) +
+          return (policy + " gives parameters '" + params_.name(a) + "' and '" + params_.name(b) +
                "' overlapping places in bucket " + std::to_string(plan.slots[a].bucket) + " (offsets " +
                std::to_string(plan.slots[a].offset) + " and " + std::to_string(plan.slots[b].offset) +
                "); give each parameter a slot of its own");
       }
     }
+    return std::nullopt;
   }
 
   // Every rank's part must be where the all_gather of the parameters puts it: equal blocks, rank
   // r's at r x shard. A layout that does not gather must at least stay inside the bucket.
-  void check_layout(const bucket_shape& s) const {
+  std::optional<std::string> layout_problem(const bucket_shape& s) const {
     const auto& l = s.layout;
     const std::string where = "the update policy '" + std::string(w_.update.name()) + "' lays out bucket " +
                               std::to_string(s.index) + " (" + std::to_string(s.numel) + " elements) as shard " +
                               std::to_string(l.shard) + " from " + std::to_string(l.begin) + " of " +
                               std::to_string(l.padded) + ": ";
-    if (l.padded < s.numel) fail(where + "`padded` must hold the bucket's elements");
-    if (l.begin + l.shard > l.padded) fail(where + "this rank's shard runs past `padded`");
+    if (l.padded < s.numel) return (where + "`padded` must hold the bucket's elements");
+    if (l.begin + l.shard > l.padded) return (where + "this rank's shard runs past `padded`");
     const auto ranks = static_cast<std::size_t>(comm_.size());
     if (w_.update.gathers_parameters() &&
         (l.padded != l.shard * ranks || l.begin != static_cast<std::size_t>(comm_.rank()) * l.shard))
-      fail(where + "a policy that gathers parameters must cut each bucket into equal shards, one per rank, rank r's "
+      return (where + "a policy that gathers parameters must cut each bucket into equal shards, one per rank, rank r's "
            "starting at r x shard, with padded = shard x ranks (where all_gather puts them)");
+    return std::nullopt;
   }
 
   // The step as the unused-parameter policy sees it.

@@ -20,11 +20,8 @@ class master_weights {
  public:
   // Gives every 16-bit parameter of `params` an f32 master (its `value` from now on).
   master_weights(Device& dev, parameter_table& params) : device_(dev) {
-    std::size_t floats = 0;
-    for (const auto& p : params)
-      if (p.type != dtype::f32) floats += p.numel;
-    if (floats == 0) return;
-    masters_ = device_array<Device, float>(dev, floats);
+    if (params.half_floats() == 0) return;
+    masters_ = device_array<Device, float>(dev, params.half_floats());
     float* next = masters_.data();
     for (auto& p : params)
       if (p.type != dtype::f32) {

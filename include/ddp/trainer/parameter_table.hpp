@@ -5,6 +5,7 @@
 // any collective touches a tensor: dtypes and sizes, every tensor on the rank's device, no
 // storage listed twice, the same model on every rank. It writes and checks the checkpoint
 // sections of the model (its signature and the parameters' values).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -45,7 +46,6 @@ class parameter_table {
   // ones need it: their f32 master copy lives in the trainer).
   template <class Module, communicator Comm, device Device>
   parameter_table(Module& module, Comm& comm, Device& dev, bool trainer_updates) : rank_(comm.rank()) {
-    bool any_half = false;
     for (auto&& p : module.parameters()) {
       parameter_ref ref = p;
       const dtype type = ref.value.type;
@@ -70,17 +70,19 @@ class parameter_table {
       } else {
         info.module_value = ref.value.data;
         info.module_grad = ref.grad.data;
-        if (!any_half && !trainer_updates)
-          fail("parameter '" + ref.name + "' is " + std::string(name_of(type)) +
-               ", trained through the trainer's f32 master copy, but optim::external leaves the update to "
-               "your optimizer, which would step the 16-bit values themselves: use a trainer optimizer "
-               "(ddp::optim::sgd, adamw), or give the module f32 parameters");
-        any_half = true;
+        half_floats_ += info.numel;
       }
       params_.push_back(std::move(info));
       refs_.push_back(std::move(ref));
     }
     if (params_.empty()) fail("the module has no parameters: there is nothing to train");
+    if (half_floats_ && !trainer_updates) {
+      const auto& p = *std::find_if(params_.begin(), params_.end(), [](const auto& q) { return q.type != dtype::f32; });
+      fail("parameter '" + p.name + "' is " + std::string(name_of(p.type)) +
+           ", trained through the trainer's f32 master copy, but optim::external leaves the update to "
+           "your optimizer, which would step the 16-bit values themselves: use a trainer optimizer "
+           "(ddp::optim::sgd, adamw), or give the module f32 parameters");
+    }
     for (auto&& b : module.buffers()) buffer_refs_.push_back(b);
     check_devices(comm, dev, refs_, buffer_refs_);
     check_shared_storage(comm, dev, refs_);
@@ -96,6 +98,8 @@ class parameter_table {
   auto end() const noexcept { return params_.end(); }
   const std::string& name(std::size_t i) const noexcept { return params_[i].name; }
   const std::vector<buffer_ref>& buffers() const noexcept { return buffer_refs_; }
+  // Elements of the bf16 and f16 parameters (trained through f32 master copies).
+  std::size_t half_floats() const noexcept { return half_floats_; }
   std::vector<std::size_t> numels() const {
     std::vector<std::size_t> n;
     for (const auto& p : params_) n.push_back(p.numel);
@@ -145,6 +149,7 @@ class parameter_table {
   std::vector<parameter_ref> refs_;
   std::vector<buffer_ref> buffer_refs_;
   std::vector<param_info> params_;
+  std::size_t half_floats_ = 0;
 };
 
 }  // namespace ddp::detail

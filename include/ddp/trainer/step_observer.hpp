@@ -40,17 +40,10 @@ class step_observer {
   void backward_finished() { backward_done_ = clock::now(); }
 
   // Every bucket's reduction is complete: each one on the collectives track (when it ran, from a
-  // work handle that knows, else from its launch to now), and the overlap figures.
-  template <class Buckets>
-  void reductions_complete(const Buckets& buckets, std::uint64_t step, std::string_view update, std::string_view hook) {
-    if (timeline_) record_reductions(buckets, step, update, hook);
-    measure_overlap(buckets);
-  }
-  const overlap_timing& overlap() const noexcept { return overlap_; }
-
- private:
+  // work handle that knows, else from its launch to now).
   template <class Buckets>
   void record_reductions(const Buckets& buckets, std::uint64_t step, std::string_view update, std::string_view hook) {
+    if (!timeline_) return;
     const auto seen = clock::now();
     launched_.resize(std::size(buckets), seen);  // a timeline attached in the middle of this step
     std::size_t b = 0;
@@ -69,6 +62,7 @@ class step_observer {
     }
   }
 
+  // The overlap figures of a step this rank ran (not a shadow or a captured step).
   template <class Buckets>
   void measure_overlap(const Buckets& buckets) {
     overlap_ = {};
@@ -85,6 +79,9 @@ class step_observer {
     }
   }
 
+  const overlap_timing& overlap() const noexcept { return overlap_; }
+
+ private:
   timeline* timeline_ = nullptr;
   std::vector<clock::time_point> launched_;  // per bucket, while a timeline records
   clock::time_point backward_done_{};

@@ -236,8 +236,9 @@ class trainer_core {
   // Why `f` cannot be loaded into this trainer, or nothing. Reads only.
   std::optional<std::string> check_state(const detail::checkpoint_file& f) const {
     if (auto why = params_.check_state(f)) return why;
-    if (auto why = reducer_.check_state(f)) return why;
-    return update_.check_state(f);
+    if (auto why = reducer_.check_buckets(f)) return why;
+    if (auto why = update_.check_state(f)) return why;
+    return reducer_.check_hook_state(f);
   }
   // Loads the state that `files` hold: `own` is the file whose parameters, buffers and counts
   // this rank takes; the optimizer state may be cut for another world size (re-cut here).
@@ -247,8 +248,8 @@ class trainer_core {
     reducer_.stage_values();
     masters_.round_into_module();
     buffers_.read_state(files[own]);
-    steps_ = files[own].number("steps");
     update_.read_state(files, own, reducer_.buckets());
+    steps_ = files[own].number("steps");
     reducer_.read_state(files);
     device_.synchronize();
   }
@@ -257,8 +258,7 @@ class trainer_core {
   // A module that binds parameter storage keeps its values in the gathered copy, unless it has
   // 16-bit parameters: their f32 masters live in the trainer, and every value is copied in and out.
   bool binds_values(const parts_type& parts) const {
-    return binds_parameter_storage<Module> && parts.update.gathers_parameters() &&
-           std::ranges::none_of(params_, [](const detail::param_info& p) { return p.type != dtype::f32; });
+    return binds_parameter_storage<Module> && parts.update.gathers_parameters() && params_.half_floats() == 0;
   }
 
   detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
@@ -368,6 +368,7 @@ class trainer_core {
     if (!reports) reducer_.mark_all_used();
     if (reducer_.capturing()) return finish_captured_step();
     reducer_.reduce_all();
+    observer_.measure_overlap(reducer_.buckets());
     finish_update(reducer_.read_control(update_.update_mask()));
   }
 
