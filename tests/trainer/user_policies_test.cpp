@@ -250,3 +250,54 @@ TEST_CASE("a user's bucket plan or update layout that would write out of place i
   says(layout, "rank r's starting at r x shard");
   CHECK(construction_error<misplaced_shards>(1).empty());  // one rank: its shard is where it belongs
 }
+
+namespace {
+
+// test::mlp with an empty parameter last: plan_buckets gives it the place of the parameter
+// before it (0 elements there take nothing).
+class mlp_with_empty {
+ public:
+  using input_type = ddp::nn::matrix;
+  using output_type = ddp::nn::matrix;
+  static constexpr bool reports_gradient_ready = true;
+
+  explicit mlp_with_empty(test::mlp m) : m_(std::move(m)) {}
+  std::vector<ddp::parameter_ref> parameters() {
+    auto refs = m_.parameters();
+    refs.push_back(empty_.ref(""));
+    return refs;
+  }
+  std::vector<ddp::buffer_ref> buffers() { return m_.buffers(); }
+  ddp::nn::matrix forward(const ddp::nn::matrix& x) { return m_.forward(x); }
+  void backward(const ddp::nn::matrix& g, const ddp::ready_sink& ready) {
+    ready(m_.parameters().size());  // nothing to compute for it
+    m_.backward(g, ready);
+  }
+
+ private:
+  test::mlp m_;
+  ddp::nn::parameter empty_{"empty", ddp::shape_t{0}};
+};
+
+}  // namespace
+
+TEST_CASE("a module with an empty parameter trains as the same module without it, replicated and sharded") {
+  auto run = [](auto with_empty, auto update) {
+    using module_type = std::conditional_t<decltype(with_empty)::value, mlp_with_empty, test::unbound_mlp>;
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
+      module_type model(test::make_mlp(5));
+      ddp::host::device dev;
+      ddp::trainer<module_type, decltype(update)> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+      const std::size_t r = static_cast<std::size_t>(comm.rank());
+      for (int s = 0; s < 3; ++s) {
+        auto b = test::make_batch(16, 300 + s).rows(r * 8, (r + 1) * 8);
+        trainer.step([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+      }
+      auto values = test::parameter_values(model);
+      if (values.back().empty()) values.pop_back();
+      return values;
+    });
+  };
+  CHECK(run(std::true_type{}, ddp::update::replicated{}) == run(std::false_type{}, ddp::update::replicated{}));
+  CHECK(run(std::true_type{}, ddp::update::sharded{}) == run(std::false_type{}, ddp::update::sharded{}));
+}
