@@ -103,19 +103,20 @@ function(ddp_add_compile_fail_pch)
   add_custom_target(ddp_compile_fail_pch ALL DEPENDS ${pch})
 endfunction()
 
-# A case that must not compile; its first line reads `// expect: <regular expression>`. The
-# compiler runs on it directly (-fsyntax-only: static_asserts and concept checks fire, nothing is
-# generated), so the cases run in parallel and outside the build tree.
+# A case that must not compile; its first line reads `// expect: <regular expression>`, and its
+# second may read `// errors: N` (tests/compile_fail/check.cmake). The compiler runs on it
+# directly (-fsyntax-only: static_asserts and concept checks fire, nothing is generated), so the
+# cases run in parallel and outside the build tree.
 function(ddp_add_compile_fail_test source)
   get_filename_component(case ${source} NAME_WE)
   # Cases named cuda_* need the CUDA headers: checked only when ddp::cuda is built.
   if(case MATCHES "^cuda_" AND NOT TARGET ddp::cuda)
     return()
   endif()
-  file(STRINGS ${source} first_line LIMIT_COUNT 1)
-  string(REGEX REPLACE "^// expect: " "" expected "${first_line}")
   ddp_compile_fail_flags(flags)
   add_test(NAME compile_fail_${case}
-    COMMAND ${CMAKE_CXX_COMPILER} -fsyntax-only -I${DDP_COMPILE_FAIL_PCH_DIR} ${flags} ${source})
-  set_tests_properties(compile_fail_${case} PROPERTIES PASS_REGULAR_EXPRESSION "${expected}" LABELS "build")
+    COMMAND ${CMAKE_COMMAND} -DCOMPILER=${CMAKE_CXX_COMPILER} -DSOURCE=${source}
+            "-DFLAGS=-I${DDP_COMPILE_FAIL_PCH_DIR};${flags}"
+            -P ${PROJECT_SOURCE_DIR}/tests/compile_fail/check.cmake)
+  set_tests_properties(compile_fail_${case} PROPERTIES LABELS "build")
 endfunction()

@@ -1,7 +1,8 @@
 // expect: a policy in the bucket_cap slot lacks `ddp::bucket_plan plan
+// errors: 1
 #include <ddp/ddp.hpp>
 
-#include "support/minimal_module.hpp"
+#include "support/build_and_step.hpp"
 
 struct cap_only {
   using slot = ddp::bucket_cap_detail::slot;
@@ -9,5 +10,4 @@ struct cap_only {
   static constexpr std::size_t bytes = 1 << 20;
   std::string describe() const { return "1 MiB"; }
 };
-static_assert(sizeof(ddp::trainer<test::minimal_module, cap_only>) > 0);
-int main() {}
+int main() { test::build_and_step<ddp::trainer<test::minimal_module, cap_only>>(); }

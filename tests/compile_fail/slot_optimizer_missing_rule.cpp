@@ -1,7 +1,8 @@
 // expect: the optimizer lacks `Rule at\(std::int64_t step\) const`
+// errors: 1
 #include <ddp/ddp.hpp>
 
-#include "support/minimal_module.hpp"
+#include "support/build_and_step.hpp"
 
 // An optimizer without an element rule: before, a user optimizer fell into the AdamW branch.
 struct rule_less {
@@ -11,5 +12,4 @@ struct rule_less {
   float lr = 0.1f;
   std::string describe() const { return "rule_less"; }
 };
-static_assert(sizeof(ddp::trainer<test::minimal_module, rule_less>) > 0);
-int main() {}
+int main() { test::build_and_step<ddp::trainer<test::minimal_module, rule_less>>(); }

@@ -1,7 +1,8 @@
 // expect: a policy in the unused_params slot lacks `void after_reduction
+// errors: 1
 #include <ddp/ddp.hpp>
 
-#include "support/minimal_module.hpp"
+#include "support/build_and_step.hpp"
 
 struct tag_only {
   using slot = ddp::unused_params::slot;
@@ -10,5 +11,4 @@ struct tag_only {
   std::size_t control_floats(std::size_t) const { return 0; }
   void write_control(const ddp::unused_params::step_view&, std::span<float>) {}
 };
-static_assert(sizeof(ddp::trainer<test::minimal_module, tag_only>) > 0);
-int main() {}
+int main() { test::build_and_step<ddp::trainer<test::minimal_module, tag_only>>(); }

@@ -1,7 +1,8 @@
 // expect: a policy in the update slot lacks `ddp::update::layout plan\(std::size_t numel, int rank
+// errors: 1
 #include <ddp/ddp.hpp>
 
-#include "support/minimal_module.hpp"
+#include "support/build_and_step.hpp"
 
 struct no_plan {
   using slot = ddp::update::slot;
@@ -11,5 +12,4 @@ struct no_plan {
   void after_update(ddp::update::bucket_ops&) {}
   void finish(ddp::update::bucket_ops&) {}
 };
-static_assert(sizeof(ddp::trainer<test::minimal_module, no_plan>) > 0);
-int main() {}
+int main() { test::build_and_step<ddp::trainer<test::minimal_module, no_plan>>(); }

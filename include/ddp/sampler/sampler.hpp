@@ -16,13 +16,16 @@
 // A policy of this slot is a type with
 //   using slot = ddp::sampler::slot;  static constexpr std::string_view name;
 //   static constexpr bool is_distributed;   // orders the data per epoch (no loader shuffle beside it)
-//   static std::size_t per_rank(std::size_t n, int world);   // indices each rank gets
-//   static std::vector<std::size_t> indices(std::size_t n, int rank, int world,
-//                                           std::uint64_t seed, std::uint64_t epoch);
+//   std::size_t per_rank(std::size_t n, int world) const;   // indices each rank gets
+//   std::vector<std::size_t> indices(std::size_t n, int rank, int world,
+//                                    std::uint64_t seed, std::uint64_t epoch) const;
 // and, when it pads (repeats samples so every rank gets as many), also
-//   static std::size_t real_count(std::size_t n, int rank, int world);
+//   std::size_t real_count(std::size_t n, int rank, int world) const;
 //        // how many of the rank's indices are samples; the rest, at the end of its list, padding
 //   static constexpr bool visits_every_sample = true;   // loaders keep a last partial batch
+// The functions may be static, or members of a sampler that carries state (a stratified
+// sampler's labels, a weighted one's weights): the trainer keeps the sampler as a value
+// (trainer.policy<ddp::sampler::slot>()), and calls it through that object.
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
@@ -132,12 +135,12 @@ struct slot {
 };
 
 template <class P>
-concept policy = requires(std::size_t n, int r, std::uint64_t u) {
+concept policy = requires(const P& p, std::size_t n, int r, std::uint64_t u) {
   requires std::same_as<typename P::slot, slot>;
   { P::name } -> std::convertible_to<std::string_view>;
   { P::is_distributed } -> std::convertible_to<bool>;
-  { P::per_rank(n, r) } -> std::convertible_to<std::size_t>;
-  { P::indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
+  { p.per_rank(n, r) } -> std::convertible_to<std::size_t>;
+  { p.indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
 };
 
 template <policy P>
@@ -147,21 +150,26 @@ constexpr bool visits_every_sample() {
 }
 
 template <policy P>
-std::size_t real_count(std::size_t n, int rank, int world) {
-  if constexpr (requires { { P::real_count(n, rank, world) } -> std::convertible_to<std::size_t>; })
-    return P::real_count(n, rank, world);
-  else return P::per_rank(n, world);
+std::size_t real_count(const P& p, std::size_t n, int rank, int world) {
+  if constexpr (requires { { p.real_count(n, rank, world) } -> std::convertible_to<std::size_t>; })
+    return p.real_count(n, rank, world);
+  else return p.per_rank(n, world);
 }
 
+// This rank's share of an epoch, as sampler `p` deals it.
 template <policy P>
-ddp::shard make_shard(std::size_t n, int rank, int world, std::uint64_t seed, std::uint64_t epoch) {
-  ddp::shard s{P::indices(n, rank, world, seed, epoch), {}, rank, visits_every_sample<P>()};
-  for (int r = 0; r < world; ++r) s.real_counts.push_back(real_count<P>(n, r, world));
+ddp::shard make_shard(const P& p, std::size_t n, int rank, int world, std::uint64_t seed, std::uint64_t epoch) {
+  ddp::shard s{p.indices(n, rank, world, seed, epoch), {}, rank, visits_every_sample<P>()};
+  for (int r = 0; r < world; ++r) s.real_counts.push_back(real_count(p, n, r, world));
   if (s.real_count() > s.indices.size())
     throw error("sampler", std::string(P::name), rank,
                 "real_count() is " + std::to_string(s.real_count()) + " but indices() gave " +
                     std::to_string(s.indices.size()) + " indices; real_count must not exceed them");
   return s;
+}
+template <policy P>
+ddp::shard make_shard(std::size_t n, int rank, int world, std::uint64_t seed, std::uint64_t epoch) {
+  return make_shard(P{}, n, rank, world, seed, epoch);
 }
 
 // A whole data set in order, every sample counted once at any world size: rank r's share as
@@ -173,9 +181,13 @@ inline ddp::shard evaluation_shard(std::size_t n, int rank, int world) {
 // Batches of `batch` per rank in one epoch: equal on every rank; a short last one counts when
 // the sampler visits every sample.
 template <policy P>
-std::size_t batches_per_epoch(std::size_t n, int world, std::size_t batch) {
-  const std::size_t m = P::per_rank(n, world);
+std::size_t batches_per_epoch(const P& p, std::size_t n, int world, std::size_t batch) {
+  const std::size_t m = p.per_rank(n, world);
   return visits_every_sample<P>() ? (m + batch - 1) / batch : m / batch;
+}
+template <policy P>
+std::size_t batches_per_epoch(std::size_t n, int world, std::size_t batch) {
+  return batches_per_epoch(P{}, n, world, batch);
 }
 
 template <class P>
@@ -184,13 +196,14 @@ consteval bool diagnose() {
                 "ddp: a policy in the sampler slot lacks `static constexpr std::string_view name`");
   static_assert(requires { { P::is_distributed } -> std::convertible_to<bool>; },
                 "ddp: a policy in the sampler slot lacks `static constexpr bool is_distributed`");
-  static_assert(requires(std::size_t n, int w) { { P::per_rank(n, w) } -> std::convertible_to<std::size_t>; },
-                "ddp: a policy in the sampler slot lacks `static std::size_t per_rank(std::size_t n, int world)`");
-  static_assert(requires(std::size_t n, int r, std::uint64_t u) {
-                  { P::indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
+  static_assert(requires(const P& p, std::size_t n, int w) { { p.per_rank(n, w) } -> std::convertible_to<std::size_t>; },
+                "ddp: a policy in the sampler slot lacks `std::size_t per_rank(std::size_t n, int world) const` "
+                "(or a static one)");
+  static_assert(requires(const P& p, std::size_t n, int r, std::uint64_t u) {
+                  { p.indices(n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
                 },
-                "ddp: a policy in the sampler slot lacks `static std::vector<std::size_t> indices(std::size_t n, "
-                "int rank, int world, std::uint64_t seed, std::uint64_t epoch)`");
+                "ddp: a policy in the sampler slot lacks `std::vector<std::size_t> indices(std::size_t n, "
+                "int rank, int world, std::uint64_t seed, std::uint64_t epoch) const` (or a static one)");
   return policy<P>;
 }
 

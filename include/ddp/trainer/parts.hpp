@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ddp/core/segment.hpp"
 #include "ddp/optim/optimizer.hpp"
@@ -156,18 +157,18 @@ struct optimizer_part {
 
 template <optim::optimizer O, class Device>
 struct optimizer_adapter final : optimizer_part<Device> {
-  explicit optimizer_adapter(O o) : optimizer(o) {}
-  O optimizer;
+  explicit optimizer_adapter(O o = {}) : policy(std::move(o)) {}
+  O policy;
   int state_slots() const noexcept override { return O::state_slots; }
-  float& learning_rate() noexcept override { return optimizer.lr; }
+  float& learning_rate() noexcept override { return policy.lr; }
   bool applies_update() const noexcept override { return optim::applies_update<O>(); }
   bool has_weight_decay() const noexcept override { return requires(O& o) { o.weight_decay = 0.0f; }; }
   std::optional<bool> rule_varies_with_step() const override {
     if constexpr (!optim::applies_update<O>()) {
       return false;
     } else if constexpr (std::equality_comparable<optim::rule_of<O>>) {
-      const auto first = optimizer.at(1);
-      return !(first == optimizer.at(2) && first == optimizer.at(1000));
+      const auto first = policy.at(1);
+      return !(first == policy.at(2) && first == policy.at(1000));
     } else {
       return std::nullopt;
     }
@@ -176,27 +177,16 @@ struct optimizer_adapter final : optimizer_part<Device> {
               std::int64_t step, const optim::parameter_group* group) override {
     if constexpr (optim::applies_update<O>()) {
       if (!group) {
-        dev.template elementwise<O::state_slots>(segments, grad, state, stride, optimizer.at(step));
+        dev.template elementwise<O::state_slots>(segments, grad, state, stride, policy.at(step));
         return;
       }
-      O grouped = optimizer;
+      O grouped = policy;
       grouped.lr *= group->lr_scale;
       if constexpr (requires(O& o) { o.weight_decay = 0.0f; })
         if (group->weight_decay) grouped.weight_decay = *group->weight_decay;
       dev.template elementwise<O::state_slots>(segments, grad, state, stride, grouped.at(step));
     }
   }
-};
-
-// What a core is given: its parts, owned by the trainer that derives from it.
-template <class Device>
-struct trainer_parts_ref {
-  buffer_sync_part& buffer_sync;
-  unused_params_part& unused_params;
-  update_part& update;
-  comm_hook_part<Device>& comm_hook;
-  const bucket_part& buckets;
-  optimizer_part<Device>& optimizer;
 };
 
 }  // namespace ddp::detail

@@ -48,151 +48,157 @@ struct trainer_options {
   std::uint64_t seed = 0;
 };
 
-using trainer_slots =
-    policy::slot_list<buffer_sync::slot, unused_params::slot, sampler::slot, bucket_cap_detail::slot, optim::slot,
-                      update::slot, comm_hook::slot, engine_detail::communicator_slot, engine_detail::device_slot>;
+using detail::trainer_slots;
 
 namespace detail {
 
-// Each slot's check; it fires before anything is built from the policy, with one message that
-// names the slot and the missing member.
 template <class Slot, class P>
-struct slot_check;
-template <class P>
-struct slot_check<buffer_sync::slot, P> : std::bool_constant<buffer_sync::diagnose<P>()> {};
-template <class P>
-struct slot_check<unused_params::slot, P> : std::bool_constant<unused_params::diagnose<P>()> {};
-template <class P>
-struct slot_check<update::slot, P> : std::bool_constant<update::diagnose<P>()> {};
-template <class P>
-struct slot_check<comm_hook::slot, P> : std::bool_constant<comm_hook::diagnose<P>()> {};
-template <class P>
-struct slot_check<bucket_cap_detail::slot, P> : std::bool_constant<bucket_cap_detail::diagnose<P>()> {};
-template <class P>
-struct slot_check<optim::slot, P> : std::bool_constant<optim::diagnose<P>()> {};
-template <class P>
-struct slot_check<sampler::slot, P> : std::bool_constant<sampler::diagnose<P>()> {};
+inline constexpr bool slot_accepts = slot_descriptor<Slot>::template check<P>();
 
-// Stands in for the core of a policy list that already failed with its slot's message.
+// Stands in for the core of a policy list that already failed with its slot's message: it takes
+// every call a program makes of a trainer, so that the slot's message is the only error.
+template <class Comm, class Device>
 struct invalid_core {
-  using communicator_type = invalid_core;
-  using device_type = invalid_core;
+  using communicator_type = Comm;
+  using device_type = Device;
   template <class... Args>
-  invalid_core(Args&&...) {}
+  explicit invalid_core(Args&&...) {}
+  template <class... Args>
+  void step(Args&&...) {}
+  template <class... Args>
+  void accumulate(Args&&...) {}
+  std::size_t join() { return 0; }
 };
 
-// Sorts the policies into their slots and checks each; the core is instantiated only for a
-// valid list.
-template <class Module, class... Policies>
-struct trainer_policies {
+// Sorts the policies into their slots and checks each, in the order of the slot list; the core
+// is instantiated only for a valid list.
+template <class Module, class List, class... Policies>
+struct sorted_policies;
+template <class Module, class... Slots, class... Policies>
+struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
   using resolved = policy::resolve<trainer_slots, Policies...>;
   static_assert(resolved::valid, "ddp: see the policy error above");
   template <class Slot>
   using get = typename resolved::template get<Slot>;
 
-  using buffer_sync = get<ddp::buffer_sync::slot>;
-  using unused_params = get<ddp::unused_params::slot>;
-  using sampler = get<ddp::sampler::slot>;
-  using buckets = get<bucket_cap_detail::slot>;
-  using optimizer = get<optim::slot>;
-  using update = get<ddp::update::slot>;
-  using comm_hook = get<ddp::comm_hook::slot>;
   using communicator = typename get<engine_detail::communicator_slot>::type;
   using device = typename get<engine_detail::device_slot>::type;
 
-  static constexpr bool valid =
-      engine_detail::diagnose_communicator_slot<communicator>() && engine_detail::diagnose_device_slot<device>() &&
-      slot_check<ddp::buffer_sync::slot, buffer_sync>::value && slot_check<ddp::unused_params::slot, unused_params>::value &&
-      slot_check<ddp::update::slot, update>::value && slot_check<ddp::comm_hook::slot, comm_hook>::value &&
-      slot_check<bucket_cap_detail::slot, buckets>::value &&
-      slot_check<optim::slot, optimizer>::value && slot_check<ddp::sampler::slot, sampler>::value;
+  // Each slot's check runs only once every slot before it passed: one message, the first.
+  template <class S, class... Rest>
+  static consteval bool check_in_order() {
+    if constexpr (!slot_accepts<S, get<S>>) return false;
+    else if constexpr (sizeof...(Rest) == 0) return true;
+    else return check_in_order<Rest...>();
+  }
+  static constexpr bool valid = resolved::valid && check_in_order<Slots...>();
+
   static constexpr bool needs_reports() {
-    if constexpr (requires { unused_params::needs_ready_reports; }) return unused_params::needs_ready_reports;
+    if constexpr (requires { get<unused_params::slot>::needs_ready_reports; })
+      return get<unused_params::slot>::needs_ready_reports;
     else return false;
   }
-  static_assert(!needs_reports() || reports_gradient_ready<Module>,
+  static_assert(!valid || !needs_reports() || reports_gradient_ready<Module>,
                 "ddp: this unused_params policy (forbid, the default; detect_each_step; static_graph; or one that "
                 "declares needs_ready_reports) and others like it need a module that reports ready gradients, "
                 "or an unused parameter would pass unseen: declare `static constexpr bool reports_gradient_ready = "
                 "true;` and call ready(i) in backward for every parameter that got a gradient; or, for a module "
                 "that cannot report, list ddp::unused_params::unchecked (every parameter counts as used).");
-  using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core>;
+  static constexpr bool external_fits_update() {
+    if constexpr (valid) return optim::applies_update<get<optim::slot>>() || !get<update::slot>::gathers_parameters;
+    else return true;
+  }
+  static_assert(external_fits_update(),
+                "ddp: optim::external leaves the update to your optimizer, which needs every parameter's averaged "
+                "gradient; under update::sharded a rank holds only its shard: use update::replicated");
+  using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
+
+  // The policy objects, one holder per slot (slots.hpp); a base of ddp::trainer, so that they
+  // exist before its core.
+  struct holders {
+    explicit holders(get<optim::slot> opt)
+        : all(holder_for<Slots>(opt)...) {}
+    template <class Slot>
+    using holder_type = typename slot_descriptor<Slot>::template holder<get<Slot>, device>;
+    template <class Slot>
+    static holder_type<Slot> holder_for(get<optim::slot>& opt) {
+      if constexpr (std::is_constructible_v<holder_type<Slot>, get<optim::slot>>) return holder_type<Slot>(std::move(opt));
+      else return holder_type<Slot>{};
+    }
+    std::tuple<holder_type<Slots>...> all;
+
+    template <class Slot>
+    auto& of() noexcept { return std::get<slot_index<Slot, Slots...>()>(all); }
+    template <class Slot>
+    const auto& of() const noexcept { return std::get<slot_index<Slot, Slots...>()>(all); }
+    trainer_parts_ref<device> parts() { return trainer_parts_ref<device>(all); }
+    // "slot=name, ..." of every described slot (`checkpoint`: those a checkpoint must match).
+    std::string describe(bool checkpoint) const {
+      return describe_policies({describe_slot<Slots>(checkpoint)...});
+    }
+    template <class Slot>
+    std::pair<std::string_view, std::string> describe_slot(bool checkpoint) const {
+      using d = slot_descriptor<Slot>;
+      if constexpr (d::described)
+        if (d::in_checkpoint || !checkpoint) return {Slot::name, d::describe(of<Slot>())};
+      return {Slot::name, std::string()};
+    }
+  };
+  // An invalid list has already failed with its slot's message: nothing is built from it.
+  struct no_holders {
+    explicit no_holders(get<optim::slot>) {}
+    std::nullptr_t parts() { return nullptr; }
+  };
+  using holder_base = std::conditional_t<valid, holders, no_holders>;
 };
 
-// "slot=name, slot=name, ...", written once for every trainer type; a slot with no name is left out.
-inline std::string describe_policies(std::initializer_list<std::pair<std::string_view, std::string_view>> slots) {
-  std::string s;
-  for (const auto& [slot, name] : slots)
-    if (!name.empty()) s.append(s.empty() ? "" : ", ").append(slot).append("=").append(name);
-  return s;
-}
-
-// The policy objects, one part each; a base of ddp::trainer so they exist before its core.
-template <class P, bool Valid = P::valid>
-struct trainer_part_holder {
-  trainer_part_holder(typename P::optimizer opt) : optimizer(std::move(opt)) {}
-  buffer_sync_adapter<typename P::buffer_sync> buffer_sync;
-  unused_params_adapter<typename P::unused_params> unused_params;
-  update_adapter<typename P::update> update;
-  comm_hook_adapter<typename P::comm_hook, typename P::device> comm_hook;
-  bucket_adapter<typename P::buckets> buckets;
-  optimizer_adapter<typename P::optimizer, typename P::device> optimizer;
-
-  trainer_parts_ref<typename P::device> parts() { return {buffer_sync, unused_params, update, comm_hook, buckets, optimizer}; }
-};
-// An invalid policy list has already failed with its slot's message: build nothing from it.
-template <class P>
-struct trainer_part_holder<P, false> {
-  trainer_part_holder(typename P::optimizer) {}
-};
+template <class Module, class... Policies>
+using trainer_policies = sorted_policies<Module, trainer_slots, Policies...>;
 
 }  // namespace detail
 
 template <class Module, class... Policies>
-class trainer : private detail::trainer_part_holder<detail::trainer_policies<Module, Policies...>>,
+class trainer : private detail::trainer_policies<Module, Policies...>::holder_base,
                 public detail::trainer_policies<Module, Policies...>::core {
   using policies = detail::trainer_policies<Module, Policies...>;
-  using holder = detail::trainer_part_holder<policies>;
+  using holder = typename policies::holder_base;
 
  public:
   using core_type = typename policies::core;
-  using buffer_sync_policy = typename policies::buffer_sync;
-  using unused_params_policy = typename policies::unused_params;
-  using sampler_policy = typename policies::sampler;
-  using bucket_policy = typename policies::buckets;
-  using optimizer_type = typename policies::optimizer;
-  using update_policy = typename policies::update;
-  using comm_hook_policy = typename policies::comm_hook;
+  // The policy in each slot (listed, or the slot's default).
+  template <class Slot>
+  using policy_type = typename policies::template get<Slot>;
+  using buffer_sync_policy = policy_type<buffer_sync::slot>;
+  using unused_params_policy = policy_type<unused_params::slot>;
+  using sampler_policy = policy_type<sampler::slot>;
+  using bucket_policy = policy_type<bucket_cap_detail::slot>;
+  using optimizer_type = policy_type<optim::slot>;
+  using update_policy = policy_type<update::slot>;
+  using comm_hook_policy = policy_type<comm_hook::slot>;
   using typename core_type::communicator_type;
   using typename core_type::device_type;
-  static_assert(optim::applies_update<optimizer_type>() || !update_policy::gathers_parameters,
-                "ddp: optim::external leaves the update to your optimizer, which needs every parameter's averaged "
-                "gradient; under update::sharded a rank holds only its shard: use update::replicated");
 
   trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
           trainer_options options = {})
       : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), options_(options) {}
 
   // The optimizer's hyper-parameters; changes apply from the next step (schedules).
-  optimizer_type& optimizer() noexcept { return holder::optimizer.optimizer; }
-  const optimizer_type& optimizer() const noexcept { return holder::optimizer.optimizer; }
-  // The policy object in `Slot` (a user policy's settings, say); changes apply from the next call.
+  optimizer_type& optimizer() noexcept { return policy<optim::slot>(); }
+  const optimizer_type& optimizer() const noexcept { return holder::template of<optim::slot>().policy; }
+  // The policy object in `Slot` (a user policy's settings, a sampler's state); changes apply from
+  // the next call. Engine slots name types and hold no object.
   template <class Slot>
   auto& policy() noexcept {
-    if constexpr (std::is_same_v<Slot, buffer_sync::slot>) return holder::buffer_sync.policy;
-    else if constexpr (std::is_same_v<Slot, unused_params::slot>) return holder::unused_params.policy;
-    else if constexpr (std::is_same_v<Slot, update::slot>) return holder::update.policy;
-    else if constexpr (std::is_same_v<Slot, comm_hook::slot>) return holder::comm_hook.policy;
-    else if constexpr (std::is_same_v<Slot, bucket_cap_detail::slot>) return holder::buckets.policy;
-    else if constexpr (std::is_same_v<Slot, optim::slot>) return holder::optimizer.optimizer;
-    else static_assert(std::is_same_v<Slot, buffer_sync::slot>, "ddp: policy<Slot>(): no such slot in a trainer");
+    static_assert(requires { holder::template of<Slot>().policy; },
+                  "ddp: policy<Slot>(): this slot holds no policy object (the engine slots name a type)");
+    return holder::template of<Slot>().policy;
   }
 
   // This rank's share of the next epoch (its indices, and which are padding); the trainer
   // advances the epoch itself (P4).
   shard next_epoch_shard(std::size_t dataset_size) {
     const auto& comm = this->communicator();
-    return sampler::make_shard<sampler_policy>(dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
+    return sampler::make_shard(current_sampler(), dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
   }
   std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
     return next_epoch_shard(dataset_size).indices;
@@ -207,7 +213,7 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
   // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
   // batch counts when the sampler visits every sample).
   std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const {
-    return sampler::batches_per_epoch<sampler_policy>(dataset_size, this->communicator().size(), batch);
+    return sampler::batches_per_epoch(current_sampler(), dataset_size, this->communicator().size(), batch);
   }
 
   // Checkpoints: everything this run needs to continue, bitwise as if it had not stopped:
@@ -234,40 +240,18 @@ class trainer : private detail::trainer_part_holder<detail::trainer_policies<Mod
     epoch_length_.reset();
   }
 
-  // "slot=name, ..." of the policy types.
-  static std::string describe_policies() {
-    return describe_slots(/*with_communicator=*/true, type_hook_name());
-  }
+  // "slot=name, ..." of the policy types (as default-constructed).
+  static std::string describe_policies() { return holder(optimizer_type{}).describe(/*checkpoint=*/false); }
   // The same, with choices made at run time (the hook a comm_hook::one_of selected).
-  std::string describe() const { return describe_slots(/*with_communicator=*/true, hook_name()); }
+  std::string describe() const { return holder::describe(/*checkpoint=*/false); }
 
  private:
   core_type& core() noexcept { return *this; }
+  const sampler_policy& current_sampler() const noexcept { return holder::template of<sampler::slot>().policy; }
 
-  // The plain reduction goes unnamed, so that a trainer reads, and its checkpoints match, as one
-  // without a hook.
-  static std::string unless_none(std::string hook) { return comm_hook::is_plain(hook) ? std::string() : hook; }
-  static std::string type_hook_name() { return unless_none(std::string(comm_hook_policy::name)); }
-  std::string hook_name() const {
-    if constexpr (requires { holder::comm_hook.policy.describe(); })
-      return unless_none(holder::comm_hook.policy.describe());
-    else return type_hook_name();
-  }
-
-  // "slot=name, ..." of every slot; a checkpoint must match all but the communicator (a run
-  // saved in-process may go on under mpirun).
-  static std::string describe_slots(bool with_communicator, const std::string& hook) {
-    const std::string bucket_cap = bucket_policy{}.describe();
-    return detail::describe_policies({{"buffer_sync", buffer_sync_policy::name},
-                                      {"unused_params", unused_params_policy::name},
-                                      {"bucket_cap", bucket_cap},
-                                      {"optimizer", optimizer_type::name},
-                                      {"update", update_policy::name},
-                                      {"comm_hook", hook},
-                                      {"communicator", with_communicator ? communicator_type::backend_name : ""},
-                                      {"sampler", sampler_policy::name}});
-  }
-  std::string checkpoint_policies() const { return describe_slots(/*with_communicator=*/false, hook_name()); }
+  // A checkpoint must match every slot but the communicator (a run saved in-process may go on
+  // under mpirun).
+  std::string checkpoint_policies() const { return holder::describe(/*checkpoint=*/true); }
   detail::run_position position() const {
     const std::uint64_t taken = this->micro_batches_run() - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,

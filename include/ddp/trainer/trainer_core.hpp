@@ -1,22 +1,15 @@
 #pragma once
 // ddp::trainer_core<Module, Comm, Device>: the step's orchestration, compiled once per module,
-// communicator and device whatever the policies. The policies come in as parts
-// (trainer/parts.hpp) that ddp::trainer (trainer.hpp) owns; the state they work on lives in the
-// components the core owns, each in its own header:
-//
-//   parameter_table   the module's tensors, checked at construction (same device, same model)
-//   master_weights    f32 copies of bf16/f16 parameters (empty for an f32 module)
-//   gradient_reducer  buckets, ready tracking, launch order, the control channel, hook state
-//   update_stage      micro-batch scaling, clipping, groups, the optimizer and its state
-//   step_observer     timeline and overlap
-//   buffer_set        the buffers, kept in sync by the buffer-sync policy
+// communicator and device whatever the policies (their parts: trainer/parts.hpp, by slot in
+// trainer/slots.hpp). The state lives in the components the core owns (docs/design.md):
+// parameter_table, master_weights, buffer_set, gradient_reducer, update_stage, step_observer.
 //
 //   step(): [buffer sync] -> forward(s) -> backward -> ready reports -> reducer launches buckets
 //           -> reduce -> unused-parameter rule -> update stage -> [gather] -> masters rounded
 //
 // A step may run any number of forwards and backwards (each backward pops the innermost
 // forward); gradients are averaged over ranks and micro-batches, so the update equals one step
-// on the concatenated global batch. Each component writes and checks its own checkpoint sections.
+// on the concatenated global batch.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -37,7 +30,7 @@
 #include "ddp/trainer/master_weights.hpp"
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/parameter_table.hpp"
-#include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/slots.hpp"
 #include "ddp/trainer/step_counts.hpp"
 #include "ddp/trainer/step_observer.hpp"
 #include "ddp/trainer/storage_return.hpp"
@@ -84,15 +77,15 @@ class trainer_core {
   // then broadcasts rank 0's parameters and buffers.
   trainer_core(Module& module, Comm& comm, Device& dev, parts_type parts)
       : module_(module), comm_(comm), device_(dev), parts_(parts),
-        params_(module, comm, dev, parts.optimizer.applies_update()),
+        params_(module, comm, dev, optimizer_part().applies_update()),
         masters_(dev, params_),
         buffers_(comm, dev, params_.buffers()),
-        reducer_(comm, dev, params_, parts.buckets.plan(params_.numels()),
-                 {parts.unused_params, parts.update, parts.comm_hook, observer_, steps_, reports,
-                  binds_gradient_storage<Module>, binds_values(parts)}),
-        update_(comm, dev, parts.optimizer, parts.update, params_, reducer_.buckets()),
-        storage_(module, params_, binds_values(parts)) {
-    parts_.buffer_sync.prepare(sync_context_);
+        reducer_(comm, dev, params_, bucket_part().plan(params_.numels()),
+                 {unused_part(), update_part(), hook_part(), observer_, steps_, reports,
+                  binds_gradient_storage<Module>, binds_values()}),
+        update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets()),
+        storage_(module, params_, binds_values()) {
+    sync_part().prepare(sync_context_);
     params_.broadcast(comm_);
     masters_.copy_from_module();
     buffers_.broadcast(0);
@@ -161,7 +154,7 @@ class trainer_core {
   // same running statistics (buffer_sync::none leaves each rank's own). Collective.
   void synchronize_buffers() {
     auto span = observer_.phase("buffer sync", steps_);
-    parts_.buffer_sync.synchronize(sync_context_);
+    sync_part().synchronize(sync_context_);
   }
 
   // A reduced evaluation over a whole data set, every sample counted once at any world size
@@ -176,7 +169,7 @@ class trainer_core {
   const Comm& communicator() const noexcept { return comm_; }
   Device& device() noexcept { return device_; }
   // The optimizer's learning rate, for schedules (ddp::trainer::optimizer() has the rest).
-  float& learning_rate() noexcept { return parts_.optimizer.learning_rate(); }
+  float& learning_rate() noexcept { return optimizer_part().learning_rate(); }
   std::uint64_t steps() const noexcept { return steps_; }
   std::size_t bucket_count() const noexcept { return reducer_.buckets().size(); }
   std::vector<std::size_t> bucket_sizes() const { return reducer_.bucket_sizes(); }
@@ -257,8 +250,8 @@ class trainer_core {
  private:
   // A module that binds parameter storage keeps its values in the gathered copy, unless it has
   // 16-bit parameters: their f32 masters live in the trainer, and every value is copied in and out.
-  bool binds_values(const parts_type& parts) const {
-    return binds_parameter_storage<Module> && parts.update.gathers_parameters() && params_.half_floats() == 0;
+  bool binds_values() const {
+    return binds_parameter_storage<Module> && update_part().gathers_parameters() && params_.half_floats() == 0;
   }
 
   detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
@@ -266,6 +259,14 @@ class trainer_core {
     steps_ = c.steps, micro_batches_run_ = c.micro_batches;
     update_.set_update_counts(std::move(c.update_counts));
   }
+
+  // The parts this core calls, by slot (trainer/slots.hpp).
+  auto& sync_part() const noexcept { return parts_.template get<buffer_sync::slot>(); }
+  auto& unused_part() const noexcept { return parts_.template get<unused_params::slot>(); }
+  auto& bucket_part() const noexcept { return parts_.template get<bucket_cap_detail::slot>(); }
+  auto& optimizer_part() const noexcept { return parts_.template get<optim::slot>(); }
+  auto& update_part() const noexcept { return parts_.template get<update::slot>(); }
+  auto& hook_part() const noexcept { return parts_.template get<comm_hook::slot>(); }
 
   [[noreturn]] void fail(const char* operation, const std::string& what) const {
     throw error("trainer", operation, comm_.rank(), what);
@@ -322,7 +323,7 @@ class trainer_core {
                       "forward-backward pair its own accumulate() and end with step()");
     {
       auto span = observer_.phase("buffer sync", steps_);
-      parts_.buffer_sync.before_forward(sync_context_);
+      sync_part().before_forward(sync_context_);
     }
     ++forwards_;
     ++tape_depth_;
@@ -334,7 +335,7 @@ class trainer_core {
     if (tape_depth_ == 0)
       fail("backward", "backward without a pending forward in this step: call replica.forward before each "
                        "replica.backward");
-    buffers_.check_saved(parts_.buffer_sync.name());
+    buffers_.check_saved(sync_part().name());
     const bool last = tape_depth_ == 1 && final_;
     sent_ = sent_ || last;
     in_final_backward_ = last;
@@ -393,7 +394,7 @@ class trainer_core {
     return guarded("join", [&] {
       auto span = observer_.phase("shadow step (join)", steps_);
       reducer_.set_shadowing(true);
-      parts_.buffer_sync.before_forward(sync_context_);  // as the active ranks' first forward
+      sync_part().before_forward(sync_context_);  // as the active ranks' first forward
       final_ = true;
       reducer_.reduce_all();
       const float mean_micro_batches = reducer_.read_control(update_.update_mask());

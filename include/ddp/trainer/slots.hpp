@@ -1,0 +1,218 @@
+#pragma once
+// The trainer's slots, each declared once. A slot's name, default and concept live with its
+// policies (ddp/policy/*.hpp, ddp/optim, ddp/sampler); its descriptor here says what the trainer
+// does with a policy in it:
+//
+//   check<P>()         the slot's diagnosis: one static_assert message per missing member
+//   holder<P, Device>  the object the trainer keeps for the policy (its `policy` member is what
+//                      trainer.policy<Slot>() returns): a part adapter (trainer/parts.hpp) that
+//                      the core's components call, or the policy alone
+//   part<Device>       the interface the core sees (void: the core never calls the slot)
+//   description        the policy's name in describe(), and whether checkpoints compare it
+//
+// The trainer's slot sorting, checks, policy objects, descriptions and the parts handed to its
+// core iterate `trainer_slots`. A new slot: its descriptor here and its place in the list, a part
+// and adapter in parts.hpp when the core calls it, and the component that uses it.
+#include <cstddef>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "ddp/optim/optimizer.hpp"
+#include "ddp/policy/bucket_cap.hpp"
+#include "ddp/policy/buffer_sync.hpp"
+#include "ddp/policy/comm_hook.hpp"
+#include "ddp/policy/engine.hpp"
+#include "ddp/policy/slots.hpp"
+#include "ddp/policy/unused_params.hpp"
+#include "ddp/policy/update.hpp"
+#include "ddp/sampler/sampler.hpp"
+#include "ddp/trainer/parts.hpp"
+
+namespace ddp::detail {
+
+// A policy the core never calls (a sampler: the trainer deals the epochs itself).
+template <class P>
+struct policy_holder {
+  P policy;
+};
+// An engine slot names a type (`choice::type`); the trainer keeps no object for it.
+template <class P>
+struct engine_holder {
+  using choice = P;
+};
+
+template <class Slot>
+struct slot_descriptor;
+
+// The common case: described by the policy's name, compared by checkpoints.
+struct named_description {
+  static constexpr bool described = true;
+  static constexpr bool in_checkpoint = true;
+  template <class H>
+  static std::string describe(const H&) {
+    return std::string(decltype(std::declval<const H&>().policy)::name);
+  }
+};
+
+template <>
+struct slot_descriptor<buffer_sync::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return buffer_sync::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = buffer_sync_adapter<P>;
+  template <class Device>
+  using part = buffer_sync_part;
+};
+
+template <>
+struct slot_descriptor<unused_params::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return unused_params::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = unused_params_adapter<P>;
+  template <class Device>
+  using part = unused_params_part;
+};
+
+template <>
+struct slot_descriptor<bucket_cap_detail::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return bucket_cap_detail::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = bucket_adapter<P>;
+  template <class Device>
+  using part = const bucket_part;
+  template <class H>
+  static std::string describe(const H& h) { return h.policy.describe(); }
+};
+
+template <>
+struct slot_descriptor<optim::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return optim::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = optimizer_adapter<P, Device>;
+  template <class Device>
+  using part = optimizer_part<Device>;
+};
+
+template <>
+struct slot_descriptor<update::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return update::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = update_adapter<P>;
+  template <class Device>
+  using part = update_part;
+};
+
+// The plain reduction goes unnamed, so that a trainer reads, and its checkpoints match, as one
+// without a hook; a hook chosen at run time (comm_hook::one_of) describes its choice.
+template <>
+struct slot_descriptor<comm_hook::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return comm_hook::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = comm_hook_adapter<P, Device>;
+  template <class Device>
+  using part = comm_hook_part<Device>;
+  template <class H>
+  static std::string describe(const H& h) {
+    std::string hook;
+    if constexpr (requires { h.policy.describe(); }) hook = h.policy.describe();
+    else hook = std::string(decltype(h.policy)::name);
+    return comm_hook::is_plain(hook) ? std::string() : hook;
+  }
+};
+
+// A run saved in-process may go on under mpirun: checkpoints do not compare the communicator.
+template <>
+struct slot_descriptor<engine_detail::communicator_slot> {
+  template <class P>
+  static consteval bool check() { return engine_detail::diagnose_communicator_slot<typename P::type>(); }
+  template <class P, class Device>
+  using holder = engine_holder<P>;
+  template <class Device>
+  using part = void;
+  static constexpr bool described = true;
+  static constexpr bool in_checkpoint = false;
+  template <class H>
+  static std::string describe(const H&) { return std::string(H::choice::type::backend_name); }
+};
+
+template <>
+struct slot_descriptor<sampler::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return sampler::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = policy_holder<P>;
+  template <class Device>
+  using part = void;
+};
+
+template <>
+struct slot_descriptor<engine_detail::device_slot> {
+  template <class P>
+  static consteval bool check() { return engine_detail::diagnose_device_slot<typename P::type>(); }
+  template <class P, class Device>
+  using holder = engine_holder<P>;
+  template <class Device>
+  using part = void;
+  static constexpr bool described = false;
+  static constexpr bool in_checkpoint = false;
+};
+
+// In the order describe() lists them (checkpoints compare that text).
+using trainer_slots =
+    policy::slot_list<buffer_sync::slot, unused_params::slot, bucket_cap_detail::slot, optim::slot, update::slot,
+                      comm_hook::slot, engine_detail::communicator_slot, sampler::slot, engine_detail::device_slot>;
+
+template <class Slot, class... Slots>
+constexpr std::size_t slot_index() {
+  constexpr bool found[] = {std::is_same_v<Slot, Slots>...};
+  for (std::size_t i = 0; i < sizeof...(Slots); ++i)
+    if (found[i]) return i;
+  return sizeof...(Slots);
+}
+
+// What a core is given: the part of every slot the core calls, by slot.
+template <class Device, class List = trainer_slots>
+class trainer_parts_ref;
+template <class Device, class... Slots>
+class trainer_parts_ref<Device, policy::slot_list<Slots...>> {
+ public:
+  template <class Holders>
+    requires(!std::is_same_v<std::remove_cvref_t<Holders>, trainer_parts_ref>)
+  explicit trainer_parts_ref(Holders& holders)
+      : parts_(pointer_to<Slots>(std::get<slot_index<Slots, Slots...>()>(holders))...) {}
+
+  template <class Slot>
+  auto& get() const noexcept {
+    return *std::get<slot_index<Slot, Slots...>()>(parts_);
+  }
+
+ private:
+  template <class Slot>
+  using part_pointer = typename slot_descriptor<Slot>::template part<Device>*;
+  template <class Slot, class H>
+  static part_pointer<Slot> pointer_to(H& holder) {
+    if constexpr (std::is_void_v<typename slot_descriptor<Slot>::template part<Device>>) return nullptr;
+    else return &holder;
+  }
+
+  std::tuple<part_pointer<Slots>...> parts_;
+};
+
+// "slot=name, slot=name, ...", written once for every trainer type; a slot with no name is left out.
+inline std::string describe_policies(std::initializer_list<std::pair<std::string_view, std::string>> slots) {
+  std::string s;
+  for (const auto& [slot, name] : slots)
+    if (!name.empty()) s.append(s.empty() ? "" : ", ").append(slot).append("=").append(name);
+  return s;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,32 @@
+# One compile-fail case: the compiler must refuse it with the message its first line expects
+# (`// expect: <regular expression>`), and, where its second line says `// errors: N`, with
+# exactly N errors, so that a wrong policy gets its one message and nothing after it.
+#   cmake -DCOMPILER=c++ -DSOURCE=case.cpp "-DFLAGS=-std=gnu++20;-I..." -P check.cmake
+file(STRINGS ${SOURCE} head LIMIT_COUNT 2)
+list(GET head 0 first)
+string(REGEX REPLACE "^// expect: " "" expected "${first}")
+set(errors "")
+list(LENGTH head lines)
+if(lines GREATER 1)
+  list(GET head 1 second)
+  if(second MATCHES "^// errors: ([0-9]+)")
+    set(errors ${CMAKE_MATCH_1})
+  endif()
+endif()
+execute_process(COMMAND ${COMPILER} -fsyntax-only ${FLAGS} ${SOURCE}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(all "${out}${err}")
+if(rc EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} compiled, but must not:\n${all}")
+endif()
+if(NOT all MATCHES "${expected}")
+  message(FATAL_ERROR "${SOURCE}: the compiler did not say what the case expects (${expected}):\n${all}")
+endif()
+if(NOT errors STREQUAL "")
+  string(REGEX MATCHALL ": error: " found "${all}")
+  list(LENGTH found count)
+  if(NOT count EQUAL errors)
+    message(FATAL_ERROR "${SOURCE}: ${count} compiler errors where the case expects ${errors}:\n${all}")
+  endif()
+endif()
+message(STATUS "${SOURCE}: refused as expected")
