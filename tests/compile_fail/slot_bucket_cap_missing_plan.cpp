@@ -5,7 +5,7 @@
 #include "support/build_and_step.hpp"
 
 struct cap_only {
-  using slot = ddp::bucket_cap_detail::slot;
+  using slot = ddp::buckets::slot;
   static constexpr std::string_view name = "cap_only";
   static constexpr std::size_t bytes = 1 << 20;
   std::string describe() const { return "1 MiB"; }

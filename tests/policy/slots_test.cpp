@@ -9,7 +9,7 @@
 
 namespace {
 using slots = ddp::policy::slot_list<ddp::buffer_sync::slot, ddp::unused_params::slot,
-                                     ddp::bucket_cap_detail::slot>;
+                                     ddp::buckets::slot>;
 template <class... Ps>
 using resolved = ddp::policy::resolve<slots, Ps...>;
 }  // namespace
@@ -19,7 +19,7 @@ TEST_CASE("empty slots take their defaults") {
   static_assert(r::valid);
   static_assert(std::is_same_v<r::get<ddp::buffer_sync::slot>, ddp::buffer_sync::broadcast_once_per_step>);
   static_assert(std::is_same_v<r::get<ddp::unused_params::slot>, ddp::unused_params::forbid>);
-  static_assert(r::get<ddp::bucket_cap_detail::slot>::bytes == 25u << 20);
+  static_assert(r::get<ddp::buckets::slot>::bytes == 25u << 20);
   CHECK(r::valid);
 }
 
@@ -30,7 +30,7 @@ TEST_CASE("policies are sorted into slots whatever their order") {
                      ddp::unused_params::static_graph>;
   static_assert(std::is_same_v<a::get<ddp::buffer_sync::slot>, b::get<ddp::buffer_sync::slot>>);
   static_assert(std::is_same_v<a::get<ddp::unused_params::slot>, ddp::unused_params::static_graph>);
-  static_assert(a::get<ddp::bucket_cap_detail::slot>::bytes == 1024);
+  static_assert(a::get<ddp::buckets::slot>::bytes == 1024);
   CHECK(a::valid);
 }
 

@@ -57,7 +57,7 @@ struct log_unused : ddp::unused_params::detect_each_step {
 // this with 1 MiB), then the usual cap.
 template <std::size_t First, std::size_t Rest>
 struct small_first_bucket {
-  using slot = ddp::bucket_cap_detail::slot;
+  using slot = ddp::buckets::slot;
   static constexpr std::string_view name = "small_first_bucket";
   ddp::bucket_plan plan(std::span<const std::size_t> numels) const {
     return ddp::plan_buckets(numels, [](std::size_t bucket) { return bucket == 0 ? First : Rest; });

@@ -191,7 +191,7 @@ namespace {
 enum class plan_fault { shared_slot, short_slots, past_bucket, listed_twice };
 template <plan_fault Fault>
 struct faulty_plan {
-  using slot = ddp::bucket_cap_detail::slot;
+  using slot = ddp::buckets::slot;
   static constexpr std::string_view name = "faulty_plan";
   ddp::bucket_plan plan(std::span<const std::size_t> numels) const {
     auto p = ddp::plan_buckets(numels, [](std::size_t) { return std::size_t{1} << 20; });  // one bucket

@@ -7,13 +7,13 @@
 //   bucket_cap<Bytes>   every bucket holds at most Bytes (default 25 MiB, as PyTorch).
 //
 // A policy of this slot is a type with
-//   using slot = ddp::bucket_cap_detail::slot;  static constexpr std::string_view name;
+//   using slot = ddp::buckets::slot;  static constexpr std::string_view name;
 //   ddp::bucket_plan plan(std::span<const std::size_t> numels) const;  // floats per parameter
 //   std::string describe() const;
 // ddp::plan_buckets(numels, cap_of) builds the usual plan from a cap per bucket index, e.g.
 // PyTorch's small first bucket (so the first reduction starts early):
 //   struct small_first_bucket {
-//     using slot = ddp::bucket_cap_detail::slot;
+//     using slot = ddp::buckets::slot;
 //     static constexpr std::string_view name = "small_first_bucket";
 //     ddp::bucket_plan plan(std::span<const std::size_t> numels) const {
 //       return ddp::plan_buckets(numels, [](std::size_t b) { return b == 0 ? 1u << 20 : 25u << 20; });
@@ -32,7 +32,7 @@
 
 namespace ddp {
 
-namespace bucket_cap_detail {
+namespace buckets {
 struct slot;
 }
 
@@ -80,7 +80,7 @@ bucket_plan plan_buckets(std::span<const std::size_t> numels, CapOf cap_of) {
 template <std::size_t Bytes>
 struct bucket_cap {
   static_assert(Bytes >= 4, "ddp: bucket_cap must hold at least one float (4 bytes)");
-  using slot = bucket_cap_detail::slot;
+  using slot = buckets::slot;
   static constexpr std::string_view name = "bucket_cap";
   static constexpr std::size_t bytes = Bytes;
   bucket_plan plan(std::span<const std::size_t> numels) const {
@@ -94,7 +94,7 @@ struct bucket_cap {
   }
 };
 
-namespace bucket_cap_detail {
+namespace buckets {
 struct slot {
   static constexpr std::string_view name = "bucket_cap";
   using default_policy = bucket_cap<std::size_t{25} << 20>;  // 25 MiB, as PyTorch
@@ -121,6 +121,9 @@ consteval bool diagnose() {
                 "ddp: a policy in the bucket_cap slot lacks `std::string describe() const`");
   return policy<P>;
 }
-}  // namespace bucket_cap_detail
+}  // namespace buckets
+
+// The slot's former namespace, kept so that policies written against it still compile.
+namespace bucket_cap_detail = buckets;
 
 }  // namespace ddp

@@ -20,24 +20,24 @@ namespace host {
 class device;
 }
 
-namespace engine_detail {
+namespace engine {
 struct communicator_slot;
 struct device_slot;
-}  // namespace engine_detail
+}  // namespace engine
 
 template <class C>
 struct use_communicator {
-  using slot = engine_detail::communicator_slot;
+  using slot = engine::communicator_slot;
   using type = C;
 };
 
 template <class D>
 struct use_device {
-  using slot = engine_detail::device_slot;
+  using slot = engine::device_slot;
   using type = D;
 };
 
-namespace engine_detail {
+namespace engine {
 struct communicator_slot {
   static constexpr std::string_view name = "communicator";
   using default_policy = use_communicator<inproc::communicator>;
@@ -70,6 +70,9 @@ consteval bool diagnose_device_slot() {
   if constexpr (complete<D>) return diagnose_device<D>();
   else return false;
 }
-}  // namespace engine_detail
+}  // namespace engine
+
+// The slots' former namespace, kept so that code naming them still compiles.
+namespace engine_detail = engine;
 
 }  // namespace ddp

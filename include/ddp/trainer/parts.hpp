@@ -130,7 +130,7 @@ struct bucket_part {
   ~bucket_part() = default;
 };
 
-template <bucket_cap_detail::policy P>
+template <buckets::policy P>
 struct bucket_adapter final : bucket_part {
   P policy;
   bucket_plan plan(std::span<const std::size_t> numels) const override { return policy.plan(numels); }

@@ -79,9 +79,9 @@ struct slot_descriptor<unused_params::slot> : named_description {
 };
 
 template <>
-struct slot_descriptor<bucket_cap_detail::slot> : named_description {
+struct slot_descriptor<buckets::slot> : named_description {
   template <class P>
-  static consteval bool check() { return bucket_cap_detail::diagnose<P>(); }
+  static consteval bool check() { return buckets::diagnose<P>(); }
   template <class P, class Device>
   using holder = bucket_adapter<P>;
   template <class Device>
@@ -131,9 +131,9 @@ struct slot_descriptor<comm_hook::slot> : named_description {
 
 // A run saved in-process may go on under mpirun: checkpoints do not compare the communicator.
 template <>
-struct slot_descriptor<engine_detail::communicator_slot> {
+struct slot_descriptor<engine::communicator_slot> {
   template <class P>
-  static consteval bool check() { return engine_detail::diagnose_communicator_slot<typename P::type>(); }
+  static consteval bool check() { return engine::diagnose_communicator_slot<typename P::type>(); }
   template <class P, class Device>
   using holder = engine_holder<P>;
   template <class Device>
@@ -155,9 +155,9 @@ struct slot_descriptor<sampler::slot> : named_description {
 };
 
 template <>
-struct slot_descriptor<engine_detail::device_slot> {
+struct slot_descriptor<engine::device_slot> {
   template <class P>
-  static consteval bool check() { return engine_detail::diagnose_device_slot<typename P::type>(); }
+  static consteval bool check() { return engine::diagnose_device_slot<typename P::type>(); }
   template <class P, class Device>
   using holder = engine_holder<P>;
   template <class Device>
@@ -168,8 +168,8 @@ struct slot_descriptor<engine_detail::device_slot> {
 
 // In the order describe() lists them (checkpoints compare that text).
 using trainer_slots =
-    policy::slot_list<buffer_sync::slot, unused_params::slot, bucket_cap_detail::slot, optim::slot, update::slot,
-                      comm_hook::slot, engine_detail::communicator_slot, sampler::slot, engine_detail::device_slot>;
+    policy::slot_list<buffer_sync::slot, unused_params::slot, buckets::slot, optim::slot, update::slot,
+                      comm_hook::slot, engine::communicator_slot, sampler::slot, engine::device_slot>;
 
 template <class Slot, class... Slots>
 constexpr std::size_t slot_index() {

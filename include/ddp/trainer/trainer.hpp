@@ -81,8 +81,8 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
   template <class Slot>
   using get = typename resolved::template get<Slot>;
 
-  using communicator = typename get<engine_detail::communicator_slot>::type;
-  using device = typename get<engine_detail::device_slot>::type;
+  using communicator = typename get<engine::communicator_slot>::type;
+  using device = typename get<engine::device_slot>::type;
 
   // Each slot's check runs only once every slot before it passed: one message, the first.
   template <class S, class... Rest>
@@ -171,7 +171,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   using buffer_sync_policy = policy_type<buffer_sync::slot>;
   using unused_params_policy = policy_type<unused_params::slot>;
   using sampler_policy = policy_type<sampler::slot>;
-  using bucket_policy = policy_type<bucket_cap_detail::slot>;
+  using bucket_policy = policy_type<buckets::slot>;
   using optimizer_type = policy_type<optim::slot>;
   using update_policy = policy_type<update::slot>;
   using comm_hook_policy = policy_type<comm_hook::slot>;

@@ -263,7 +263,7 @@ class trainer_core {
   // The parts this core calls, by slot (trainer/slots.hpp).
   auto& sync_part() const noexcept { return parts_.template get<buffer_sync::slot>(); }
   auto& unused_part() const noexcept { return parts_.template get<unused_params::slot>(); }
-  auto& bucket_part() const noexcept { return parts_.template get<bucket_cap_detail::slot>(); }
+  auto& bucket_part() const noexcept { return parts_.template get<buckets::slot>(); }
   auto& optimizer_part() const noexcept { return parts_.template get<optim::slot>(); }
   auto& update_part() const noexcept { return parts_.template get<update::slot>(); }
   auto& hook_part() const noexcept { return parts_.template get<comm_hook::slot>(); }
