@@ -53,33 +53,47 @@ struct log_unused : ddp::unused_params::detect_each_step {
 };
 // [end doc]
 
+// [doc: policies.md]
+#include <ddp/policy/bucket_cap.hpp>
+
 // Buckets: a small first bucket, so the first reduction starts early in backward (PyTorch does
 // this with 1 MiB), then the usual cap.
 template <std::size_t First, std::size_t Rest>
 struct small_first_bucket {
   using slot = ddp::buckets::slot;
   static constexpr std::string_view name = "small_first_bucket";
+  // Which parameters go in which bucket, and where: plan_buckets fills buckets in reverse
+  // parameter order, a new one when the next parameter would pass the cap (here per bucket).
   ddp::bucket_plan plan(std::span<const std::size_t> numels) const {
     return ddp::plan_buckets(numels, [](std::size_t bucket) { return bucket == 0 ? First : Rest; });
   }
+  // How describe() and checkpoints name the plan.
   std::string describe() const { return std::to_string(First) + " B, then " + std::to_string(Rest) + " B"; }
 };
+// [end doc]
+
+// [doc: policies.md]
+#include <ddp/policy/update.hpp>
 
 // Update: sharded, each shard starting on a 4 KiB page instead of a cache line.
 struct page_sharded {
   using slot = ddp::update::slot;
   static constexpr std::string_view name = "page_sharded";
+  // The buckets keep a gathered copy of the parameters (all_gather_parameters needs it).
   static constexpr bool gathers_parameters = true;
+  // This rank's part of a bucket of `numel` floats: equal shards, rank r's at r * shard, and
+  // padded = shard * ranks, as the all_gather lays them out (the trainer checks it).
   ddp::update::layout plan(std::size_t numel, int rank, int ranks) const {
     constexpr std::size_t page = 1024;  // floats
     const auto n = static_cast<std::size_t>(ranks);
     const std::size_t shard = (numel + n * page - 1) / (n * page) * page;
     return {shard, static_cast<std::size_t>(rank) * shard, shard * n};
   }
-  void reduce(ddp::update::bucket_ops& b) { b.reduce_scatter_gradients(); }
-  void after_update(ddp::update::bucket_ops& b) { b.all_gather_parameters(); }
-  void finish(ddp::update::bucket_ops& b) { b.finish_parameters(); }
+  void reduce(ddp::update::bucket_ops& b) { b.reduce_scatter_gradients(); }  // gradients ready
+  void after_update(ddp::update::bucket_ops& b) { b.all_gather_parameters(); }  // this shard updated
+  void finish(ddp::update::bucket_ops& b) { b.finish_parameters(); }  // before step() returns
 };
+// [end doc]
 
 // Sampler: rank r takes the r-th block of the data, newest last-first (no shuffle, drops the tail).
 struct reversed_blocks {
@@ -94,6 +108,28 @@ struct reversed_blocks {
     return out;
   }
 };
+
+// [doc: policies.md]
+#include <ddp/sampler/sampler.hpp>
+
+// Sampler: every k-th sample, dealt round-robin; k is the sampler's own state, set through
+// trainer.policy<ddp::sampler::slot>().k.
+struct every_kth {
+  using slot = ddp::sampler::slot;
+  static constexpr std::string_view name = "every_kth";
+  static constexpr bool is_distributed = false;  // no per-epoch order: a loader may shuffle
+  std::size_t k = 1;
+  // How many indices each rank gets: the same on every rank.
+  std::size_t per_rank(std::size_t n, int world) const { return n / k / static_cast<std::size_t>(world); }
+  // This rank's indices in an epoch (seed and epoch would seed a shuffle).
+  std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t, std::uint64_t) const {
+    std::vector<std::size_t> out;
+    for (std::size_t j = 0; j < per_rank(n, world); ++j)
+      out.push_back((static_cast<std::size_t>(rank) + static_cast<std::size_t>(world) * j) * k);
+    return out;
+  }
+};
+// [end doc]
 
 // [doc: policies.md]
 #include <ddp/policy/comm_hook.hpp>

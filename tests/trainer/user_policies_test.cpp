@@ -302,31 +302,11 @@ TEST_CASE("a module with an empty parameter trains as the same module without it
   CHECK(run(std::true_type{}, ddp::update::sharded{}) == run(std::false_type{}, ddp::update::sharded{}));
 }
 
-namespace {
-
-// A sampler with state of its own: every k-th sample, dealt round-robin; k is set on the
-// trainer's sampler object.
-struct every_kth {
-  using slot = ddp::sampler::slot;
-  static constexpr std::string_view name = "every_kth";
-  static constexpr bool is_distributed = false;
-  std::size_t k = 1;
-  std::size_t per_rank(std::size_t n, int world) const { return n / k / static_cast<std::size_t>(world); }
-  std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t, std::uint64_t) const {
-    std::vector<std::size_t> out;
-    for (std::size_t j = 0; j < per_rank(n, world); ++j)
-      out.push_back((static_cast<std::size_t>(rank) + static_cast<std::size_t>(world) * j) * k);
-    return out;
-  }
-};
-
-}  // namespace
-
 TEST_CASE("a sampler is a value: the trainer deals the epochs through its own sampler object, state included") {
   const auto dealt = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
     auto model = test::make_mlp(1);
     ddp::host::device dev;
-    ddp::trainer<test::mlp, every_kth> trainer(model, comm, dev);
+    ddp::trainer<test::mlp, user::every_kth> trainer(model, comm, dev);
     trainer.policy<ddp::sampler::slot>().k = 3;
     CHECK(trainer.steps_per_epoch(30, 2) == 2);  // 5 indices a rank, whole batches of 2
     return trainer.next_epoch_indices(30);
