@@ -4,7 +4,7 @@
 
 #include "support/build_and_step.hpp"
 
-// An optimizer without an element rule: before, a user optimizer fell into the AdamW branch.
+// An optimizer without an element rule: refused with its slot's one message.
 struct rule_less {
   using slot = ddp::optim::slot;
   static constexpr std::string_view name = "rule_less";

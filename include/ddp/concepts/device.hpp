@@ -23,7 +23,7 @@
 //        rule(p, grad[offset + i], s) with s[k] at state[k * stride + offset + i], k < S
 //   void synchronize();                                   host waits for the queue to drain
 //   std::optional<ddp::device_id> locate(const void*) const;  where memory really lives, when
-//                                                        the device can tell (P3 checks)
+//                                                        the device can tell (the same-device check)
 #include <concepts>
 #include <cstddef>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // The loader concept: what trainer.epoch(loader) asks of a loader.
 //
 //   static constexpr bool shuffles_itself;   // true when it reorders data on its own (then it
-//                                             // cannot sit beside a distributed sampler: P4)
+//                                             // cannot sit beside a distributed sampler)
 //   std::size_t dataset_size() const;         // the sampler draws indices in [0, dataset_size())
 //   range batches(const ddp::shard& shard) const;
 //        // this rank's batches for one epoch, from its indices in the sampler's order, knowing

@@ -174,7 +174,7 @@ class device {
   }
 
   // Where `p` lives according to the driver: a device pointer names its GPU, anything else is
-  // host memory (P3 checks compare this with the rank's device).
+  // host memory (the same-device check compares this with the rank's device).
   std::optional<device_id> locate(const void* p) const {
     cudaPointerAttributes attr{};
     check(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes", site_);

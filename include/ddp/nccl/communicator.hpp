@@ -21,7 +21,7 @@
 // aborted, so it is visible by the time the stream gets past the collective. abort(reason) does
 // the same from this rank.
 //
-// P3: every buffer's pointer attributes are checked against the communicator's GPU before the
+// Every buffer's pointer attributes are checked against the communicator's GPU before the
 // collective is queued; a mismatch names the buffer and both devices.
 #include <nccl.h>
 
@@ -492,7 +492,7 @@ class communicator {
     if (!ok) throw error("nccl", op, rank(), what);
   }
 
-  // P3: NCCL moves memory of its own GPU only; anything else fails inside NCCL with a message
+  // NCCL moves memory of its own GPU only; anything else fails inside NCCL with a message
   // that names neither the buffer nor the devices.
   void check_memory(const void* p, std::size_t bytes, const char* what, const char* op) const {
     if (bytes == 0) return;

@@ -135,7 +135,7 @@ class buffer {
   buffer(std::string name, std::size_t n, T fill = T{})
       : buffer(std::move(name), shape_t{static_cast<std::int64_t>(n)}, fill) {}
   // An N-dimensional buffer (a running covariance, a count per class and step, ...): its shape
-  // travels in the buffer_ref, so the P5 signature compares it across ranks.
+  // travels in the buffer_ref, so the same-model signature compares it across ranks.
   buffer(std::string name, shape_t shape, T fill = T{})
       : name_(std::move(name)), shape_(std::move(shape)), data_(numel_of(shape_), fill) {}
 

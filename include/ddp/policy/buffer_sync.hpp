@@ -4,7 +4,7 @@
 //   none                      buffers stay per rank; no communication.
 //   broadcast_each_forward    rank 0's buffers are broadcast before every forward (PyTorch's
 //                             broadcast_buffers=True). A backward that still needs a buffer an
-//                             intervening broadcast overwrote is reported by name (P1).
+//                             intervening broadcast overwrote is reported by name.
 //   broadcast_once_per_step   rank 0's buffers are broadcast once, before the step's first
 //                             forward. Any number of forwards per step is safe. The default.
 //   average_once_per_step     before the first forward, floating buffers are averaged over the
@@ -18,7 +18,7 @@
 // and optionally `void prepare(ddp::buffer_sync::context&)`, run once at construction (check the
 // buffers suit the policy there). The context's operations are collectives: every rank must make
 // the same calls, so decide from what every rank knows alike (the step, the forward's index).
-// The trainer bumps the version of every buffer an operation overwrites; the P1 check then
+// The trainer bumps the version of every buffer an operation overwrites; the check of saved buffers then
 // names a buffer a pending backward still needed.
 //
 //   struct every_k_steps {                       // written outside the library

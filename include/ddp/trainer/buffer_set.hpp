@@ -1,6 +1,6 @@
 #pragma once
 // The module's buffers as the trainer keeps them in sync: the operations a buffer-sync policy
-// calls (broadcast, average), each one collective per group of buffers, and the P1 check that a
+// calls (broadcast, average), each one collective per group of buffers, and the check that a
 // backward reads each buffer it saved as its forward saw it.
 #include <algorithm>
 #include <cstdint>
@@ -75,7 +75,7 @@ class buffer_set {
   // Throws, naming the buffer, unless average() can average every floating buffer.
   void require_averageable() { build_average_groups(); }
 
-  // P1: a backward must read each buffer it saved as its forward saw it. `policy` names the
+  // A backward must read each buffer it saved as its forward saw it. `policy` names the
   // buffer-sync policy in the message.
   void check_saved(std::string_view policy) const {
     for (const auto& b : entries_) {
@@ -122,7 +122,7 @@ class buffer_set {
     integral_.emplace(std::move(integral));
   }
 
-  // Runs a collective over a group of buffers, then bumps their versions (the P1 check).
+  // Runs a collective over a group of buffers, then bumps their versions (for the check of what a pending backward saved).
   template <class Collective>
   void overwrite(buffer_group<Device>& group, Collective collective) {
     group.apply(collective);

@@ -15,7 +15,7 @@
 
 namespace ddp::detail {
 
-// P3: every parameter, gradient and buffer must live on this rank's device.
+// Every parameter, gradient and buffer must live on this rank's device.
 template <communicator C, device D>
 void check_devices(C& comm, D& dev, const std::vector<parameter_ref>& params, const std::vector<buffer_ref>& buffers) {
   const device_id mine = dev.id();
@@ -57,7 +57,7 @@ void check_shared_storage(C& comm, D& dev, const std::vector<parameter_ref>& par
   agree_or_throw(comm, dev, problem, "construct", "the module lists one storage under two names");
 }
 
-// P5's input: every parameter's and buffer's kind, name, dtype and shape, in order.
+// The same-model check's input: every parameter's and buffer's kind, name, dtype and shape, in order.
 inline std::vector<signature_entry> signature_of(const std::vector<parameter_ref>& params,
                                                  const std::vector<buffer_ref>& buffers) {
   std::vector<signature_entry> s;

@@ -28,7 +28,7 @@ struct signature_entry {
 };
 
 // Two lists of entries compared in order: the first position where they differ, each side's
-// entry there ("nothing" past its end). P5's check and a checkpoint's refusals name it.
+// entry there ("nothing" past its end). The same-model check and a checkpoint's refusals name it.
 struct list_difference {
   std::size_t index;
   std::string first, second;

@@ -195,7 +195,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   }
 
   // This rank's share of the next epoch (its indices, and which are padding); the trainer
-  // advances the epoch itself (P4).
+  // advances the epoch itself, so no epoch repeats the last one's order.
   shard next_epoch_shard(std::size_t dataset_size) {
     const auto& comm = this->communicator();
     return sampler::make_shard(current_sampler(), dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
@@ -204,7 +204,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     return next_epoch_shard(dataset_size).indices;
   }
   // Batches of a loader for the next epoch (a loader that shuffles on its own cannot be
-  // combined with a distributed sampler, which already shuffles per epoch: P4).
+  // combined with a distributed sampler, which already shuffles per epoch).
   template <class Loader>
   auto epoch(Loader& loader) {
     if constexpr (diagnose_loader<Loader>()) return epoch_checked(loader);

@@ -1,6 +1,6 @@
 #pragma once
 // Storage of one layer's parameter and buffer in GPU memory, with the views the module concept
-// hands out (tensor_refs that say which GPU they are on, for the P3 check).
+// hands out (tensor_refs that say which GPU they are on, for the same-device check).
 #include <cstdint>
 #include <span>
 #include <stdexcept>
