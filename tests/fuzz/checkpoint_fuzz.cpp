@@ -10,7 +10,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     const auto f = ddp::detail::checkpoint_file::decode(std::span(data, size), "input");
-    // What load_checkpoint and trainer_core::read_state read; each may be missing or mis-sized.
+    // What load_checkpoint and the trainer state (trainer/state_io.hpp) read; each may be missing or mis-sized.
     for (const char* name : {"format", "world", "steps", "signature", "buckets"}) try {
         (void)f.text(name);
         (void)f.number(name);

@@ -1,6 +1,6 @@
 #pragma once
 // Saving and loading a whole run (ddp::trainer::save / load): the core's state (parameters,
-// buffers, optimizer state, counts; trainer_core::write_state) and the trainer's position (the
+// buffers, optimizer state, counts; trainer/state_io.hpp) and the trainer's position (the
 // sampler's seed and epoch, the batches already taken in it), every rank's file in one step
 // directory, committed by LATEST once every rank's file is on disk (checkpoint_file.hpp).
 // Written once for every trainer over the same core, whatever the policies.
@@ -56,7 +56,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
     f.set_text("epochs_started", std::to_string(pos.epochs_started));
     f.set_text("batches_in_epoch", std::to_string(pos.batches_in_epoch));
     f.set_text("epoch_finished", pos.epoch_finished ? "1" : "0");
-    core.write_state(f);
+    core.checkpoint_state("save").write(f);
     std::filesystem::create_directories(dir / step);
     write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
   } catch (const std::exception& e) {
@@ -130,13 +130,13 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
                       " ranks: the rest of that epoch's order is cut for the old world. Resume at world size " +
                       std::to_string(world) + ", or save at the end of an epoch to change the world size");
     for (const auto& file : files)
-      if (auto why = core.check_state(file)) throw error("trainer", "load", comm.rank(), *why);
+      if (auto why = core.checkpoint_state("load").check(file)) throw error("trainer", "load", comm.rank(), *why);
   } catch (const std::exception& e) {
     problem = e.what();
   }
   agree_or_throw(comm, dev, problem, "load",
                  "the checkpoint in '" + dir.string() + "' cannot be loaded; the trainer is unchanged");
-  core.read_state(files, own);
+  core.checkpoint_state("load").read(files, own);
   return saved;
 }
 

@@ -31,6 +31,7 @@
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/slots.hpp"
+#include "ddp/trainer/state_io.hpp"
 #include "ddp/trainer/step_counts.hpp"
 #include "ddp/trainer/step_observer.hpp"
 #include "ddp/trainer/storage_return.hpp"
@@ -214,37 +215,11 @@ class trainer_core {
   // The captured step was queued once more.
   void replayed(const captured_step& added) { set_counts(counts() += added); }
 
-  // ---- checkpoints (ddp::trainer::save and load write and read the files) -------------------
-
-  // This rank's state, each component's sections: the model's signature and parameters, the
-  // buffers, the bucket layout and the hook's state, the optimizer's state and update counts.
-  void write_state(detail::checkpoint_file& f) {
-    between_steps("save");
-    f.set_text("steps", std::to_string(steps_));
-    params_.write_state(f, device_);
-    buffers_.write_state(f);
-    reducer_.write_state(f);
-    update_.write_state(f);
-  }
-  // Why `f` cannot be loaded into this trainer, or nothing. Reads only.
-  std::optional<std::string> check_state(const detail::checkpoint_file& f) const {
-    if (auto why = params_.check_state(f)) return why;
-    if (auto why = reducer_.check_buckets(f)) return why;
-    if (auto why = update_.check_state(f)) return why;
-    return reducer_.check_hook_state(f);
-  }
-  // Loads the state that `files` hold: `own` is the file whose parameters, buffers and counts
-  // this rank takes; the optimizer state may be cut for another world size (re-cut here).
-  void read_state(const std::vector<detail::checkpoint_file>& files, std::size_t own) {
-    between_steps("load");
-    params_.read_state(files[own], device_);
-    reducer_.stage_values();
-    masters_.round_into_module();
-    buffers_.read_state(files[own]);
-    update_.read_state(files, own, reducer_.buckets());
-    steps_ = files[own].number("steps");
-    reducer_.read_state(files);
-    device_.synchronize();
+  // This rank's state for a checkpoint, each component's sections (trainer/state_io.hpp);
+  // between steps.
+  detail::trainer_state<Comm, Device> checkpoint_state(const char* operation) {
+    between_steps(operation);
+    return {device_, params_, masters_, buffers_, reducer_, update_, steps_};
   }
 
  private:
