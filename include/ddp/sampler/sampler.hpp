@@ -155,6 +155,10 @@ std::size_t real_count(const P& p, std::size_t n, int rank, int world) {
     return p.real_count(n, rank, world);
   else return p.per_rank(n, world);
 }
+template <policy P>
+std::size_t real_count(std::size_t n, int rank, int world) {
+  return real_count(P{}, n, rank, world);
+}
 
 // This rank's share of an epoch, as sampler `p` deals it.
 template <policy P>

@@ -37,6 +37,7 @@ namespace ddp::detail {
 // A policy the core never calls (a sampler: the trainer deals the epochs itself).
 template <class P>
 struct policy_holder {
+  policy_holder() : policy() {}
   P policy;
 };
 // An engine slot names a type (`choice::type`); the trainer keeps no object for it.
@@ -48,14 +49,16 @@ struct engine_holder {
 template <class Slot>
 struct slot_descriptor;
 
-// The common case: described by the policy's name, compared by checkpoints.
+// The common case: described by the policy type's name, compared by checkpoints.
+// describe_type<P>() describes the type; describe<P>(holder) what the trainer holds (the same,
+// unless a policy chooses at run time).
 struct named_description {
   static constexpr bool described = true;
   static constexpr bool in_checkpoint = true;
-  template <class H>
-  static std::string describe(const H&) {
-    return std::string(decltype(std::declval<const H&>().policy)::name);
-  }
+  template <class P>
+  static std::string describe_type() { return std::string(P::name); }
+  template <class P, class H>
+  static std::string describe(const H&) { return describe_type<P>(); }
 };
 
 template <>
@@ -86,8 +89,11 @@ struct slot_descriptor<buckets::slot> : named_description {
   using holder = bucket_adapter<P>;
   template <class Device>
   using part = const bucket_part;
-  template <class H>
-  static std::string describe(const H& h) { return h.policy.describe(); }
+  // The plan's text, from the type (as the plan was built), whatever the held object is now.
+  template <class P>
+  static std::string describe_type() { return P{}.describe(); }
+  template <class P, class H>
+  static std::string describe(const H&) { return describe_type<P>(); }
 };
 
 template <>
@@ -120,13 +126,14 @@ struct slot_descriptor<comm_hook::slot> : named_description {
   using holder = comm_hook_adapter<P, Device>;
   template <class Device>
   using part = comm_hook_part<Device>;
-  template <class H>
+  template <class P>
+  static std::string describe_type() { return unless_plain(std::string(P::name)); }
+  template <class P, class H>
   static std::string describe(const H& h) {
-    std::string hook;
-    if constexpr (requires { h.policy.describe(); }) hook = h.policy.describe();
-    else hook = std::string(decltype(h.policy)::name);
-    return comm_hook::is_plain(hook) ? std::string() : hook;
+    if constexpr (requires { h.policy.describe(); }) return unless_plain(h.policy.describe());
+    else return describe_type<P>();
   }
+  static std::string unless_plain(std::string hook) { return comm_hook::is_plain(hook) ? std::string() : hook; }
 };
 
 // A run saved in-process may go on under mpirun: checkpoints do not compare the communicator.
@@ -140,8 +147,10 @@ struct slot_descriptor<engine::communicator_slot> {
   using part = void;
   static constexpr bool described = true;
   static constexpr bool in_checkpoint = false;
-  template <class H>
-  static std::string describe(const H&) { return std::string(H::choice::type::backend_name); }
+  template <class P>
+  static std::string describe_type() { return std::string(P::type::backend_name); }
+  template <class P, class H>
+  static std::string describe(const H&) { return describe_type<P>(); }
 };
 
 template <>
@@ -171,6 +180,19 @@ using trainer_slots =
     policy::slot_list<buffer_sync::slot, unused_params::slot, buckets::slot, optim::slot, update::slot,
                       comm_hook::slot, engine::communicator_slot, sampler::slot, engine::device_slot>;
 
+// One slot's holder as a base of the trainer's holders, built in place (a policy need not be
+// movable): from the optimizer when it is the optimizer's, else value-initialised.
+template <class Slot, class H>
+struct slot_holder {
+  template <class O>
+    requires std::is_constructible_v<H, O&&>
+  explicit slot_holder(O&& o) : held(std::forward<O>(o)) {}
+  template <class O>
+    requires(!std::is_constructible_v<H, O &&>)
+  explicit slot_holder(O&&) : held() {}
+  H held;
+};
+
 template <class Slot, class... Slots>
 constexpr std::size_t slot_index() {
   constexpr bool found[] = {std::is_same_v<Slot, Slots>...};
@@ -187,8 +209,7 @@ class trainer_parts_ref<Device, policy::slot_list<Slots...>> {
  public:
   template <class Holders>
     requires(!std::is_same_v<std::remove_cvref_t<Holders>, trainer_parts_ref>)
-  explicit trainer_parts_ref(Holders& holders)
-      : parts_(pointer_to<Slots>(std::get<slot_index<Slots, Slots...>()>(holders))...) {}
+  explicit trainer_parts_ref(Holders& holders) : parts_(pointer_to<Slots>(holders.template of<Slots>())...) {}
 
   template <class Slot>
   auto& get() const noexcept {

@@ -113,26 +113,23 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "gradient; under update::sharded a rank holds only its shard: use update::replicated");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
+  template <class Slot>
+  using holder_type = typename slot_descriptor<Slot>::template holder<get<Slot>, device>;
+
   // The policy objects, one holder per slot (slots.hpp); a base of ddp::trainer, so that they
   // exist before its core.
-  struct holders {
-    explicit holders(get<optim::slot> opt)
-        : all(holder_for<Slots>(opt)...) {}
-    template <class Slot>
-    using holder_type = typename slot_descriptor<Slot>::template holder<get<Slot>, device>;
-    template <class Slot>
-    static holder_type<Slot> holder_for(get<optim::slot>& opt) {
-      if constexpr (std::is_constructible_v<holder_type<Slot>, get<optim::slot>>) return holder_type<Slot>(std::move(opt));
-      else return holder_type<Slot>{};
-    }
-    std::tuple<holder_type<Slots>...> all;
+  struct holders : slot_holder<Slots, holder_type<Slots>>... {
+    explicit holders(get<optim::slot>&& opt) : slot_holder<Slots, holder_type<Slots>>(std::move(opt))... {}
 
     template <class Slot>
-    auto& of() noexcept { return std::get<slot_index<Slot, Slots...>()>(all); }
+    static constexpr bool has = slot_index<Slot, Slots...>() < sizeof...(Slots);
     template <class Slot>
-    const auto& of() const noexcept { return std::get<slot_index<Slot, Slots...>()>(all); }
-    trainer_parts_ref<device> parts() { return trainer_parts_ref<device>(all); }
-    // "slot=name, ..." of every described slot (`checkpoint`: those a checkpoint must match).
+    auto& of() noexcept { return static_cast<slot_holder<Slot, holder_type<Slot>>&>(*this).held; }
+    template <class Slot>
+    const auto& of() const noexcept { return static_cast<const slot_holder<Slot, holder_type<Slot>>&>(*this).held; }
+    trainer_parts_ref<device> parts() { return trainer_parts_ref<device>(*this); }
+    // "slot=name, ..." of every described slot as the trainer holds them (`checkpoint`: only
+    // those a checkpoint must match).
     std::string describe(bool checkpoint) const {
       return describe_policies({describe_slot<Slots>(checkpoint)...});
     }
@@ -140,13 +137,21 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
     std::pair<std::string_view, std::string> describe_slot(bool checkpoint) const {
       using d = slot_descriptor<Slot>;
       if constexpr (d::described)
-        if (d::in_checkpoint || !checkpoint) return {Slot::name, d::describe(of<Slot>())};
+        if (d::in_checkpoint || !checkpoint) return {Slot::name, d::template describe<get<Slot>>(of<Slot>())};
       return {Slot::name, std::string()};
+    }
+    // The same of the policy types, without building them.
+    static std::string describe_types() {
+      return describe_policies({std::pair<std::string_view, std::string>{Slots::name, [] {
+        if constexpr (slot_descriptor<Slots>::described)
+          return slot_descriptor<Slots>::template describe_type<get<Slots>>();
+        else return std::string();
+      }()}...});
     }
   };
   // An invalid list has already failed with its slot's message: nothing is built from it.
   struct no_holders {
-    explicit no_holders(get<optim::slot>) {}
+    explicit no_holders(get<optim::slot>&&) {}
     std::nullptr_t parts() { return nullptr; }
   };
   using holder_base = std::conditional_t<valid, holders, no_holders>;
@@ -188,12 +193,15 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // The policy object in `Slot` (a user policy's settings, a sampler's state); changes apply from
   // the next call. Engine slots name types and hold no object.
   template <class Slot>
-  auto& policy() noexcept {
-    static_assert(requires { holder::template of<Slot>().policy; },
-                  "ddp: policy<Slot>(): this slot holds no policy object (the engine slots name a type)");
-    return holder::template of<Slot>().policy;
+  decltype(auto) policy() noexcept {
+    constexpr bool listed = holder::template has<Slot>;
+    static_assert(listed, "ddp: policy<Slot>(): no such slot in a trainer");
+    if constexpr (listed) {
+      constexpr bool holds = requires { holder::template of<Slot>().policy; };
+      static_assert(holds, "ddp: policy<Slot>(): this slot holds no policy object (the engine slots name a type)");
+      if constexpr (holds) return (holder::template of<Slot>().policy);
+    }
   }
-
   // This rank's share of the next epoch (its indices, and which are padding); the trainer
   // advances the epoch itself, so no epoch repeats the last one's order.
   shard next_epoch_shard(std::size_t dataset_size) {
@@ -240,8 +248,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     epoch_length_.reset();
   }
 
-  // "slot=name, ..." of the policy types (as default-constructed).
-  static std::string describe_policies() { return holder(optimizer_type{}).describe(/*checkpoint=*/false); }
+  // "slot=name, ..." of the policy types.
+  static std::string describe_policies() { return holder::describe_types(); }
   // The same, with choices made at run time (the hook a comm_hook::one_of selected).
   std::string describe() const { return holder::describe(/*checkpoint=*/false); }
 
