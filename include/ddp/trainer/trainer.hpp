@@ -197,7 +197,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     constexpr bool listed = holder::template has<Slot>;
     static_assert(listed, "ddp: policy<Slot>(): no such slot in a trainer");
     if constexpr (listed) {
-      constexpr bool holds = requires { holder::template of<Slot>().policy; };
+      constexpr bool holds = requires(typename policies::template holder_type<Slot>& h) { h.policy; };
       static_assert(holds, "ddp: policy<Slot>(): this slot holds no policy object (the engine slots name a type)");
       if constexpr (holds) return (holder::template of<Slot>().policy);
     }
