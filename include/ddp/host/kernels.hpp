@@ -219,12 +219,12 @@ void reduce_to_all(std::span<const T* const> sources, std::span<T* const> target
 
 inline void pack(std::span<const segment> segments, float* bucket) {
   for (const auto& s : segments)
-    if (bucket + s.offset != s.tensor) std::memcpy(bucket + s.offset, s.tensor, s.count * 4);
+    if (s.count && bucket + s.offset != s.tensor) std::memcpy(bucket + s.offset, s.tensor, s.count * 4);  // an empty tensor may have no storage
 }
 
 inline void unpack(std::span<const segment> segments, const float* bucket) {
   for (const auto& s : segments)
-    if (bucket + s.offset != s.tensor) std::memcpy(s.tensor, bucket + s.offset, s.count * 4);
+    if (s.count && bucket + s.offset != s.tensor) std::memcpy(s.tensor, bucket + s.offset, s.count * 4);
 }
 
 // One optimizer rule (ddp/optim/optimizer.hpp) over n elements with S state slots, each its own
