@@ -35,10 +35,6 @@ class buffer_set {
     for (const auto& b : buffers) add(b);
   }
 
-  void add(const buffer_ref& b) {
-    entries_.push_back({b.name, b.value, b.version, 0});
-    all_.add(b.value);
-  }
   const std::vector<entry>& entries() const noexcept { return entries_; }
 
   // Checkpoint sections "buffer/<name>": each buffer's bytes.
@@ -99,6 +95,11 @@ class buffer_set {
   }
 
  private:
+  void add(const buffer_ref& b) {
+    entries_.push_back({b.name, b.value, b.version, 0});
+    all_.add(b.value);
+  }
+
   void build_average_groups() {
     if (integral_) return;
     std::vector<buffer_group<Device>> groups;

@@ -63,8 +63,10 @@ class update_stage {
   }
 
   void run(std::span<bucket_type> buckets, float mean_micro_batches, const step_observer& observer, std::uint64_t step) {
-    if (mean_micro_batches != 1.0f)
-      for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), 1.0f / mean_micro_batches);
+    if (mean_micro_batches != 1.0f) {
+      const float inverse = 1.0f / mean_micro_batches;
+      for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
+    }
     if (max_gradient_norm_ > 0.0f) clip(buckets);
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
