@@ -161,7 +161,7 @@ TEST_CASE("zero_gradients inside a step, or after accumulate() without step(), i
     const auto batch = data(0, per_rank_batch, 0, per_rank_batch);
     trainer.accumulate([&](auto& replica) { discriminator_backward(replica, batch.real, batch.real); });
     CHECK_THROWS_WITH(trainer.zero_gradients(),
-                      doctest::Contains("would discard 1 micro-batch(es) of gradients; call it between steps"));
+                      doctest::Contains("1 accumulate() micro-batch(es) have no step(); finish them with step() before zero_gradients()"));
   });
 }
 

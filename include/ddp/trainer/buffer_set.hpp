@@ -147,10 +147,10 @@ class buffer_set {
 template <communicator Comm, device Device>
 class buffer_sync_context final : public buffer_sync::context {
  public:
-  buffer_sync_context(buffer_set<Comm, Device>& buffers, const std::uint64_t& step, const std::size_t& forwards)
-      : buffers_(buffers), step_(step), forwards_(forwards) {}
+  buffer_sync_context(buffer_set<Comm, Device>& buffers, const std::uint64_t& step, const std::size_t& forward_index)
+      : buffers_(buffers), step_(step), forward_index_(forward_index) {}
   std::uint64_t step() const noexcept override { return step_; }
-  std::size_t forward_index() const noexcept override { return forwards_; }
+  std::size_t forward_index() const noexcept override { return forward_index_; }
   void broadcast_buffers(int root) override { buffers_.broadcast(root); }
   void average_buffers() override { buffers_.average(); }
   void require_averageable() override { buffers_.require_averageable(); }
@@ -158,7 +158,7 @@ class buffer_sync_context final : public buffer_sync::context {
  private:
   buffer_set<Comm, Device>& buffers_;
   const std::uint64_t& step_;
-  const std::size_t& forwards_;
+  const std::size_t& forward_index_;
 };
 
 }  // namespace ddp::detail

@@ -151,11 +151,6 @@ class gradient_reducer {
 
   // A module that cannot report counts every parameter as used.
   void mark_all_used() { std::fill(used_.begin(), used_.end(), 1); }
-  // The first parameter that got no gradient in this step, if any.
-  std::optional<std::size_t> first_unused() const {
-    const auto it = std::find(used_.begin(), used_.end(), 0);
-    return it == used_.end() ? std::nullopt : std::optional<std::size_t>(it - used_.begin());
-  }
 
   // Launches the buckets backward has not, then waits for every bucket's reduction.
   void reduce_all() {
@@ -166,6 +161,31 @@ class gradient_reducer {
       for (auto& bk : buckets_) bk.complete_reduction();
     }
     w_.observer.record_reductions(buckets_, w_.steps, w_.update.name(), w_.hook.name());
+  }
+
+  // For what runs between steps only: join() (their gradients would go in with nothing to count
+  // them) and zero_gradients() (it would discard them).
+  void require_no_micro_batches(const char* operation) const {
+    if (micro_batches_ != 0)
+      throw error("trainer", operation, comm_.rank(),
+                  std::to_string(micro_batches_) + " accumulate() micro-batch(es) have no step(); finish them with "
+                  "step() before " + operation + "(), between steps");
+  }
+
+  // A captured step reads nothing on the host, so the control floats neither go nor come back:
+  // each replay is this one micro-batch on every rank (the mean is 1), and every parameter must
+  // get a gradient in it, as every replay then updates every one.
+  void reduce_captured_step() {
+    if (micro_batches_ != 1)
+      throw error("trainer", "capture", comm_.rank(),
+                  "the captured step ran " + std::to_string(micro_batches_) +
+                      " micro-batches; a captured step is one forward-backward pair and its update");
+    if (const auto it = std::find(used_.begin(), used_.end(), 0); it != used_.end())
+      throw error("trainer", "capture", comm_.rank(),
+                  "parameter '" + params_.name(it - used_.begin()) + "' got no gradient in the captured step, but "
+                  "every replay updates every parameter: capture a step that uses them all, or run such steps "
+                  "uncaptured");
+    reduce_all();
   }
 
   // The averaged control floats are equal on every rank, so every rank decides alike: returns

@@ -10,21 +10,19 @@
 // A step may run any number of forwards and backwards (each backward pops the innermost
 // forward); gradients are averaged over ranks and micro-batches, so the update equals one step
 // on the concatenated global batch.
-#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/module.hpp"
 #include "ddp/trainer/buffer_set.hpp"
-#include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/evaluation.hpp"
 #include "ddp/trainer/gradient_reducer.hpp"
 #include "ddp/trainer/master_weights.hpp"
@@ -33,9 +31,10 @@
 #include "ddp/trainer/slots.hpp"
 #include "ddp/trainer/state_io.hpp"
 #include "ddp/trainer/step_counts.hpp"
+#include "ddp/trainer/step_guard.hpp"
 #include "ddp/trainer/step_observer.hpp"
+#include "ddp/trainer/step_tape.hpp"
 #include "ddp/trainer/storage_return.hpp"
-#include "ddp/trainer/timeline.hpp"
 #include "ddp/trainer/update_stage.hpp"
 
 namespace ddp {
@@ -116,11 +115,7 @@ class trainer_core {
   // how many steps this rank shadowed. Collective. The peers' steps must issue the collectives of
   // one forward: every buffer-sync policy but broadcast_each_forward with several forwards.
   std::size_t join() {
-    if (reducer_.micro_batches() != 0)  // their gradients would go in with nothing to count them
-      guarded("join", [&] {
-        fail("join", std::to_string(reducer_.micro_batches()) +
-                         " accumulate() micro-batch(es) have no step(); finish them with step() before join()");
-      });
+    guard_.run("join", [&] { reducer_.require_no_micro_batches("join"); });
     std::size_t shadowed = 0;
     while (shadow_step()) ++shadowed;
     return shadowed;
@@ -139,10 +134,7 @@ class trainer_core {
   // this trainer's steps: the discriminator of a GAN, which the generator's step backpropagates
   // through, then holds gradients that are not its own step's (PyTorch: D.zero_grad()).
   void zero_gradients() {
-    if (reducer_.micro_batches() != 0)
-      fail("zero_gradients", "called inside a step or after accumulate() without step(): it would discard " +
-                                 std::to_string(reducer_.micro_batches()) + " micro-batch(es) of gradients; call it "
-                                 "between steps");
+    reducer_.require_no_micro_batches("zero_gradients");
     reducer_.zero_gradients();
   }
 
@@ -191,7 +183,7 @@ class trainer_core {
   // Why this trainer's step cannot be captured now, or nothing: each component says what of its
   // own decides on the host per step.
   std::optional<std::string> capture_refusal() const {
-    if (broken_) return "the trainer is unusable after a failed step: " + *broken_;
+    if (auto why = guard_.refusal()) return why;
     if (reducer_.micro_batches() != 0) return "accumulate() micro-batches are waiting for their step(); capture between steps";
     if (auto why = update_.capture_refusal()) return why;
     return reducer_.capture_refusal();
@@ -247,36 +239,17 @@ class trainer_core {
     throw error("trainer", operation, comm_.rank(), what);
   }
   void between_steps(const char* operation) const {
-    if (reducer_.micro_batches() != 0 || in_final_backward_)
+    if (reducer_.micro_batches() != 0 || tape_.in_last_backward())
       fail(operation, "called inside a step or after accumulate() without step(); call it between steps");
   }
 
   // ---- the step -----------------------------------------------------------------------------
 
-  // Runs one step's work (`operation` names it in errors). A failure leaves the trainer unusable
-  // and, unless every rank raised it alike, aborts the communicator: peers may be waiting in a
-  // collective this rank will never issue.
-  template <class F>
-  decltype(auto) guarded(const char* operation, F&& work) {
-    if (broken_) fail(operation, "the trainer is unusable after a failed step: " + *broken_);
-    try {
-      return work();
-    } catch (const collective_error& e) {
-      broken_ = e.what();  // every rank raises this one: nobody waits
-      throw;
-    } catch (const std::exception& e) {
-      broken_ = e.what();
-      comm_.abort(e.what());
-      throw;
-    }
-  }
-
   template <class F>
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
-    return guarded("step", [&]() -> decltype(auto) {
+    return guard_.run("step", [&]() -> decltype(auto) {
       auto span = observer_.phase(final ? "step" : "accumulate", steps_);
-      final_ = final;
-      sent_ = false;
+      tape_.begin_micro_batch(final);
       reducer_.begin_micro_batch();  // this one included: the control floats may go during its backward
       ++micro_batches_run_;
       replica r(*this);
@@ -292,35 +265,24 @@ class trainer_core {
   }
 
   output_type forward(const input_type& x) {
-    if (sent_)  // its backward would add to gradients already on their way
-      fail("forward", "a forward after this step's last backward, whose gradients are already being reduced: "
-                      "run every forward of a step before its backwards (innermost first), or give each "
-                      "forward-backward pair its own accumulate() and end with step()");
+    tape_.begin_forward();
     {
       auto span = observer_.phase("buffer sync", steps_);
       sync_part().before_forward(sync_context_);
     }
-    ++forwards_;
-    ++tape_depth_;
     auto span = observer_.phase("forward", steps_);
     return module_.forward(x);
   }
 
   decltype(auto) backward(const output_type& grad_output) {
-    if (tape_depth_ == 0)
-      fail("backward", "backward without a pending forward in this step: call replica.forward before each "
-                       "replica.backward");
+    const bool last = tape_.begin_backward();
     buffers_.check_saved(sync_part().name());
-    const bool last = tape_depth_ == 1 && final_;
-    sent_ = sent_ || last;
-    in_final_backward_ = last;
     reducer_.begin_backward(last);
     auto on_ready = [this](std::size_t i) { reducer_.on_ready(i); };
     auto span = observer_.phase("backward", steps_);
     auto done = [&] {
-      in_final_backward_ = false;
+      tape_.end_backward();
       reducer_.end_backward();
-      --tape_depth_;
       if (last) observer_.backward_finished();
     };
     if constexpr (std::is_void_v<decltype(module_.backward(grad_output, std::declval<const ready_sink&>()))>) {
@@ -334,43 +296,25 @@ class trainer_core {
   }
 
   void end_micro_batch() {
-    if (tape_depth_ != 0) {
-      const auto n = tape_depth_;
-      tape_depth_ = 0;
-      fail("step", std::to_string(n) + " forward(s) in this step had no backward; call replica.backward once per "
-                                       "forward, innermost first");
-    }
-    if (!final_) return;
+    if (!tape_.end_micro_batch()) return;
     if (!reports) reducer_.mark_all_used();
-    if (reducer_.capturing()) return finish_captured_step();
+    if (reducer_.capturing()) {  // nothing read on the host: each replay is this step, updating every parameter
+      reducer_.reduce_captured_step();
+      update_.update_every_parameter();
+      return finish_update(1.0f);
+    }
     reducer_.reduce_all();
     observer_.measure_overlap(reducer_.buckets());
     finish_update(reducer_.read_control(update_.update_mask()));
   }
 
-  // A captured step reads nothing on the host, so the control floats neither go nor come back:
-  // each replay is this one micro-batch on every rank (the mean is 1), and every parameter must
-  // get a gradient in it, as every replay then updates every one.
-  void finish_captured_step() {
-    if (reducer_.micro_batches() != 1)
-      fail("capture", "the captured step ran " + std::to_string(reducer_.micro_batches()) +
-                          " micro-batches; a captured step is one forward-backward pair and its update");
-    if (const auto i = reducer_.first_unused())
-      fail("capture", "parameter '" + params_.name(*i) + "' got no gradient in the captured step, but every replay "
-                      "updates every parameter: capture a step that uses them all, or run such steps uncaptured");
-    reducer_.reduce_all();
-    update_.update_every_parameter();
-    finish_update(1.0f);
-  }
-
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
   // and no update, when no rank was active.
   bool shadow_step() {
-    return guarded("join", [&] {
+    return guard_.run("join", [&] {
       auto span = observer_.phase("shadow step (join)", steps_);
       reducer_.set_shadowing(true);
       sync_part().before_forward(sync_context_);  // as the active ranks' first forward
-      final_ = true;
       reducer_.reduce_all();
       const float mean_micro_batches = reducer_.read_control(update_.update_mask());
       const bool active = mean_micro_batches > 0.0f;
@@ -391,7 +335,7 @@ class trainer_core {
 
   void end_step() {
     reducer_.end_step();
-    forwards_ = 0;
+    tape_.end_step();
   }
 
   Module& module_;
@@ -407,16 +351,9 @@ class trainer_core {
   detail::gradient_reducer<Comm, Device> reducer_;
   detail::update_stage<Comm, Device> update_;
   detail::storage_return<Module> storage_;  // after the reducer: gives the module its storage back first
-
-  // Per step.
-  int tape_depth_ = 0;
-  bool final_ = false;
-  bool sent_ = false;  // the step's last backward has begun: buckets go out as they fill
-  bool in_final_backward_ = false;
-  std::size_t forwards_ = 0;  // since the last update
-  std::optional<std::string> broken_;
-
-  detail::buffer_sync_context<Comm, Device> sync_context_{buffers_, steps_, forwards_};
+  detail::step_tape tape_{comm_.rank()};
+  detail::step_guard<Comm> guard_{comm_};
+  detail::buffer_sync_context<Comm, Device> sync_context_{buffers_, steps_, tape_.forward_index()};
 };
 
 }  // namespace ddp
