@@ -41,11 +41,11 @@ if(DDP_WITH_MPI)
   endif()
 endif()
 
-#   ddp::cuda   the CUDA device and reference layers (include/ddp/cuda): CUDA runtime, cuBLAS, and
-#               ddp's kernels, compiled once by nvcc into a static library (ddp::cuda_kernels,
-#               libddp_cuda_kernels.a, installed with the package): a consumer needs no nvcc to
-#               use them. An optimizer of the user's own adds its kernel in a .cu of its own
-#               (DDP_CUDA_OPTIMIZER, docs/cuda.md).
+#   ddp::cuda   the CUDA device and reference layers (include/ddp/cuda, include/ddp/nn/cuda):
+#               CUDA runtime, cuBLAS, and ddp's kernels, compiled once by nvcc into a static
+#               library (ddp::cuda_kernels, libddp_cuda_kernels.a, installed with the package): a
+#               consumer needs no nvcc to use them. An optimizer of the user's own adds its
+#               kernel in a .cu of its own (DDP_CUDA_OPTIMIZER, docs/cuda.md).
 #   ddp::nccl   the NCCL communicator (include/ddp/nccl), on top of ddp::cuda.
 if(DDP_WITH_CUDA)
   find_package(CUDAToolkit QUIET)

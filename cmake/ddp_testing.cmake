@@ -34,7 +34,7 @@ function(ddp_add_header_check name)
     if(h MATCHES "^ddp/mpi/" AND NOT TARGET ddp::mpi)
       continue()
     endif()
-    if(h MATCHES "^ddp/(nccl|cuda)/" AND NOT TARGET ddp::nccl)
+    if(h MATCHES "^ddp/(nccl|cuda|nn/cuda)/" AND NOT TARGET ddp::nccl)
       continue()
     endif()
     # libtorch's headers cost about 25 s a unit: the ddp::torch tests compile these headers.

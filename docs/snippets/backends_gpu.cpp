@@ -1,7 +1,7 @@
 // The NCCL and staged snippets of docs/backends.md and the step graph of docs/cuda.md, compiled by the ddp_gpu target (CUDA toolkit, NCCL).
-#include <ddp/cuda/nn/cross_entropy.hpp>
-#include <ddp/cuda/nn/linear.hpp>
-#include <ddp/cuda/nn/relu.hpp>
+#include <ddp/nn/cuda/cross_entropy.hpp>
+#include <ddp/nn/cuda/linear.hpp>
+#include <ddp/nn/cuda/relu.hpp>
 #include <ddp/comm/staged_communicator.hpp>
 #include <ddp/cuda/step_graph.hpp>
 #include <ddp/ddp.hpp>
@@ -10,7 +10,7 @@
 
 namespace snippets {
 
-namespace g = ddp::cuda::nn;
+namespace g = ddp::nn::cuda;
 using gpu_model = ddp::nn::sequential<g::linear, g::relu, g::linear>;
 inline gpu_model make_gpu_model(ddp::cuda::device& dev, std::uint64_t seed) {
   return gpu_model(g::linear(dev, 784, 128, seed), g::relu(), g::linear(dev, 128, 10, seed + 1));
@@ -20,13 +20,13 @@ void nccl_ranks(int n_gpus, std::uint64_t seed, const ddp::optim::sgd& opt, cons
                 const std::vector<ddp::cuda::device_vector<std::int32_t>>& labels) {
   // [doc: backends.md]
   #include <ddp/ddp.hpp>
-  #include <ddp/cuda/nn/cross_entropy.hpp>
+  #include <ddp/nn/cuda/cross_entropy.hpp>
   #include <ddp/nccl/communicator.hpp>
 
   ddp::inproc::launch(n_gpus, [&](ddp::inproc::communicator& host) {   // or ddp::mpi::communicator
     ddp::cuda::device dev(host.rank(), host.rank());          // GPU ordinal, rank (for messages)
     auto comm = ddp::nccl::bootstrap(host, dev);               // rank 0's ncclUniqueId, broadcast by host
-    auto m = make_gpu_model(dev, seed);                        // ddp::cuda::nn layers, or your module
+    auto m = make_gpu_model(dev, seed);                        // ddp::nn::cuda layers, or your module
     ddp::trainer<gpu_model, ddp::use_communicator<ddp::nccl::communicator>,
                  ddp::use_device<ddp::cuda::device>> trainer(m, comm, dev, opt);
     for (std::size_t i = 0; i < inputs.size(); ++i)            // batches already on this GPU
@@ -63,7 +63,7 @@ void captured_steps(Trainer& trainer, ddp::cuda::device& dev, g::matrix& x, ddp:
   #include <ddp/cuda/step_graph.hpp>
 
   ddp::cuda::step_graph graph(trainer, [&](auto& replica) {           // x, y: device buffers
-    replica.backward(ddp::cuda::nn::softmax_cross_entropy_gradient(replica.forward(x), y));
+    replica.backward(ddp::nn::cuda::softmax_cross_entropy_gradient(replica.forward(x), y));
   });                                           // one ordinary step (warm-up), then the capture
   for (const auto& b : batches) {
     dev.copy_from_host(x.data(), b.x.data(), b.x.size() * sizeof(float));   // the same buffers

@@ -15,17 +15,17 @@
 #include "ddp/comm/staged_communicator.hpp"
 #include "ddp/inproc/communicator.hpp"
 
-#include "ddp/cuda/nn/batch_norm.hpp"
-#include "ddp/cuda/nn/cross_entropy.hpp"
-#include "ddp/cuda/nn/linear.hpp"
+#include "ddp/nn/cuda/batch_norm.hpp"
+#include "ddp/nn/cuda/cross_entropy.hpp"
+#include "ddp/nn/cuda/linear.hpp"
 #include "ddp/cuda/linalg.hpp"
-#include "ddp/cuda/nn/relu.hpp"
+#include "ddp/nn/cuda/relu.hpp"
 #include "ddp/nccl/communicator.hpp"
 #include "ddp/nn/sequential.hpp"
 
 namespace fmnist {
 
-namespace g = ddp::cuda::nn;
+namespace g = ddp::nn::cuda;
 
 // The ranks' communicator on GPUs: NCCL, one rank per GPU; or, with --backend staged, several
 // in-process ranks sharing the GPUs there are (rank r on GPU r mod count), their collectives

@@ -3,7 +3,7 @@
 // ddp::cuda (built once in ddp's own tree).
 #include "ddp/cuda/elementwise.cuh"
 #include "ddp/cuda/kernels.cuh"
-#include "ddp/cuda/nn/kernels.cuh"
+#include "ddp/nn/cuda/kernels.cuh"
 
 DDP_CUDA_OPTIMIZER(ddp::optim::sgd);
 DDP_CUDA_OPTIMIZER(ddp::optim::adamw);

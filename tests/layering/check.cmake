@@ -1,30 +1,46 @@
 cmake_minimum_required(VERSION 3.25)
-# The layers of include/ddp, as docs/design.md draws them: each folder may include only the
-# folders listed for it (and itself). Fails naming the header and the include that breaks it.
+# The layers of include/ddp, as docs/design.md draws them: floors, lowest first. A folder may
+# include any folder on a floor below its own; none on its own floor (its siblings) and none
+# above. Fails naming the header and the include that breaks it.
 #   cmake -DDDP_INCLUDE_DIR=include/ddp -P tests/layering/check.cmake
-set(allowed_core "")
-set(allowed_concepts core)
-set(allowed_comm core concepts)
-set(allowed_host core concepts)
-set(allowed_optim core)
-set(allowed_policy core concepts)
-set(allowed_sampler core policy)
-set(allowed_inproc core concepts comm host)
-set(allowed_mpi core concepts comm host)
-set(allowed_nn core concepts comm host)
-set(allowed_data core concepts nn)
-set(allowed_cuda core concepts comm host optim nn)
-set(allowed_nccl core concepts comm cuda)
-set(allowed_trainer core concepts comm optim policy sampler)
-set(allowed_torch core concepts)
+set(floors
+  "core"
+  "concepts optim"
+  "comm"
+  "host cuda"
+  "inproc mpi nccl nn torch"
+  "data policy"
+  "sampler"
+  "trainer")
 
+# floor_<folder>: its floor's number; below_<folder>: every folder on a lower floor.
+set(below "")
+set(number 0)
+foreach(floor IN LISTS floors)
+  string(REPLACE " " ";" siblings "${floor}")
+  foreach(folder IN LISTS siblings)
+    if(DEFINED floor_${folder})
+      message(FATAL_ERROR "ddp: ${folder}/ stands on two floors of tests/layering/check.cmake")
+    endif()
+    set(floor_${folder} ${number})
+    set(below_${folder} ${below})
+  endforeach()
+  list(APPEND below ${siblings})
+  math(EXPR number "${number} + 1")
+endforeach()
+
+# GLOB RELATIVE finds nothing under a relative path: make it absolute, and find something.
+get_filename_component(DDP_INCLUDE_DIR "${DDP_INCLUDE_DIR}" ABSOLUTE)
 file(GLOB folders RELATIVE ${DDP_INCLUDE_DIR} ${DDP_INCLUDE_DIR}/*)
+if(NOT folders)
+  message(FATAL_ERROR "ddp: no folders under DDP_INCLUDE_DIR=${DDP_INCLUDE_DIR}: pass include/ddp")
+endif()
 set(problems "")
 foreach(folder IN LISTS folders)
   if(NOT IS_DIRECTORY ${DDP_INCLUDE_DIR}/${folder})
     continue()
   endif()
-  if(NOT DEFINED allowed_${folder})
+  if(NOT DEFINED floor_${folder})
     string(APPEND problems "\n  include/ddp/${folder}/ is a folder with no place in the layers: add it to tests/layering/check.cmake and docs/design.md")
     continue()
   endif()
@@ -33,9 +49,9 @@ foreach(folder IN LISTS folders)
     file(STRINGS ${header} includes REGEX "^#include [\"<]ddp/[a-z_]+/")
     foreach(line IN LISTS includes)
       string(REGEX REPLACE "^#include [\"<]ddp/([a-z_]+)/.*" "\\1" target "${line}")
-      if(NOT target STREQUAL folder AND NOT target IN_LIST allowed_${folder})
+      if(NOT target STREQUAL folder AND NOT target IN_LIST below_${folder})
         file(RELATIVE_PATH name ${DDP_INCLUDE_DIR} ${header})
-        set(may "${allowed_${folder}}")
+        string(REPLACE ";" ", " may "${below_${folder}}")
         if(NOT may)
           set(may "no other folder")
         endif()

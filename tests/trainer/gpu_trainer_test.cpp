@@ -10,11 +10,11 @@
 
 #include "ddp/comm/staged_communicator.hpp"
 #include "ddp/core/random.hpp"
-#include "ddp/cuda/nn/batch_norm.hpp"
-#include "ddp/cuda/nn/cross_entropy.hpp"
-#include "ddp/cuda/nn/linear.hpp"
-#include "ddp/cuda/nn/relu.hpp"
-#include "ddp/cuda/nn/sync.hpp"
+#include "ddp/nn/cuda/batch_norm.hpp"
+#include "ddp/nn/cuda/cross_entropy.hpp"
+#include "ddp/nn/cuda/linear.hpp"
+#include "ddp/nn/cuda/relu.hpp"
+#include "ddp/nn/cuda/sync.hpp"
 #include "ddp/cuda/step_graph.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/host/half.hpp"
@@ -30,7 +30,7 @@
 
 namespace {
 
-namespace g = ddp::cuda::nn;
+namespace g = ddp::nn::cuda;
 using host_model = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
 using gpu_model = ddp::nn::sequential<g::linear, g::batch_norm, g::relu, g::linear>;
 
@@ -277,7 +277,7 @@ TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3
   }
 }
 
-TEST_CASE("bf16 parameters on the GPU (cuda::nn, f32 master in the trainer) track bf16 parameters on the host") {
+TEST_CASE("bf16 parameters on the GPU (nn::cuda, f32 master in the trainer) track bf16 parameters on the host") {
   // One rank each way, the same model cast to bf16, SGD with momentum. The GPU's f32 arithmetic
   // (cuBLAS, fused multiply-adds) differs from the host's in the last bits; a master that moves by
   // that much may round to the neighbouring bf16 value. Bound: two bf16 steps of each value (2^-7

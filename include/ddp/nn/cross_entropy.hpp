@@ -19,7 +19,7 @@
 
 namespace ddp::nn {
 
-// The result on the host and on the GPU (ddp::cuda::nn), over either's matrix.
+// The result on the host and on the GPU (ddp::nn::cuda), over either's matrix.
 template <class Matrix>
 struct basic_cross_entropy_result {
   double loss = 0.0;        // the loss `grad` is the gradient of

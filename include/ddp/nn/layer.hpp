@@ -6,7 +6,7 @@
 //   matrix_type forward(const matrix_type& x, bool training);   training: push what backward needs
 //   matrix_type backward(const matrix_type& dy, bool need_dx);  accumulate parameter gradients, pop
 //   std::span<P> params();                             empty for layers without parameters
-//        P: ddp::nn::parameter or ddp::cuda::nn::parameter (any dtype; sequential calls
+//        P: ddp::nn::parameter or ddp::nn::cuda::parameter (any dtype; sequential calls
 //        before_forward() and after_backward() around the layer, which reads value() and
 //        accumulates into grad() in f32)
 //   std::vector<buffer_ref> buffer_refs(const std::string& prefix);
@@ -20,7 +20,7 @@
 
 namespace ddp::nn {
 
-// `matrix_type` is the activation type: ddp::nn::matrix on the host, ddp::cuda::nn::matrix on a
+// `matrix_type` is the activation type: ddp::nn::matrix on the host, ddp::nn::cuda::matrix on a
 // GPU. params() is a span of parameters that hand out refs and take bound gradient and value
 // storage.
 template <class L>

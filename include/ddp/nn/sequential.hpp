@@ -24,7 +24,7 @@ template <layer First, layer... Rest>
 class sequential {
   static_assert((std::is_same_v<typename First::matrix_type, typename Rest::matrix_type> && ...),
                 "ddp::nn::sequential: every layer must work on one matrix type (all host layers, or all "
-                "ddp::cuda::nn layers)");
+                "ddp::nn::cuda layers)");
 
  public:
   using matrix_type = typename First::matrix_type;

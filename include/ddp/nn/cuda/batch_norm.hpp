@@ -2,25 +2,25 @@
 // Batch normalisation on a GPU: the behaviour and the arithmetic of ddp::nn::batch_norm
 // (PyTorch's BatchNorm1d; frozen mode; synchronised statistics through `reduce`), with the
 // per-feature sums in double on the device. With synchronised statistics `reduce` sums them over
-// the ranks where they are: in place on the GPU with NCCL (ddp/cuda/nn/sync.hpp).
+// the ranks where they are: in place on the GPU with NCCL (ddp/nn/cuda/sync.hpp).
 #include <functional>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
-#include "ddp/cuda/nn/kernels.hpp"
-#include "ddp/cuda/nn/matrix.hpp"
-#include "ddp/cuda/nn/parameter.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
+#include "ddp/nn/cuda/matrix.hpp"
+#include "ddp/nn/cuda/parameter.hpp"
 #include "ddp/nn/layer.hpp"
 
-namespace ddp::cuda::nn {
+namespace ddp::nn::cuda {
 
 class batch_norm {
  public:
   using matrix_type = matrix;
   enum class mode { batch_statistics, frozen };
 
-  batch_norm(cuda::device& dev, std::size_t features, float momentum = 0.1f, float eps = 1e-5f)
+  batch_norm(ddp::cuda::device& dev, std::size_t features, float momentum = 0.1f, float eps = 1e-5f)
       : dev_(&dev), features_(features), momentum_(momentum), eps_(eps),
         running_mean_(dev, "running_mean", features, 0.0f), running_var_(dev, "running_var", features, 1.0f),
         batches_tracked_(dev, "num_batches_tracked", 1, 0) {
@@ -38,12 +38,12 @@ class batch_norm {
     const std::size_t n = x.rows(), f = features_;
     const bool batch_stats = training && mode_ == mode::batch_statistics;
     if (batch_stats && n < 2)
-      throw std::invalid_argument("ddp::cuda::nn::batch_norm: training needs at least 2 samples per batch, got " +
+      throw std::invalid_argument("ddp::nn::cuda::batch_norm: training needs at least 2 samples per batch, got " +
                                   std::to_string(n));
-    device_vector<float> mean(*dev_, f), inv_std(*dev_, f);
-    device_vector<double> moments;  // per-feature sums and the sample count, global when synchronised
+    ddp::cuda::device_vector<float> mean(*dev_, f), inv_std(*dev_, f);
+    ddp::cuda::device_vector<double> moments;  // per-feature sums and the sample count, global when synchronised
     if (batch_stats) {
-      moments = device_vector<double>(*dev_, 2 * f + 1);
+      moments = ddp::cuda::device_vector<double>(*dev_, 2 * f + 1);
       run(kernels::column_moments(x.data(), n, f, moments.data(), stream()), "column_moments kernel");
       if (reduce_) reduce_(std::span<double>(moments.data(), moments.size()));
       run(kernels::batch_statistics(moments.data(), f, momentum_, eps_, mean.data(), inv_std.data(),
@@ -61,7 +61,8 @@ class batch_norm {
                            y.data(), n, f, stream()),
         "normalize kernel");
     if (training) {
-      saved_.push_back({std::move(xhat), batch_stats ? std::move(inv_std) : device_vector<float>{}, std::move(moments)});
+      saved_.push_back(
+          {std::move(xhat), batch_stats ? std::move(inv_std) : ddp::cuda::device_vector<float>{}, std::move(moments)});
     }
     return y;
   }
@@ -70,16 +71,16 @@ class batch_norm {
     auto s = ddp::nn::pop_saved(saved_, "batch_norm");
     const bool batch_stats = s.inv_std.size() != 0;
     const std::size_t n = dy.rows(), f = features_;
-    device_vector<float> inv_std = std::move(s.inv_std);
+    ddp::cuda::device_vector<float> inv_std = std::move(s.inv_std);
     if (!batch_stats) {  // frozen: the running variance, as the forward saw it (checked by version)
-      device_vector<float> unused_mean(*dev_, f);
-      inv_std = device_vector<float>(*dev_, f);
+      ddp::cuda::device_vector<float> unused_mean(*dev_, f);
+      inv_std = ddp::cuda::device_vector<float>(*dev_, f);
       run(kernels::running_statistics(running_mean_.read(), running_var_.read(), f, eps_, unused_mean.data(),
                                       inv_std.data(), stream()),
           "running_statistics kernel");
       running_var_.release_after_backward();
     }
-    device_vector<double> sums(*dev_, 2 * f);
+    ddp::cuda::device_vector<double> sums(*dev_, 2 * f);
     run(kernels::normalize_backward_sums(dy.data(), s.xhat.data(), n, f, sums.data(), params_[0].grad(),
                                          params_[1].grad(), stream()),
         "normalize_backward_sums kernel");
@@ -105,14 +106,14 @@ class batch_norm {
  private:
   struct saved {
     matrix xhat;
-    device_vector<float> inv_std;  // empty when the forward used running statistics
-    device_vector<double> moments;  // likewise; its last element is the forward's sample count
+    ddp::cuda::device_vector<float> inv_std;  // empty when the forward used running statistics
+    ddp::cuda::device_vector<double> moments;  // likewise; its last element is the forward's sample count
   };
 
   cudaStream_t stream() const noexcept { return dev_->stream(); }
-  void run(cudaError_t status, const char* kernel) const { check(status, kernel, dev_->site()); }
+  void run(cudaError_t status, const char* kernel) const { ddp::cuda::check(status, kernel, dev_->site()); }
 
-  cuda::device* dev_;
+  ddp::cuda::device* dev_;
   std::size_t features_;
   float momentum_, eps_;
   mode mode_ = mode::batch_statistics;
@@ -123,4 +124,4 @@ class batch_norm {
   std::function<void(std::span<double>)> reduce_;
 };
 
-}  // namespace ddp::cuda::nn
+}  // namespace ddp::nn::cuda

@@ -6,18 +6,19 @@
 #include "ddp/cuda/device_vector.hpp"
 #include "ddp/nn/matrix.hpp"
 
-namespace ddp::cuda::nn {
+namespace ddp::nn::cuda {
 
 class matrix {
  public:
   matrix() = default;
-  matrix(cuda::device& dev, std::size_t rows, std::size_t cols) : rows_(rows), cols_(cols), data_(dev, rows * cols) {}
+  matrix(ddp::cuda::device& dev, std::size_t rows, std::size_t cols)
+      : rows_(rows), cols_(cols), data_(dev, rows * cols) {}
 
-  static matrix from_host(cuda::device& dev, const ddp::nn::matrix& host) {
+  static matrix from_host(ddp::cuda::device& dev, const ddp::nn::matrix& host) {
     matrix m;
     m.rows_ = host.rows;
     m.cols_ = host.cols;
-    m.data_ = device_vector<float>::from_host(dev, host.data);
+    m.data_ = ddp::cuda::device_vector<float>::from_host(dev, host.data);
     return m;
   }
   // Waits for the device's stream.
@@ -32,17 +33,17 @@ class matrix {
   std::size_t size() const noexcept { return rows_ * cols_; }
   float* data() noexcept { return data_.data(); }
   const float* data() const noexcept { return data_.data(); }
-  cuda::device& device() const noexcept { return data_.device(); }
+  ddp::cuda::device& device() const noexcept { return data_.device(); }
 
  private:
   std::size_t rows_ = 0, cols_ = 0;
-  device_vector<float> data_;
+  ddp::cuda::device_vector<float> data_;
 };
 
 inline void require_cols(const matrix& x, std::size_t cols, const std::string& layer) {
   if (x.cols() != cols)
-    throw std::invalid_argument("ddp::cuda::nn: " + layer + " expects " + std::to_string(cols) +
+    throw std::invalid_argument("ddp::nn::cuda: " + layer + " expects " + std::to_string(cols) +
                                 " features per sample, got " + std::to_string(x.cols()));
 }
 
-}  // namespace ddp::cuda::nn
+}  // namespace ddp::nn::cuda

@@ -1,12 +1,12 @@
 #pragma once
 #include <vector>
 
-#include "ddp/cuda/nn/kernels.hpp"
-#include "ddp/cuda/nn/matrix.hpp"
-#include "ddp/cuda/nn/parameter.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
+#include "ddp/nn/cuda/matrix.hpp"
+#include "ddp/nn/cuda/parameter.hpp"
 #include "ddp/nn/layer.hpp"
 
-namespace ddp::cuda::nn {
+namespace ddp::nn::cuda {
 
 class relu {
  public:
@@ -14,8 +14,8 @@ class relu {
 
   matrix forward(const matrix& x, bool training) {
     matrix y(x.device(), x.rows(), x.cols());
-    check(kernels::relu_forward(x.data(), y.data(), x.size(), x.device().stream()), "relu_forward kernel",
-          x.device().site());
+    ddp::cuda::check(kernels::relu_forward(x.data(), y.data(), x.size(), x.device().stream()), "relu_forward kernel",
+                     x.device().site());
     if (training) saved_.push_back(y);
     return y;
   }
@@ -23,8 +23,8 @@ class relu {
     const matrix y = ddp::nn::pop_saved(saved_, "relu");
     if (!need_dx) return {};
     matrix dx(dy.device(), dy.rows(), dy.cols());
-    check(kernels::relu_backward(y.data(), dy.data(), dx.data(), dy.size(), dy.device().stream()),
-          "relu_backward kernel", dy.device().site());
+    ddp::cuda::check(kernels::relu_backward(y.data(), dy.data(), dx.data(), dy.size(), dy.device().stream()),
+                     "relu_backward kernel", dy.device().site());
     return dx;
   }
   std::span<parameter> params() noexcept { return {}; }
@@ -34,4 +34,4 @@ class relu {
   std::vector<matrix> saved_;
 };
 
-}  // namespace ddp::cuda::nn
+}  // namespace ddp::nn::cuda

@@ -1,13 +1,13 @@
 #pragma once
-// Kernels of the CUDA reference layers (ddp/cuda/nn), as host functions that enqueue them.
-// Defined in ddp/cuda/nn/kernels.cuh (one nvcc translation unit, src/cuda/kernels.cu). Matrices
+// Kernels of the CUDA reference layers (ddp/nn/cuda), as host functions that enqueue them.
+// Defined in ddp/nn/cuda/kernels.cuh (one nvcc translation unit, src/cuda/kernels.cu). Matrices
 // are row-major, rows = samples; each returns the launch status.
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
-namespace ddp::cuda::nn::kernels {
+namespace ddp::nn::cuda::kernels {
 
 // y[r, :] = row, for every r
 cudaError_t fill_rows(float* y, const float* row, std::size_t rows, std::size_t cols, cudaStream_t);
@@ -53,4 +53,4 @@ cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* label
                                   double inv_divisor, std::size_t rows, std::size_t cols, float* grad, double* loss,
                                   std::int32_t* correct, std::int32_t* bad_label, cudaStream_t);
 
-}  // namespace ddp::cuda::nn::kernels
+}  // namespace ddp::nn::cuda::kernels

@@ -11,9 +11,9 @@
 #include "ddp/core/tensor.hpp"
 #include "ddp/cuda/check.hpp"
 #include "ddp/cuda/device_vector.hpp"
-#include "ddp/cuda/nn/kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 
-namespace ddp::cuda::nn {
+namespace ddp::nn::cuda {
 
 // As ddp::nn::parameter: f32 unless cast to bf16 or f16, when the module holds value and gradient
 // in 16 bits and the layers compute in f32 from a widened copy (before_forward), their gradient
@@ -21,10 +21,10 @@ namespace ddp::cuda::nn {
 class parameter {
  public:
   // `initial` holds the value (host memory); the gradient starts at zero.
-  parameter(cuda::device& dev, std::string name, shape_t shape, std::span<const float> initial)
+  parameter(ddp::cuda::device& dev, std::string name, shape_t shape, std::span<const float> initial)
       : name_(std::move(name)), shape_(std::move(shape)), dev_(&dev), numel_(initial.size()),
-        own_value_(device_vector<float>::from_host(dev, initial)),
-        own_grad_(device_vector<float>::zeros(dev, initial.size())), value_(own_value_.data()),
+        own_value_(ddp::cuda::device_vector<float>::from_host(dev, initial)),
+        own_grad_(ddp::cuda::device_vector<float>::zeros(dev, initial.size())), value_(own_value_.data()),
         grad_(own_grad_.data()) {}
   parameter(parameter&&) noexcept = default;
   parameter& operator=(parameter&&) noexcept = default;
@@ -54,10 +54,10 @@ class parameter {
   // nearest even. Before a trainer is built over the module.
   void cast(dtype t) {
     if (t != dtype::f32 && !is_half(t))
-      throw std::invalid_argument("ddp::cuda::nn::parameter '" + name_ + "': cast to " + std::string(name_of(t)) +
+      throw std::invalid_argument("ddp::nn::cuda::parameter '" + name_ + "': cast to " + std::string(name_of(t)) +
                                   "; a parameter is f32, bf16 or f16");
     if (value_ != own_value_.data() || grad_ != own_grad_.data())
-      throw std::logic_error("ddp::cuda::nn::parameter '" + name_ + "': cast while a trainer holds its storage; cast "
+      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "': cast while a trainer holds its storage; cast "
                              "the module before building the trainer");
     if (type_ != dtype::f32) {
       before_forward();
@@ -68,8 +68,8 @@ class parameter {
       half_value_ = {}, half_grad_ = {};
       return;
     }
-    half_value_ = device_vector<std::uint16_t>(*dev_, numel_);
-    half_grad_ = device_vector<std::uint16_t>(*dev_, numel_);
+    half_value_ = ddp::cuda::device_vector<std::uint16_t>(*dev_, numel_);
+    half_grad_ = ddp::cuda::device_vector<std::uint16_t>(*dev_, numel_);
     dev_->cast(const_buffer{value_, numel_, dtype::f32}, mutable_buffer{half_value_.data(), numel_, t});
     dev_->cast(const_buffer{grad_, numel_, dtype::f32}, mutable_buffer{half_grad_.data(), numel_, t});
     dev_->fill_zero(grad_, numel_ * sizeof(float));
@@ -81,20 +81,20 @@ class parameter {
   }
   void after_backward() {
     if (type_ != dtype::f32)
-      check(kernels::add_into_half(half_grad_.data(), type_ == dtype::bf16, grad_, numel_, dev_->stream()),
-            "add_into_half kernel", dev_->site());
+      ddp::cuda::check(kernels::add_into_half(half_grad_.data(), type_ == dtype::bf16, grad_, numel_, dev_->stream()),
+                       "add_into_half kernel", dev_->site());
   }
 
  private:
   // Moves the current contents to `storage` (queued on the device's stream) and points `where` at it.
   // nullptr moves them back into storage of this parameter's own (a trainer gives its buckets back).
-  void bind(float* storage, float*& where, device_vector<float>& own) {
+  void bind(float* storage, float*& where, ddp::cuda::device_vector<float>& own) {
     if (type_ != dtype::f32)
-      throw std::logic_error("ddp::cuda::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
                              ": only f32 storage can be bound");
     if (!storage) {
       if (own.size() == 0 && numel_ > 0) {
-        own = device_vector<float>(*dev_, numel_);
+        own = ddp::cuda::device_vector<float>(*dev_, numel_);
         dev_->copy(own.data(), where, numel_ * sizeof(float));
         where = own.data();
       }
@@ -106,22 +106,22 @@ class parameter {
   }
   std::string name_;
   shape_t shape_;
-  cuda::device* dev_;
+  ddp::cuda::device* dev_;
   std::size_t numel_;
-  device_vector<float> own_value_;
-  device_vector<float> own_grad_;
+  ddp::cuda::device_vector<float> own_value_;
+  ddp::cuda::device_vector<float> own_grad_;
   float* value_;  // f32: the value; 16 bits: the widened copy the layer reads
   float* grad_;   // f32: the gradient; 16 bits: the layer's f32 accumulation of one backward
   dtype type_ = dtype::f32;
-  device_vector<std::uint16_t> half_value_;  // 16 bits: the stored value and gradient
-  device_vector<std::uint16_t> half_grad_;
+  ddp::cuda::device_vector<std::uint16_t> half_value_;  // 16 bits: the stored value and gradient
+  ddp::cuda::device_vector<std::uint16_t> half_grad_;
 };
 
 template <class T>
 class buffer {
  public:
-  buffer(cuda::device& dev, std::string name, std::size_t n, T fill)
-      : name_(std::move(name)), data_(device_vector<T>::from_host(dev, std::vector<T>(n, fill))) {}
+  buffer(ddp::cuda::device& dev, std::string name, std::size_t n, T fill)
+      : name_(std::move(name)), data_(ddp::cuda::device_vector<T>::from_host(dev, std::vector<T>(n, fill))) {}
   // As ddp::nn::buffer: the buffer owns its version (pitfall P1); every write goes through
   // write(), which bumps it.
   const T* read() const noexcept { return data_.data(); }
@@ -147,8 +147,8 @@ class buffer {
 
  private:
   std::string name_;
-  device_vector<T> data_;
+  ddp::cuda::device_vector<T> data_;
   buffer_version version_;
 };
 
-}  // namespace ddp::cuda::nn
+}  // namespace ddp::nn::cuda

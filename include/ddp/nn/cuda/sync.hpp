@@ -1,7 +1,7 @@
 #pragma once
-// Synchronised batch statistics on GPUs: the reduction a ddp::cuda::nn::batch_norm runs across
+// Synchronised batch statistics on GPUs: the reduction a ddp::nn::cuda::batch_norm runs across
 // ranks over its per-feature sums, which live in the GPU's memory.
-//   bn.synchronize_statistics(ddp::cuda::nn::sum_over_ranks(comm, dev));
+//   bn.synchronize_statistics(ddp::nn::cuda::sum_over_ranks(comm, dev));
 // With a communicator of GPU memory (NCCL) the sums are reduced in place, with no copy; with a
 // host communicator they go to host memory and back.
 #include <span>
@@ -11,10 +11,10 @@
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/cuda/device.hpp"
 
-namespace ddp::cuda::nn {
+namespace ddp::nn::cuda {
 
 template <communicator C>
-auto sum_over_ranks(C& comm, cuda::device& dev) {
+auto sum_over_ranks(C& comm, ddp::cuda::device& dev) {
   return [&comm, &dev](std::span<double> on_device) {
     if constexpr (C::memory_kind == device_kind::cuda) {
       const mutable_buffer b{on_device.data(), on_device.size(), dtype::f64};
@@ -28,4 +28,4 @@ auto sum_over_ranks(C& comm, cuda::device& dev) {
   };
 }
 
-}  // namespace ddp::cuda::nn
+}  // namespace ddp::nn::cuda

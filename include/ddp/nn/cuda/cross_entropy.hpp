@@ -10,19 +10,20 @@
 #include <string>
 
 #include "ddp/core/sample_weights.hpp"
-#include "ddp/cuda/nn/kernels.hpp"
-#include "ddp/cuda/nn/matrix.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
+#include "ddp/nn/cuda/matrix.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 
-namespace ddp::cuda::nn {
+namespace ddp::nn::cuda {
 
 using cross_entropy_result = ddp::nn::basic_cross_entropy_result<matrix>;
 
 namespace detail {
 
-inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels,
+inline cross_entropy_result softmax_cross_entropy(const matrix& logits,
+                                                  const ddp::cuda::device_vector<std::int32_t>& labels,
                                                   std::span<const float> weights, double divisor) {
-  ddp::nn::detail::check_cross_entropy_arguments("ddp::cuda::nn::softmax_cross_entropy", logits.rows(), labels.size(),
+  ddp::nn::detail::check_cross_entropy_arguments("ddp::nn::cuda::softmax_cross_entropy", logits.rows(), labels.size(),
                                                 weights.size(), divisor);
   auto& dev = logits.device();
   const std::size_t n = logits.rows();
@@ -30,22 +31,22 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
   // One allocation for the per-row results, so one copy brings them back: loss (double), then
   // correct flags, then the first bad label (int32).
   const std::size_t words = n + (n + 2) / 2 + 1;
-  device_vector<double> scratch(dev, words);
+  ddp::cuda::device_vector<double> scratch(dev, words);
   auto* row_loss = scratch.data();
   auto* correct = reinterpret_cast<std::int32_t*>(scratch.data() + n);
   auto* bad = correct + n;
   const std::int32_t none = -1;
   dev.copy_from_host(bad, &none, sizeof none);
-  const auto device_weights = device_vector<float>::from_host(dev, weights);
+  const auto device_weights = ddp::cuda::device_vector<float>::from_host(dev, weights);
   const double inv_divisor = 1.0 / divisor;
-  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), weights.empty() ? nullptr : device_weights.data(),
-                                       inv_divisor, n, logits.cols(), out.grad.data(), row_loss, correct, bad,
-                                       dev.stream()),
-        "softmax_cross_entropy kernel", dev.site());
+  ddp::cuda::check(kernels::softmax_cross_entropy(logits.data(), labels.data(),
+                                                  weights.empty() ? nullptr : device_weights.data(), inv_divisor, n,
+                                                  logits.cols(), out.grad.data(), row_loss, correct, bad, dev.stream()),
+                   "softmax_cross_entropy kernel", dev.site());
   const auto host = scratch.to_host();
   const auto* host_correct = reinterpret_cast<const std::int32_t*>(host.data() + n);
   if (const std::int32_t b = host_correct[n]; b != -1)
-    throw std::invalid_argument("ddp::cuda::nn::softmax_cross_entropy: label " + std::to_string(b) + " outside [0, " +
+    throw std::invalid_argument("ddp::nn::cuda::softmax_cross_entropy: label " + std::to_string(b) + " outside [0, " +
                                 std::to_string(logits.cols()) + ")");
   for (std::size_t r = 0; r < n; ++r) {
     const double weight = weights.empty() ? 1.0 : static_cast<double>(weights[r]);
@@ -59,11 +60,13 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
 
 }  // namespace detail
 
-inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels) {
+inline cross_entropy_result softmax_cross_entropy(const matrix& logits,
+                                                  const ddp::cuda::device_vector<std::int32_t>& labels) {
   return detail::softmax_cross_entropy(logits, labels, {}, static_cast<double>(logits.rows() ? logits.rows() : 1));
 }
 
-inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const device_vector<std::int32_t>& labels,
+inline cross_entropy_result softmax_cross_entropy(const matrix& logits,
+                                                  const ddp::cuda::device_vector<std::int32_t>& labels,
                                                   const sample_weights& weights) {
   return detail::softmax_cross_entropy(logits, labels, weights.per_sample, weights.divisor());
 }
@@ -72,21 +75,22 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, const de
 // CUDA graph (ddp::cuda::step_graph) can end with it. Each row's loss goes to `row_loss` when
 // given (logits.rows() doubles of device memory the caller keeps, and reads after the step).
 // Labels outside the classes are not reported here: check them when the data is loaded.
-inline matrix softmax_cross_entropy_gradient(const matrix& logits, const device_vector<std::int32_t>& labels,
+inline matrix softmax_cross_entropy_gradient(const matrix& logits,
+                                             const ddp::cuda::device_vector<std::int32_t>& labels,
                                              double* row_loss = nullptr) {
   const std::size_t n = logits.rows();
   const double divisor = static_cast<double>(n ? n : 1);
-  ddp::nn::detail::check_cross_entropy_arguments("ddp::cuda::nn::softmax_cross_entropy_gradient", n, labels.size(), 0,
+  ddp::nn::detail::check_cross_entropy_arguments("ddp::nn::cuda::softmax_cross_entropy_gradient", n, labels.size(), 0,
                                                 divisor);
   auto& dev = logits.device();
   matrix grad(dev, n, logits.cols());
-  device_vector<double> losses(dev, row_loss ? 0 : n);
-  device_vector<std::int32_t> flags(dev, n + 1);  // correct per row, then the first bad label
-  check(kernels::softmax_cross_entropy(logits.data(), labels.data(), nullptr, 1.0 / divisor, n,
-                                       logits.cols(), grad.data(), row_loss ? row_loss : losses.data(), flags.data(),
-                                       flags.data() + n, dev.stream()),
-        "softmax_cross_entropy kernel", dev.site());
+  ddp::cuda::device_vector<double> losses(dev, row_loss ? 0 : n);
+  ddp::cuda::device_vector<std::int32_t> flags(dev, n + 1);  // correct per row, then the first bad label
+  ddp::cuda::check(kernels::softmax_cross_entropy(logits.data(), labels.data(), nullptr, 1.0 / divisor, n,
+                                                  logits.cols(), grad.data(), row_loss ? row_loss : losses.data(),
+                                                  flags.data(), flags.data() + n, dev.stream()),
+                   "softmax_cross_entropy kernel", dev.site());
   return grad;
 }
 
-}  // namespace ddp::cuda::nn
+}  // namespace ddp::nn::cuda

@@ -1,5 +1,5 @@
 #pragma once
-// Definitions of ddp/cuda/nn/kernels.hpp; compile in exactly one nvcc translation unit.
+// Definitions of ddp/nn/cuda/kernels.hpp; compile in exactly one nvcc translation unit.
 // These serve small layers (features in the hundreds, batches in the tens to thousands): one
 // thread per feature column walks the rows, so neighbouring threads read neighbouring floats.
 #include <cuda_bf16.h>
@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "ddp/cuda/nn/kernels.hpp"
+#include "ddp/nn/cuda/kernels.hpp"
 
-namespace ddp::cuda::nn::kernels {
+namespace ddp::nn::cuda::kernels {
 
 namespace device_code {
 
@@ -230,4 +230,4 @@ cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* label
 
 #undef DDP_NN_LAUNCH
 
-}  // namespace ddp::cuda::nn::kernels
+}  // namespace ddp::nn::cuda::kernels
