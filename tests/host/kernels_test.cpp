@@ -1,3 +1,6 @@
+// The host device: the device conformance suite (tests/conformance/device_suite.hpp, shared with
+// the CUDA device), then what is the host's own: its x86 16-bit conversions against the portable
+// loops, and the kernels its communicators reduce with (reduce_to_all, divide, stream_copy).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -7,57 +10,12 @@
 #include <limits>
 #include <vector>
 
+#include "conformance/device_suite.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/host/kernels.hpp"
-#include "ddp/optim/optimizer.hpp"
+#include "ddp/host/linalg.hpp"
 
-TEST_CASE("f16 and bf16 casts round to nearest even and round-trip exactly representable values") {
-  ddp::host::device dev;
-  std::vector<float> x{0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 1e-7f, 3.140625f, 1e6f, 6.1035156e-05f};
-  std::vector<std::uint16_t> h(x.size());
-  std::vector<float> back(x.size());
-  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::f16});
-  dev.cast({h.data(), h.size(), ddp::dtype::f16}, ddp::as_buffer(std::span<float>(back)));
-  CHECK(back[0] == 0.0f);
-  CHECK(std::signbit(back[1]));
-  CHECK(back[2] == 1.0f);
-  CHECK(back[3] == -2.5f);
-  CHECK(back[4] == 65504.0f);
-  CHECK(back[5] == doctest::Approx(1.1920929e-07f).epsilon(1e-3));  // nearest subnormal
-  CHECK(back[6] == 3.140625f);
-  CHECK(std::isinf(back[7]));
-  CHECK(back[8] == 6.1035156e-05f);  // smallest normal
-  CHECK(h[2] == 0x3c00);
-
-  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::bf16});
-  dev.cast({h.data(), h.size(), ddp::dtype::bf16}, ddp::as_buffer(std::span<float>(back)));
-  CHECK(back[2] == 1.0f);
-  CHECK(back[3] == -2.5f);
-  CHECK(back[7] == 999424.0f);  // 1e6 rounded to 8 significant bits
-  CHECK(h[2] == 0x3f80);
-  CHECK_THROWS_WITH_AS(dev.cast({x.data(), 2, ddp::dtype::f32}, {h.data(), 3, ddp::dtype::f16}),
-                       doctest::Contains("source has 2 elements but destination 3"), ddp::error);
-}
-
-TEST_CASE("a cast to 16 bits may scale first, bf16 rounds ties to even and keeps NaN a NaN") {
-  ddp::host::device dev;
-  std::vector<float> x{3.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, std::numeric_limits<float>::quiet_NaN(), -6.0f};
-  std::vector<std::uint16_t> h(x.size());
-  std::vector<float> back(x.size());
-  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::bf16}, 0.5f);
-  dev.cast({h.data(), h.size(), ddp::dtype::bf16}, ddp::as_buffer(std::span<float>(back)));
-  CHECK(back[0] == 1.5f);
-  CHECK(back[1] == 0.5f);                     // (1 + 2^-8) / 2 is a tie: to the even 0.5
-  CHECK(back[2] == 0.5f + 0x1p-7f);           // (1 + 3 * 2^-8) / 2 is a tie: to the even neighbour above
-  CHECK(std::isnan(back[3]));
-  CHECK(back[4] == -3.0f);
-  dev.cast(ddp::as_buffer(std::span<const float>(x)), {h.data(), h.size(), ddp::dtype::f16}, 0.25f);
-  dev.cast({h.data(), h.size(), ddp::dtype::f16}, ddp::as_buffer(std::span<float>(back)));
-  CHECK(back[0] == 0.75f);
-  CHECK(back[4] == -1.5f);
-  CHECK_THROWS_WITH_AS(dev.cast({h.data(), 1, ddp::dtype::f16}, {back.data(), 1, ddp::dtype::f32}, 2.0f),
-                       doctest::Contains("a factor only from f32"), ddp::error);
-}
+DDP_DEVICE_CONFORMANCE_SUITE("host device: ", ddp::host::device)
 
 TEST_CASE("the x86 16-bit conversions give the portable loops' bits, NaN payloads aside") {
   // Every 65537th f32 bit pattern, so every exponent, both signs, NaNs, infinities and
@@ -124,54 +82,6 @@ TEST_CASE("16-bit reductions combine in f32 and round once, in every target") {
     }
     CHECK(wrong == 0);
   }
-}
-
-TEST_CASE("sgd with momentum and nesterov follows PyTorch's rule") {
-  ddp::host::device dev;
-  for (bool nesterov : {false, true}) {
-    std::vector<float> p{1.0f, -2.0f}, g{0.5f, 0.25f}, m(2, 0.0f);
-    ddp::optim::sgd o{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = nesterov};
-    ddp::segment s{p.data(), 0, 2};
-    std::vector<double> rp{1.0, -2.0}, rm{0, 0};
-    for (int step = 0; step < 3; ++step) {
-      dev.elementwise<1>({&s, 1}, g.data(), m.data(), m.size(), o.at(step + 1));
-      for (int i = 0; i < 2; ++i) {
-        double d = g[i] + 0.01 * rp[i];
-        rm[i] = 0.9 * rm[i] + d;
-        rp[i] -= 0.1 * (nesterov ? d + 0.9 * rm[i] : rm[i]);
-      }
-    }
-    CHECK(p[0] == doctest::Approx(rp[0]).epsilon(1e-6));
-    CHECK(p[1] == doctest::Approx(rp[1]).epsilon(1e-6));
-  }
-}
-
-TEST_CASE("adamw follows PyTorch's rule with bias correction and decoupled decay") {
-  ddp::host::device dev;
-  std::vector<float> p{1.0f}, g{0.3f}, state{0, 0};  // m, then v
-  ddp::optim::adamw o{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f};
-  ddp::segment s{p.data(), 0, 1};
-  double rp = 1.0, rm = 0, rv = 0;
-  for (int t = 1; t <= 3; ++t) {
-    dev.elementwise<2>({&s, 1}, g.data(), state.data(), 1, o.at(t));
-    rp *= 1 - 0.01 * 0.1;
-    rm = 0.9 * rm + 0.1 * 0.3;
-    rv = 0.999 * rv + 0.001 * 0.09;
-    rp -= 0.01 * (rm / (1 - std::pow(0.9, t))) / (std::sqrt(rv / (1 - std::pow(0.999, t))) + 1e-8);
-  }
-  CHECK(p[0] == doctest::Approx(rp).epsilon(1e-6));
-}
-
-TEST_CASE("pack and unpack move tensors in and out of bucket slots") {
-  ddp::host::device dev;
-  std::vector<float> a{1, 2, 3}, b{4, 5}, bucket(5, 0.0f);
-  std::vector<ddp::segment> segs{{b.data(), 0, 2}, {a.data(), 2, 3}};
-  dev.pack(segs, bucket.data());
-  CHECK(bucket == std::vector<float>{4, 5, 1, 2, 3});
-  dev.scale(bucket.data(), bucket.size(), 2.0f);
-  dev.unpack(segs, bucket.data());
-  CHECK(a == std::vector<float>{2, 4, 6});
-  CHECK(b == std::vector<float>{8, 10});
 }
 
 TEST_CASE("divide gives the quotient's bits, by powers of two (a multiply) and by other divisors") {
