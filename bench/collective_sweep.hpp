@@ -134,11 +134,11 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
   // Across ranks as -a asks (a host all_reduce of one double).
   auto across = [&](double v) {
     if (p.average == 0) {
-      ddp::broadcast(host, std::span<double>(&v, 1), 0);
+      ddp::comm::broadcast(host, std::span<double>(&v, 1), 0);
       return v;
     }
     const auto op = p.average == 2 ? ddp::reduce_op::min : p.average == 3 ? ddp::reduce_op::max : ddp::reduce_op::sum;
-    ddp::all_reduce(host, std::span<double>(&v, 1), op);
+    ddp::comm::all_reduce(host, std::span<double>(&v, 1), op);
     return p.average == 1 ? v / ranks : v;
   };
 
@@ -176,10 +176,10 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
         auto run = [&](bool in_place) {
           const auto [from, to] = buffers(in_place);
           switch (kind) {
-            case collective_kind::all_reduce: ddp::all_reduce(comm, from, to, op); break;
-            case collective_kind::reduce_scatter: ddp::reduce_scatter(comm, from, to, op); break;
-            case collective_kind::all_gather: ddp::all_gather(comm, from, to); break;
-            case collective_kind::broadcast: ddp::broadcast(comm, to, p.root); break;
+            case collective_kind::all_reduce: ddp::comm::all_reduce(comm, from, to, op); break;
+            case collective_kind::reduce_scatter: ddp::comm::reduce_scatter(comm, from, to, op); break;
+            case collective_kind::all_gather: ddp::comm::all_gather(comm, from, to); break;
+            case collective_kind::broadcast: ddp::comm::broadcast(comm, to, p.root); break;
           }
           mem.synchronize();
         };
@@ -224,7 +224,7 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
             mem.download(output.data(), recv, output.size());
           }
           double wrong = static_cast<double>(count_wrong(kind, type, op, output.data(), shape.recv, rank, ranks, p.root));
-          ddp::all_reduce(host, std::span<double>(&wrong, 1), ddp::reduce_op::sum);
+          ddp::comm::all_reduce(host, std::span<double>(&wrong, 1), ddp::reduce_op::sum);
           return static_cast<long long>(wrong);
         };
         const double factor = bus_factor(kind, ranks);
@@ -243,7 +243,7 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
         std::vector<std::function<void()>> calls{[&] { run(true); }, [&] { run_async(!has_out_of_place); }};
         if (has_out_of_place) calls.insert(calls.begin(), [&] { run(false); });
         if (base.call) calls.push_back(base.call);
-        std::vector<double> seconds = best_seconds_per_call(p, calls, [&] { ddp::barrier(host); });
+        std::vector<double> seconds = best_seconds_per_call(p, calls, [&] { ddp::comm::barrier(host); });
         for (double& t : seconds) t = across(t);
         const double oop_seconds = has_out_of_place ? seconds[0] : 0, ip_seconds = seconds[has_out_of_place ? 1 : 0],
                      async_seconds = seconds[has_out_of_place ? 2 : 1], base_seconds = base.call ? seconds.back() : base.seconds;

@@ -154,7 +154,7 @@ std::string baseline_note(const std::string& backend) {
 
 void add_notes(report& out, const std::string& backend) {
   out.note(baseline_note(backend));
-  out.note("oop/ip: the blocking form (ddp::all_reduce(comm, ...) and its siblings); async: the asynchronous member, "
+  out.note("oop/ip: the blocking form (ddp::comm::all_reduce(comm, ...) and its siblings); async: the asynchronous member, "
            "its handle waited for (out of place; broadcast in place); async/base = its busbw / the baseline's");
 }
 

@@ -122,7 +122,7 @@ double gradient_bytes(model& m, double elements, const Hook& hook) {
       const auto rows = static_cast<std::size_t>(ref.value.shape.at(0));
       tensors.push_back({0, rows, ref.value.numel() / rows});
     }
-    const auto plan = ddp::comm_hook::powersgd_detail::plan(tensors, Hook::rank, hook.min_compression_rate);
+    const auto plan = ddp::comm_hook::detail::plan(tensors, Hook::rank, hook.min_compression_rate);
     return 4.0 * static_cast<double>(plan.p_floats + plan.q_floats + plan.plain_floats);
   } else {
     return 2.0 * elements;
@@ -143,7 +143,7 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     ddp::timeline timeline;
     if (breakdown) t.record_timeline(&timeline);
     double overlapped = 0, reduced = 0;
-    ddp::barrier(comm);
+    ddp::comm::barrier(comm);
     const auto t0 = clock_type::now();
     for (int s = 0; s < p.steps; ++s) {
       one();
@@ -152,7 +152,7 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     }
     figures f;
     f.step = std::chrono::duration<double>(clock_type::now() - t0).count() / p.steps;
-    ddp::all_reduce(comm, std::span<double>(&f.step, 1), ddp::reduce_op::max);
+    ddp::comm::all_reduce(comm, std::span<double>(&f.step, 1), ddp::reduce_op::max);
     if (breakdown) read_timeline(timeline, f);
     f.overlapped = reduced > 0 ? overlapped / reduced : 0;
     // Bytes this rank hands to collectives per step: every bucket's gradients (and, sharded, the

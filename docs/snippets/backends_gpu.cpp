@@ -43,7 +43,7 @@ void one_gpu_ranks(std::uint64_t seed, const ddp::optim::sgd& opt) {
 
   ddp::inproc::launch(2, [&](ddp::inproc::communicator& host) {
     ddp::cuda::device dev(0, host.rank());  // both ranks on GPU 0
-    ddp::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
+    ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
     auto m = make_gpu_model(dev, seed);
     ddp::trainer<gpu_model, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>>
         trainer(m, comm, dev, opt);

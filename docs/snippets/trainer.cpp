@@ -105,7 +105,7 @@ void schedules(trainer_t& trainer, std::size_t total_steps, std::size_t step, fl
   // [doc: trainer.md]
   #include <ddp/ddp.hpp>
 
-  const auto schedule = ddp::schedule::linear_warmup(500, ddp::schedule::cosine(total_steps));
+  const auto schedule = ddp::optim::schedule::linear_warmup(500, ddp::optim::schedule::cosine(total_steps));
   trainer.learning_rate() = base_lr * schedule(step);
   // [end doc]
 }
@@ -328,7 +328,7 @@ void instantiate() {
     join(trainer, plain);
     timeline(trainer, plain);
     using_the_loader(trainer, 1);
-    checkpoints(trainer, l, "/tmp/ddp-snippet-checkpoint", 1, 0.1f, ddp::schedule::constant{});
+    checkpoints(trainer, l, "/tmp/ddp-snippet-checkpoint", 1, 0.1f, ddp::optim::schedule::constant{});
     generator g = make_model(2);
     gan(g, make_model(3), comm, dev, ddp::optim::sgd{}, {}, {}, {});
   });

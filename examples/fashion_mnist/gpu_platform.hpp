@@ -29,12 +29,12 @@ namespace g = ddp::nn::cuda;
 
 // The ranks' communicator on GPUs: NCCL, one rank per GPU; or, with --backend staged, several
 // in-process ranks sharing the GPUs there are (rank r on GPU r mod count), their collectives
-// through host memory (ddp::staged_communicator), since NCCL refuses two ranks on one GPU. One
+// through host memory (ddp::comm::staged_communicator), since NCCL refuses two ranks on one GPU. One
 // type for both, chosen when the run starts, and the same under mpirun (NCCL there), so that the
 // example's policy combinations compile against one trainer core.
 class gpu_communicator {
  public:
-  using staged = ddp::staged_communicator<ddp::inproc::communicator, ddp::cuda::device>;
+  using staged = ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device>;
   static constexpr ddp::device_kind memory_kind = ddp::device_kind::cuda;
   static constexpr std::string_view backend_name = "nccl|staged";
 
@@ -57,7 +57,7 @@ class gpu_communicator {
     }
 
    private:
-    std::variant<ddp::nccl::work, ddp::staged_work> w_;
+    std::variant<ddp::nccl::work, ddp::comm::staged_work> w_;
   };
 
   int rank() const {

@@ -37,8 +37,8 @@ namespace fmnist {
 using ddp::data::fashion_mnist;
 // The flags' schedule, as a multiplier of --lr at each step.
 inline std::function<float(std::size_t)> lr_schedule(const config& c, std::size_t total) {
-  if (c.schedule == "constant") return ddp::schedule::constant{};
-  return ddp::schedule::cosine(total);  // down to zero over the whole run
+  if (c.schedule == "constant") return ddp::optim::schedule::constant{};
+  return ddp::optim::schedule::cosine(total);  // down to zero over the whole run
 }
 
 class progress_line {

@@ -35,7 +35,7 @@ bool eventually(const auto& ready) {
 }  // namespace
 
 TEST_CASE("run_blocking on an idle queue runs on the calling thread, and the watchdog sees it run") {
-  ddp::progress_thread queue;
+  ddp::comm::progress_thread queue;
   std::thread::id ran_on;
   std::uint64_t running = 0;
   queue.run_blocking([&] {
@@ -48,7 +48,7 @@ TEST_CASE("run_blocking on an idle queue runs on the calling thread, and the wat
 }
 
 TEST_CASE("run_blocking behind queued operations runs after them, in issue order") {
-  ddp::progress_thread queue;
+  ddp::comm::progress_thread queue;
   order_log log;
   std::atomic<bool> release{false};
   auto first = queue.submit([&] {
@@ -68,7 +68,7 @@ TEST_CASE("run_blocking behind queued operations runs after them, in issue order
 }
 
 TEST_CASE("run_blocking rethrows its operation's failure, and the queue goes on") {
-  ddp::progress_thread queue;
+  ddp::comm::progress_thread queue;
   CHECK_THROWS_WITH_AS(queue.run_blocking([] { throw std::runtime_error("rank 1 gave up"); }), "rank 1 gave up",
                        std::runtime_error);
   CHECK(queue.running_op() == 0);
@@ -81,7 +81,7 @@ TEST_CASE("run_blocking rethrows its operation's failure, and the queue goes on"
 TEST_CASE("an operation nobody waits for runs on the progress thread, and says when it ran") {
   // Many rounds: a submission that lands while the progress thread is about to sleep must still
   // wake it (nobody else would run the operation).
-  ddp::progress_thread queue(ddp::progress_options{.spin = std::chrono::microseconds(1)});
+  ddp::comm::progress_thread queue(ddp::comm::progress_options{.spin = std::chrono::microseconds(1)});
   for (int round = 0; round < 200; ++round) {
     std::atomic<bool> ran{false};
     std::thread::id ran_on;
@@ -98,7 +98,7 @@ TEST_CASE("an operation nobody waits for runs on the progress thread, and says w
 }
 
 TEST_CASE("operations never overlap, whether the progress thread, a waiter or a blocking caller runs them") {
-  ddp::progress_thread queue;
+  ddp::comm::progress_thread queue;
   std::atomic<int> inside{0}, overlaps{0}, ran{0};
   auto op = [&] {
     if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
@@ -107,7 +107,7 @@ TEST_CASE("operations never overlap, whether the progress thread, a waiter or a 
     ran.fetch_add(1);
   };
   auto issue = [&](int seed) {
-    std::vector<ddp::work> later;
+    std::vector<ddp::comm::work> later;
     for (int i = 0; i < 200; ++i) switch ((i + seed) % 3) {
         case 0: queue.run_blocking(op); break;
         case 1: queue.submit(op).wait(); break;

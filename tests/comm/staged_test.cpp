@@ -1,4 +1,4 @@
-// ddp::staged_communicator (several ranks on one GPU) over the host device, where its copies are
+// ddp::comm::staged_communicator (several ranks on one GPU) over the host device, where its copies are
 // memcpy: the conformance suite passes through it, and a trainer over it takes the bits of one
 // over the in-process communicator it wraps. tests/trainer/gpu_trainer_test.cpp runs it on a GPU.
 #include <doctest/doctest.h>
@@ -10,7 +10,7 @@
 #include "trainer/equivalence.hpp"
 
 namespace {
-using staged = ddp::staged_communicator<ddp::inproc::communicator, ddp::host::device>;
+using staged = ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::host::device>;
 static_assert(ddp::diagnose_communicator<staged>());
 static_assert(staged::memory_kind == ddp::device_kind::cpu);
 

@@ -17,11 +17,11 @@ struct complete_comm {
   static constexpr std::string_view backend_name = "test";
   int rank() const { return 0; }
   int size() const { return 1; }
-  ddp::work all_reduce(ddp::const_buffer, ddp::mutable_buffer, ddp::reduce_op) { return {}; }
-  ddp::work broadcast(ddp::mutable_buffer, int) { return {}; }
-  ddp::work all_gather(ddp::const_buffer, ddp::mutable_buffer) { return {}; }
-  ddp::work reduce_scatter(ddp::const_buffer, ddp::mutable_buffer, ddp::reduce_op) { return {}; }
-  ddp::work barrier() { return {}; }
+  ddp::comm::work all_reduce(ddp::const_buffer, ddp::mutable_buffer, ddp::reduce_op) { return {}; }
+  ddp::comm::work broadcast(ddp::mutable_buffer, int) { return {}; }
+  ddp::comm::work all_gather(ddp::const_buffer, ddp::mutable_buffer) { return {}; }
+  ddp::comm::work reduce_scatter(ddp::const_buffer, ddp::mutable_buffer, ddp::reduce_op) { return {}; }
+  ddp::comm::work barrier() { return {}; }
   void abort(const std::string&) {}
 };
 struct comm_without_rank : complete_comm {
@@ -57,13 +57,13 @@ struct device_without_locate : ddp::host::device {
 }  // namespace
 
 TEST_CASE("host work handles carry timing, a handle without it is still a work handle") {
-  static_assert(ddp::timed_work_handle<ddp::work>);
+  static_assert(ddp::timed_work_handle<ddp::comm::work>);
   struct untimed {
     void wait() {}
     bool test() { return true; }
   };
   static_assert(ddp::work_handle<untimed> && !ddp::timed_work_handle<untimed>);
-  CHECK(ddp::timed_work_handle<ddp::work>);
+  CHECK(ddp::timed_work_handle<ddp::comm::work>);
 }
 
 TEST_CASE("communicator concept") {

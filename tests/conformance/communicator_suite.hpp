@@ -55,10 +55,10 @@ void all_reduce_case(Comm& comm, std::size_t n, ddp::reduce_op op, bool in_place
   std::vector<T> send(n), recv(n, T{});
   for (std::size_t i = 0; i < n; ++i) send[i] = input<T>(r, i);
   if (in_place) {
-    ddp::all_reduce(comm, std::span<T>(send), op);
+    ddp::comm::all_reduce(comm, std::span<T>(send), op);
     recv.swap(send);
   } else {
-    ddp::all_reduce(comm, std::span<const T>(send), std::span<T>(recv), op);
+    ddp::comm::all_reduce(comm, std::span<const T>(send), std::span<T>(recv), op);
     CHECK(first_mismatch<T>(send, [&](std::size_t i) { return input<T>(r, i); }) == -1);
   }
   INFO("all_reduce ", ddp::name_of(ddp::dtype_of<T>), " ", ddp::name_of(op), " count ", n,
@@ -86,7 +86,7 @@ template <class T, class Comm>
 void broadcast_case(Comm& comm, std::size_t n, int root) {
   std::vector<T> data(n);
   for (std::size_t i = 0; i < n; ++i) data[i] = input<T>(comm.rank(), i);
-  ddp::broadcast(comm, std::span<T>(data), root);
+  ddp::comm::broadcast(comm, std::span<T>(data), root);
   INFO("broadcast ", ddp::name_of(ddp::dtype_of<T>), " count ", n, " root ", root, " rank ",
        comm.rank());
   CHECK(first_mismatch<T>(data, [&](std::size_t i) { return input<T>(root, i); }) == -1);
@@ -113,9 +113,9 @@ void all_gather_case(Comm& comm, std::size_t n, bool in_place) {
   for (std::size_t i = 0; i < n; ++i) own[i] = input<T>(r, i);
   if (in_place) {
     std::copy(own.begin(), own.end(), recv.begin() + static_cast<std::ptrdiff_t>(n * r));
-    ddp::all_gather(comm, std::span<const T>(recv.data() + n * r, n), std::span<T>(recv));
+    ddp::comm::all_gather(comm, std::span<const T>(recv.data() + n * r, n), std::span<T>(recv));
   } else {
-    ddp::all_gather(comm, std::span<const T>(own), std::span<T>(recv));
+    ddp::comm::all_gather(comm, std::span<const T>(own), std::span<T>(recv));
   }
   INFO("all_gather ", ddp::name_of(ddp::dtype_of<T>), " count ", n, " world ", w, " rank ", r);
   CHECK(first_mismatch<T>(recv, [&](std::size_t i) {
@@ -143,10 +143,10 @@ void reduce_scatter_case(Comm& comm, std::size_t n, ddp::reduce_op op, bool in_p
   for (std::size_t i = 0; i < send.size(); ++i) send[i] = input<T>(r, i);
   std::vector<T> recv(n, T{});
   if (in_place) {
-    ddp::reduce_scatter(comm, std::span<const T>(send), std::span<T>(send.data() + n * r, n), op);
+    ddp::comm::reduce_scatter(comm, std::span<const T>(send), std::span<T>(send.data() + n * r, n), op);
     std::copy_n(send.begin() + static_cast<std::ptrdiff_t>(n * r), n, recv.begin());
   } else {
-    ddp::reduce_scatter(comm, std::span<const T>(send), std::span<T>(recv), op);
+    ddp::comm::reduce_scatter(comm, std::span<const T>(send), std::span<T>(recv), op);
   }
   INFO("reduce_scatter ", ddp::name_of(ddp::dtype_of<T>), " ", ddp::name_of(op), " count ", n,
        " world ", w, " rank ", r);
@@ -244,8 +244,8 @@ void avg_overflow_case(Comm& comm) {
   const T big = std::ldexp(T(1), std::numeric_limits<T>::max_exponent - 1);
   const std::size_t n = 37, w = static_cast<std::size_t>(comm.size());
   std::vector<T> v(n, big), scattered(n * w, big), part(n);
-  ddp::all_reduce(comm, std::span<T>(v), ddp::reduce_op::avg);
-  ddp::reduce_scatter(comm, std::span<const T>(scattered), std::span<T>(part), ddp::reduce_op::avg);
+  ddp::comm::all_reduce(comm, std::span<T>(v), ddp::reduce_op::avg);
+  ddp::comm::reduce_scatter(comm, std::span<const T>(scattered), std::span<T>(part), ddp::reduce_op::avg);
   INFO("avg of ", comm.size(), " ranks at 2^", std::numeric_limits<T>::max_exponent - 1, ", ",
        ddp::name_of(ddp::dtype_of<T>), ", rank ", comm.rank());
   CHECK(first_mismatch<T>(v, [&](std::size_t) { return big; }) == -1);
@@ -271,7 +271,7 @@ void async_cases(Comm& comm) {
                                       ddp::as_buffer(std::span<float>(b)), ddp::reduce_op::sum));
   // A blocking collective issued now goes behind them.
   std::vector<float> after(10, 1.0f);
-  ddp::all_reduce(comm, std::span<float>(after), ddp::reduce_op::sum);
+  ddp::comm::all_reduce(comm, std::span<float>(after), ddp::reduce_op::sum);
   CHECK(after[9] == static_cast<float>(w));
   if constexpr (Comm::memory_kind == ddp::device_kind::cpu)
     for (auto& p : pending) CHECK(p.test());
@@ -283,7 +283,7 @@ void async_cases(Comm& comm) {
             return static_cast<float>(w * static_cast<int>(b + i) + w * (w - 1) / 2);
           }) == -1);
   }
-  ddp::barrier(comm);
+  ddp::comm::barrier(comm);
 }
 
 // Non-integer data: every rank must hold the same bits, and the bits are returned so a caller
@@ -297,11 +297,11 @@ std::vector<std::uint32_t> determinism_case(Comm& comm) {
     x ^= x << 13; x ^= x >> 7; x ^= x << 17;
     e = static_cast<float>(static_cast<double>(x >> 11) * 0x1.0p-53 * 2.0 - 1.0) * 1e3f;
   }
-  ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::avg);
+  ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::avg);
   std::vector<std::uint32_t> bits(n);
   std::memcpy(bits.data(), v.data(), n * 4);
   std::vector<std::int64_t> mine(bits.begin(), bits.end()), all(n * comm.size());
-  ddp::all_gather(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  ddp::comm::all_gather(comm, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
   for (int k = 0; k < comm.size(); ++k) {
     INFO("rank ", comm.rank(), " compares its bits with rank ", k);
     CHECK(std::equal(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(n * k)));

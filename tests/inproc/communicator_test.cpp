@@ -78,7 +78,7 @@ TEST_CASE("inproc bind_to_cores puts each rank, and the threads it starts, on a 
         std::vector<int> started;
         std::thread([&] { started = ddp::detail::usable_cpus(); }).join();
         std::vector<float> v(100, static_cast<float>(comm.rank() + 1));
-        ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+        ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
         CHECK(v.front() == static_cast<float>(comm.size() * (comm.size() + 1) / 2));
         CHECK(started == ddp::detail::usable_cpus());
         return ddp::detail::usable_cpus();

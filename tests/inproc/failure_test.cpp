@@ -69,9 +69,9 @@ outcome run(int world, F fn, ddp::inproc::options opts = {}) {
 TEST_CASE("a rank that throws makes every other rank's collective throw, naming it") {
   auto o = run(4, [](auto& comm) {
     std::vector<float> v(1000, 1.0f);
-    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+    ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
     if (comm.rank() == 2) throw std::runtime_error("loss is NaN on rank 2");
-    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+    ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
   });
   // launch reports every rank's error, the cause first; the cause's own exception is nested.
   CHECK(o.rethrown.starts_with("ddp[inproc] launch on rank 2: loss is NaN on rank 2\n"));
@@ -93,10 +93,10 @@ TEST_CASE("a rank that never arrives times out on every rank, naming collective,
   auto o = run(
       3,
       [](auto& comm) {
-        ddp::barrier(comm);
+        ddp::comm::barrier(comm);
         std::vector<double> v(10, 1.0);
         if (comm.rank() == 1) std::this_thread::sleep_for(1500ms);
-        ddp::all_reduce(comm, std::span<double>(v), ddp::reduce_op::max);
+        ddp::comm::all_reduce(comm, std::span<double>(v), ddp::reduce_op::max);
       },
       opts);
   for (int r : {0, 2}) {
@@ -115,7 +115,7 @@ TEST_CASE("a rank that never arrives times out on every rank, naming collective,
 TEST_CASE("ranks that disagree on a collective get the same error, naming both calls") {
   auto o = run(2, [](auto& comm) {
     std::vector<float> v(comm.rank() == 0 ? 4 : 5, 1.0f);
-    ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+    ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
   });
   for (int r : {0, 1}) {
     CAPTURE(o.rank_errors[r]);
@@ -132,9 +132,9 @@ TEST_CASE("a rank that returns early does not leave the others waiting") {
       3,
       [](auto& comm) {
         std::vector<float> v(8, 1.0f);
-        ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+        ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
         if (comm.rank() == 0) return;
-        ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+        ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
       },
       opts);
   CHECK_FALSE(o.rethrown.empty());
@@ -170,7 +170,7 @@ TEST_CASE("invalid arguments are errors that name the collective") {
                        ddp::error);
   auto o = run(2, [](auto& comm) {
     std::vector<float> send(4), recv(3);
-    ddp::all_gather(comm, std::span<const float>(send), std::span<float>(recv));
+    ddp::comm::all_gather(comm, std::span<const float>(send), std::span<float>(recv));
   });
   CHECK(o.rank_errors[0].find("all_gather") != std::string::npos);
   CHECK(o.rethrown.find("recv must hold size() * send.count") != std::string::npos);
@@ -192,10 +192,10 @@ TEST_CASE("a rank that arrives as its peers time out passes with them or fails w
           3,
           [&](ddp::inproc::communicator& comm) {
             std::vector<float> v(64, 1.0f);
-            ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+            ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
             if (comm.rank() == 2) std::this_thread::sleep_for(delay);
             try {
-              ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+              ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
               passed[comm.rank()] = 1;
             } catch (const ddp::timeout_error&) {
               passed[comm.rank()] = 0;
@@ -238,7 +238,7 @@ TEST_CASE("a rank that fails mid-stream stops every rank at the same collective"
           second.wait();
           completed[comm.rank()] += 2;
         } else {
-          ddp::all_reduce(comm, std::span<float>(a), ddp::reduce_op::max);
+          ddp::comm::all_reduce(comm, std::span<float>(a), ddp::reduce_op::max);
           completed[comm.rank()] += 1;
         }
       }

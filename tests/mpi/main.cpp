@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
     if (comm.rank() != 0) context.setOption("out", "/dev/null");  // one report, from rank 0
     code = context.run();
     // The job fails if any rank failed.
-    code = ddp::all_reduce_value(comm, code, ddp::reduce_op::max);
+    code = ddp::comm::all_reduce_value(comm, code, ddp::reduce_op::max);
     mpi_test::current = nullptr;
   }
   return code;

@@ -11,8 +11,8 @@ int main(int argc, char** argv) {
   ddp::mpi::environment env(&argc, &argv);
   ddp::mpi::communicator comm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds(1500)});
   std::vector<float> v(16, 1.0f);
-  ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+  ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
   if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
-  ddp::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
+  ddp::comm::all_reduce(comm, std::span<float>(v), ddp::reduce_op::sum);
   return 0;
 }

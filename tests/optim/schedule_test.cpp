@@ -5,7 +5,7 @@
 
 #include "ddp/optim/schedule.hpp"
 
-namespace s = ddp::schedule;
+namespace s = ddp::optim::schedule;
 
 TEST_CASE("schedules: constant, cosine (with a floor), step decay, warm-up, and a lambda, composed") {
   CHECK(s::constant{}(12345) == 1.0f);

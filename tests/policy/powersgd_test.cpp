@@ -86,7 +86,7 @@ double average_update_error(int world, int steps, bool error_feedback, float min
 TEST_CASE("orthonormalize_columns leaves orthonormal columns, and a zero column zero") {
   ddp::host::device dev;
   constexpr std::size_t rows = 9, cols = 4;
-  auto a = ddp::comm_hook::powersgd_detail::normals(rows * cols, 5, 0, 0);
+  auto a = ddp::comm_hook::detail::normals(rows * cols, 5, 0, 0);
   for (std::size_t i = 0; i < rows; ++i) a[i * cols + 2] = 0.0f;  // column 2: zero
   ddp::host::orthonormalize_columns(dev, a.data(), rows, cols, 1e-8f);
   for (std::size_t j = 0; j < cols; ++j)

@@ -145,7 +145,7 @@ template <class Update>
 std::vector<std::vector<float>> train_ranks_on_one_gpu(const std::vector<batch>& data, int world) {
   const auto ranks = ddp::inproc::launch(world, [&](ddp::inproc::communicator& host) {
     ddp::cuda::device dev(0, host.rank());
-    ddp::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
+    ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
     gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
     ddp::trainer<gpu_model, Update, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>> t(
         m, comm, dev, shared_gpu_sgd);

@@ -8,7 +8,7 @@
 #include "ddp/core/buffer.hpp"
 #include "ddp/core/issue_mode.hpp"
 
-namespace ddp {
+namespace ddp::comm {
 
 namespace detail {
 // `collective(args..., ddp::blocking)` where the backend has that form, else `collective(args...)`
@@ -82,4 +82,4 @@ void reduce_scatter(C& comm, std::span<const T> send, std::span<T> recv, reduce_
   reduce_scatter(comm, as_buffer(send), as_buffer(recv), op);
 }
 
-}  // namespace ddp
+}  // namespace ddp::comm

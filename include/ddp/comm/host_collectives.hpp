@@ -10,7 +10,7 @@
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/device_array.hpp"
 
-namespace ddp::detail {
+namespace ddp::comm {
 
 // Through device memory: `start(p)` starts the collective over p and returns its work handle.
 template <device D, class T, class Start>
@@ -26,7 +26,7 @@ void staged(D& dev, std::span<T> host, std::size_t device_count, Start start) {
 template <communicator C, device D, class T>
 void host_all_reduce(C& comm, [[maybe_unused]] D& dev, std::span<T> data, reduce_op op) {
   if constexpr (C::memory_kind == device_kind::cpu)
-    ddp::all_reduce(comm, data, op);
+    ddp::comm::all_reduce(comm, data, op);
   else
     staged(dev, data, data.size(), [&](T* p) {
       const mutable_buffer b{p, data.size(), dtype_of<T>};
@@ -37,7 +37,7 @@ void host_all_reduce(C& comm, [[maybe_unused]] D& dev, std::span<T> data, reduce
 template <communicator C, device D, class T>
 void host_broadcast(C& comm, [[maybe_unused]] D& dev, std::span<T> data, int root) {
   if constexpr (C::memory_kind == device_kind::cpu)
-    ddp::broadcast(comm, data, root);
+    ddp::comm::broadcast(comm, data, root);
   else
     staged(dev, data, data.size(),
            [&](T* p) { return comm.broadcast(mutable_buffer{p, data.size(), dtype_of<T>}, root); });
@@ -53,10 +53,10 @@ std::vector<T> host_all_gather(C& comm, [[maybe_unused]] D& dev, std::span<const
   auto send = [&](T* p) { return const_buffer{p + offset, mine.size(), dtype_of<T>}; };
   auto recv = [&](T* p) { return mutable_buffer{p, all.size(), dtype_of<T>}; };
   if constexpr (C::memory_kind == device_kind::cpu)
-    ddp::all_gather(comm, send(all.data()), recv(all.data()));
+    ddp::comm::all_gather(comm, send(all.data()), recv(all.data()));
   else
     staged(dev, std::span<T>(all), all.size(), [&](T* p) { return comm.all_gather(send(p), recv(p)); });
   return all;
 }
 
-}  // namespace ddp::detail
+}  // namespace ddp::comm

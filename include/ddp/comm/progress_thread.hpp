@@ -27,12 +27,12 @@
 #include "ddp/core/issue_mode.hpp"
 #include "ddp/core/spin_wait.hpp"
 
-namespace ddp {
+namespace ddp::comm {
 
 struct progress_options {
   // How long the progress thread, and a thread waiting for an operation, spin before they sleep
   // (spin_wait.hpp).
-  std::chrono::microseconds spin = detail::spin_budget;
+  std::chrono::microseconds spin = ddp::detail::spin_budget;
   std::chrono::microseconds grace{10};  // see progress_thread::grace_over
 };
 
@@ -139,7 +139,7 @@ class work {
           continue;
         }
         lock.unlock();  // another thread runs an operation, perhaps this one
-        detail::spin_until([&] { return is_done() || q.maybe_runnable(); }, q.options.spin, detail::spin_kind::for_core);
+        ddp::detail::spin_until([&] { return is_done() || q.maybe_runnable(); }, q.options.spin, ddp::detail::spin_kind::for_core);
         lock.lock();
         if (!is_done() && !q.runnable()) {
           ++q.waiters_asleep;
@@ -242,8 +242,8 @@ class progress_thread {
       }
       if (q.stopping && q.ops.empty() && !q.running()) return;
       lock.unlock();
-      const bool more = detail::spin_until([&] { return q.maybe_runnable() && grace_over(); }, q.options.spin,
-                                           detail::spin_kind::for_core);
+      const bool more = ddp::detail::spin_until([&] { return q.maybe_runnable() && grace_over(); }, q.options.spin,
+                                           ddp::detail::spin_kind::for_core);
       lock.lock();
       // Runnable, or a waiter took it meanwhile: spin again. A submission between the spin and
       // the lock found this thread awake and did not wake it: look once more before sleeping.
@@ -279,4 +279,4 @@ class progress_thread {
   std::thread thread_;  // last: starts after the members it uses exist
 };
 
-}  // namespace ddp
+}  // namespace ddp::comm

@@ -9,7 +9,7 @@
 //
 //   ddp::inproc::launch(2, [&](ddp::inproc::communicator& host) {
 //     ddp::cuda::device dev(0);                                   // both ranks on GPU 0
-//     ddp::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
+//     ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
 //     ddp::trainer<Model, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>>
 //         trainer(model, comm, dev, opt);
 //   });
@@ -30,7 +30,7 @@
 #include "ddp/core/buffer.hpp"
 #include "ddp/core/dtype.hpp"
 
-namespace ddp {
+namespace ddp::comm {
 
 // A collective that has already run; wait() rethrows its failure, if any.
 class staged_work {
@@ -132,4 +132,4 @@ class staged_communicator {
   std::vector<std::byte> send_, recv_;
 };
 
-}  // namespace ddp
+}  // namespace ddp::comm

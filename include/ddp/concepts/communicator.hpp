@@ -38,7 +38,7 @@
 // Example:
 //   ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
 //     std::vector<float> v(4, float(comm.rank()));
-//     ddp::all_reduce(comm, std::span(v), ddp::reduce_op::sum);   // every element is 1
+//     ddp::comm::all_reduce(comm, std::span(v), ddp::reduce_op::sum);   // every element is 1
 //   });
 #include <concepts>
 #include <string>

@@ -34,10 +34,10 @@ inline float from_bf16(std::uint16_t h) {
 // Both f16 conversions are branch-free (every case computed, one selected by masks: GCC keeps a
 // ?: chain as branches), so loops over them vectorise. The method follows Fabian Giesen's notes
 // on half conversion.
-namespace half_detail {
+namespace detail {
 // c ? a : b, for c 0 or 1, without a branch.
 inline std::uint32_t pick(std::uint32_t c, std::uint32_t a, std::uint32_t b) { return b ^ ((a ^ b) & (0u - c)); }
-}  // namespace half_detail
+}  // namespace detail
 
 inline std::uint16_t to_f16(float f) {
   std::uint32_t x;
@@ -45,7 +45,7 @@ inline std::uint16_t to_f16(float f) {
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t mag = x & 0x7fffffffu;
   // At or past 65520 (rounds past f16's largest, 65504): inf, or a quiet NaN.
-  const std::uint32_t special = half_detail::pick(mag > 0x7f800000u, 0x7e00u, 0x7c00u);
+  const std::uint32_t special = detail::pick(mag > 0x7f800000u, 0x7e00u, 0x7c00u);
   // Below f16's smallest normal (2^-14): adding 0.5 lets the FPU round the mantissa into place.
   constexpr std::uint32_t magic_bits = 126u << 23;  // 0.5f
   float magic;
@@ -59,7 +59,7 @@ inline std::uint16_t to_f16(float f) {
   // Normal: rebias the exponent and round to nearest even on the 13 bits dropped.
   const std::uint32_t normal = (mag + 0xc8000fffu + ((mag >> 13) & 1u)) >> 13;  // 0xc8000000: (15 - 127) << 23
   const std::uint32_t h =
-      half_detail::pick(mag >= 0x477ff000u, special, half_detail::pick(mag < 0x38800000u, low, normal));
+      detail::pick(mag >= 0x477ff000u, special, detail::pick(mag < 0x38800000u, low, normal));
   return static_cast<std::uint16_t>(sign | h);
 }
 inline float from_f16(std::uint16_t h) {
@@ -78,7 +78,7 @@ inline float from_f16(std::uint16_t h) {
   std::uint32_t small;
   std::memcpy(&small, &small_f, 4);
   const std::uint32_t u =
-      half_detail::pick(exponent == exponent_bits, special, half_detail::pick(exponent == 0, small, normal)) |
+      detail::pick(exponent == exponent_bits, special, detail::pick(exponent == 0, small, normal)) |
       (static_cast<std::uint32_t>(h & 0x8000u) << 16);
   float f;
   std::memcpy(&f, &u, 4);

@@ -27,7 +27,7 @@ class communicator {
   communicator(std::shared_ptr<inproc::world> w, int rank)
       : world_(std::move(w)),
         rank_(rank),
-        progress_(progress_options{.spin = world_->spin_budget()}) {
+        progress_(comm::progress_options{.spin = world_->spin_budget()}) {
     if (rank < 0 || rank >= world_->size())
       throw error("inproc", "communicator", rank,
                   "rank " + std::to_string(rank) + " is outside a world of size " +
@@ -208,7 +208,7 @@ class communicator {
   std::shared_ptr<inproc::world> world_;
   int rank_;
   std::uint64_t next_sequence_ = 0;
-  progress_thread progress_;  // last: joined first, while the members it uses still exist
+  comm::progress_thread progress_;  // last: joined first, while the members it uses still exist
 };
 
 static_assert(diagnose_communicator<communicator>());

@@ -433,7 +433,7 @@ class communicator {
   std::atomic<const char*> current_name_{""};  // the latest collective entered
   std::atomic<std::uint64_t> entered_{0};       // collectives this rank has entered
   std::optional<comm::watchdog> watchdog_;
-  std::optional<progress_thread> progress_;
+  std::optional<comm::progress_thread> progress_;
 };
 
 static_assert(diagnose_communicator<communicator>());

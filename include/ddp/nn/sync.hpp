@@ -11,7 +11,7 @@ template <communicator C>
 auto sum_over_ranks(C& comm) {
   static_assert(C::memory_kind == device_kind::cpu,
                 "ddp::nn::sum_over_ranks: the nn layers keep host tensors; use a host communicator");
-  return [&comm](std::span<double> values) { ddp::all_reduce(comm, values, reduce_op::sum); };
+  return [&comm](std::span<double> values) { ddp::comm::all_reduce(comm, values, reduce_op::sum); };
 }
 
 }  // namespace ddp::nn

@@ -2,7 +2,7 @@
 // Learning-rate schedules: small objects, each a multiplier of the base learning rate at a step
 // (0-based), that compose. Set the rate before each step:
 //
-//   const auto schedule = ddp::schedule::linear_warmup(500, ddp::schedule::cosine(total_steps));
+//   const auto schedule = ddp::optim::schedule::linear_warmup(500, ddp::optim::schedule::cosine(total_steps));
 //   trainer.learning_rate() = base_lr * schedule(step);
 //
 //   constant()                  1
@@ -19,7 +19,7 @@
 #include <string>
 #include <utility>
 
-namespace ddp::schedule {
+namespace ddp::optim::schedule {
 
 template <class S>
 concept schedule = std::copy_constructible<S> && requires(const S& s, std::size_t step) {
@@ -33,7 +33,7 @@ struct constant {
 class cosine {
  public:
   explicit cosine(std::size_t total, float floor = 0.0f) : total_(total), floor_(floor) {
-    if (total == 0) throw std::invalid_argument("ddp::schedule::cosine: total steps must be at least 1");
+    if (total == 0) throw std::invalid_argument("ddp::optim::schedule::cosine: total steps must be at least 1");
   }
   float operator()(std::size_t step) const noexcept {
     const float half_wave = 0.5f * (1.0f + std::cos(std::numbers::pi_v<float> * static_cast<float>(step) /
@@ -49,7 +49,7 @@ class cosine {
 class step_decay {
  public:
   step_decay(std::size_t every, float gamma) : every_(every), gamma_(gamma) {
-    if (every == 0) throw std::invalid_argument("ddp::schedule::step_decay: `every` must be at least 1 step");
+    if (every == 0) throw std::invalid_argument("ddp::optim::schedule::step_decay: `every` must be at least 1 step");
   }
   float operator()(std::size_t step) const noexcept {
     return std::pow(gamma_, static_cast<float>(step / every_));
@@ -74,4 +74,4 @@ class linear_warmup {
   Then then_;
 };
 
-}  // namespace ddp::schedule
+}  // namespace ddp::optim::schedule

@@ -30,7 +30,7 @@
 
 #include "ddp/policy/slots.hpp"
 
-namespace ddp {
+namespace ddp::policy {
 
 namespace buckets {
 struct slot;
@@ -113,7 +113,7 @@ consteval bool diagnose() {
   static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; },
                 "ddp: a policy in the bucket_cap slot lacks `static constexpr std::string_view name`");
   static_assert(requires(const P& p, std::span<const std::size_t> numels) {
-                  { p.plan(numels) } -> std::same_as<ddp::bucket_plan>;
+                  { p.plan(numels) } -> std::same_as<bucket_plan>;
                 },
                 "ddp: a policy in the bucket_cap slot lacks `ddp::bucket_plan plan(std::span<const "
                 "std::size_t> numels) const` (ddp::plan_buckets builds one; see ddp/policy/bucket_cap.hpp)");
@@ -123,7 +123,14 @@ consteval bool diagnose() {
 }
 }  // namespace buckets
 
-// The slot's former namespace, kept so that policies written against it still compile.
-namespace bucket_cap_detail = buckets;
+}  // namespace ddp::policy
 
+// The short spellings policy lists and user plans write: ddp::bucket_cap<Bytes>, ddp::buckets::slot.
+namespace ddp {
+namespace buckets = policy::buckets;
+using policy::bucket_cap;
+using policy::bucket_plan;
+using policy::bucket_slot;
+using policy::bucket_slot_alignment;
+using policy::plan_buckets;
 }  // namespace ddp

@@ -36,7 +36,7 @@
 
 #include "ddp/policy/slots.hpp"
 
-namespace ddp::buffer_sync {
+namespace ddp::policy::buffer_sync {
 
 struct slot;
 
@@ -120,4 +120,9 @@ consteval bool diagnose() {
   return policy<P>;
 }
 
-}  // namespace ddp::buffer_sync
+}  // namespace ddp::policy::buffer_sync
+
+// The slot's short spelling, as policy lists write it: ddp::buffer_sync::... is ddp::policy::buffer_sync::...
+namespace ddp {
+namespace buffer_sync = policy::buffer_sync;
+}  // namespace ddp

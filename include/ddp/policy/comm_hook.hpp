@@ -39,7 +39,7 @@
 #include "ddp/core/reduce_op.hpp"
 #include "ddp/policy/slots.hpp"
 
-namespace ddp::comm_hook {
+namespace ddp::policy::comm_hook {
 
 struct slot;
 
@@ -209,4 +209,9 @@ consteval bool diagnose() {
   return policy<H>;
 }
 
-}  // namespace ddp::comm_hook
+}  // namespace ddp::policy::comm_hook
+
+// The slot's short spelling, as policy lists write it: ddp::comm_hook::... is ddp::policy::comm_hook::...
+namespace ddp {
+namespace comm_hook = policy::comm_hook;
+}  // namespace ddp

@@ -11,14 +11,14 @@
 #include "ddp/concepts/device.hpp"
 #include "ddp/policy/slots.hpp"
 
-namespace ddp {
-
-namespace inproc {
+namespace ddp::inproc {
 class communicator;
 }
-namespace host {
+namespace ddp::host {
 class device;
 }
+
+namespace ddp::policy {
 
 namespace engine {
 struct communicator_slot;
@@ -72,7 +72,11 @@ consteval bool diagnose_device_slot() {
 }
 }  // namespace engine
 
-// The slots' former namespace, kept so that code naming them still compiles.
-namespace engine_detail = engine;
+}  // namespace ddp::policy
 
+// The short spellings: ddp::use_communicator<C>, ddp::use_device<D>, ddp::engine::...
+namespace ddp {
+namespace engine = policy::engine;
+using policy::use_communicator;
+using policy::use_device;
 }  // namespace ddp

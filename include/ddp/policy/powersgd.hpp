@@ -38,9 +38,9 @@
 #include "ddp/core/segment.hpp"
 #include "ddp/policy/comm_hook.hpp"
 
-namespace ddp::comm_hook {
+namespace ddp::policy::comm_hook {
 
-namespace powersgd_detail {
+namespace detail {
 
 // A bucket's tensors as PowerSGD treats them: each compressed matrix with its factors' offsets
 // in the bucket's P and Q memory, and the tensors averaged as they are.
@@ -106,15 +106,15 @@ inline constexpr auto name_text = [] {
   return std::pair{s, n};
 }();
 
-}  // namespace powersgd_detail
+}  // namespace detail
 
 template <std::size_t Rank>
 struct powersgd {
   static_assert(Rank >= 1 && Rank <= 1024, "ddp: comm_hook::powersgd<Rank> takes a rank from 1 to 1024");
   using slot = comm_hook::slot;
   static constexpr std::size_t rank = Rank;
-  static constexpr std::string_view name{powersgd_detail::name_text<Rank>.first.data(),
-                                         powersgd_detail::name_text<Rank>.second};
+  static constexpr std::string_view name{detail::name_text<Rank>.first.data(),
+                                         detail::name_text<Rank>.second};
 
   std::uint64_t start_after = 1000;  // optimizer steps reduced plainly first
   float min_compression_rate = 2.0f;
@@ -136,12 +136,12 @@ struct powersgd {
        "ddp::host::device (link ddp::nn), <ddp/cuda/linalg.hpp> for ddp::cuda::device, or declare gemm, axpy "
        "and orthonormalize_columns for your device in its namespace, as those headers do");
     float* g = b.gradients();
-    const auto plan = powersgd_detail::plan(b.tensors(), Rank, min_compression_rate, g);
+    const auto plan = detail::plan(b.tensors(), Rank, min_compression_rate, g);
     float* m = compressed_input(b, plan);
     const hook_state q_state = b.state(1, plan.q_floats * sizeof(float));
     auto* q = static_cast<float*>(q_state.data);
     if (plan.q_floats && (!warm_start || q_state.fresh)) {
-      const auto init = powersgd_detail::normals(plan.q_floats, seed, b.index(), b.step());
+      const auto init = detail::normals(plan.q_floats, seed, b.index(), b.step());
       dev.copy_from_host(q, init.data(), plan.q_floats * sizeof(float));
     }
     auto* p = static_cast<float*>(b.scratch(0, plan.p_floats * sizeof(float)));
@@ -165,7 +165,7 @@ struct powersgd {
     b.wait();
     auto& dev = b.device();
     float* g = b.gradients();
-    const auto plan = powersgd_detail::plan(b.tensors(), Rank, min_compression_rate, g);
+    const auto plan = detail::plan(b.tensors(), Rank, min_compression_rate, g);
     float* m = error_feedback ? float_state(b, 0, b.size()) : g;
     auto* q = float_state(b, 1, plan.q_floats);
     auto* p = static_cast<float*>(b.scratch(0, plan.p_floats * sizeof(float)));
@@ -200,7 +200,7 @@ struct powersgd {
   // The matrices to compress: the gradients, or with error feedback the gradients plus what the
   // last step's approximation left out, summed into the error's memory (it becomes the next error).
   template <class IO>
-  float* compressed_input(IO& b, const powersgd_detail::bucket_plan& plan) {
+  float* compressed_input(IO& b, const detail::bucket_plan& plan) {
     if (!error_feedback) return b.gradients();
     float* e = float_state(b, 0, b.size());
     for (const auto& f : plan.compressed)
@@ -209,4 +209,4 @@ struct powersgd {
   }
 };
 
-}  // namespace ddp::comm_hook
+}  // namespace ddp::policy::comm_hook

@@ -58,7 +58,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/policy/slots.hpp"
 
-namespace ddp::unused_params {
+namespace ddp::policy::unused_params {
 
 struct slot;
 
@@ -248,4 +248,9 @@ consteval bool diagnose() {
   return policy<P>;
 }
 
-}  // namespace ddp::unused_params
+}  // namespace ddp::policy::unused_params
+
+// The slot's short spelling, as policy lists write it: ddp::unused_params::... is ddp::policy::unused_params::...
+namespace ddp {
+namespace unused_params = policy::unused_params;
+}  // namespace ddp

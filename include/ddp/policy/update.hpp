@@ -29,7 +29,7 @@
 
 #include "ddp/policy/slots.hpp"
 
-namespace ddp::update {
+namespace ddp::policy::update {
 
 struct slot;
 
@@ -118,4 +118,9 @@ consteval bool diagnose() {
   return policy<P>;
 }
 
-}  // namespace ddp::update
+}  // namespace ddp::policy::update
+
+// The slot's short spelling, as policy lists write it: ddp::update::... is ddp::policy::update::...
+namespace ddp {
+namespace update = policy::update;
+}  // namespace ddp

@@ -19,13 +19,13 @@ void agree_or_throw(C& comm, D& dev, const std::optional<std::string>& problem,
   // Row layout: the text, then at least one zero byte, then a flag byte (1 = has a problem).
   std::int64_t length = problem ? static_cast<std::int64_t>(problem->size()) + 2 : 0;
   std::int64_t longest = length;
-  host_all_reduce(comm, dev, std::span<std::int64_t>(&longest, 1), reduce_op::max);
+  comm::host_all_reduce(comm, dev, std::span<std::int64_t>(&longest, 1), reduce_op::max);
   if (longest == 0) return;
 
   std::vector<std::uint8_t> mine(static_cast<std::size_t>(longest), 0);
   if (problem) std::copy(problem->begin(), problem->end(), mine.begin());
   mine.back() = problem ? 1 : 0;  // marks "has a problem" (an empty text is still a problem)
-  auto all = host_all_gather(comm, dev, std::span<const std::uint8_t>(mine));
+  auto all = comm::host_all_gather(comm, dev, std::span<const std::uint8_t>(mine));
 
   std::vector<std::pair<std::string, std::string>> grouped;  // text, ranks
   for (int r = 0; r < comm.size(); ++r) {

@@ -392,7 +392,7 @@ class gradient_reducer {
     int rank() const noexcept override { return r.comm_.rank(); }
     int size() const noexcept override { return r.comm_.size(); }
     std::vector<std::uint8_t> all_gather(std::span<const std::uint8_t> mine) override {
-      return host_all_gather(r.comm_, r.device_, mine);
+      return comm::host_all_gather(r.comm_, r.device_, mine);
     }
   };
 

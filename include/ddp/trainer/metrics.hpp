@@ -35,7 +35,7 @@ template <class Comm, class Device, std::size_t N>
 std::array<metric, N> reduce_metrics(Comm& comm, Device& dev, std::array<metric, N> local) {
   std::array<double, 2 * N> flat;
   for (std::size_t i = 0; i < N; ++i) flat[2 * i] = local[i].sum, flat[2 * i + 1] = local[i].count;
-  host_all_reduce(comm, dev, std::span<double>(flat), reduce_op::sum);
+  comm::host_all_reduce(comm, dev, std::span<double>(flat), reduce_op::sum);
   for (std::size_t i = 0; i < N; ++i) local[i] = {flat[2 * i], flat[2 * i + 1]};
   return local;
 }

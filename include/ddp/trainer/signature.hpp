@@ -68,14 +68,14 @@ template <communicator C, device D>
 void check_same_model(C& comm, D& dev, const std::vector<signature_entry>& entries) {
   const std::string text = serialize(entries);
   const auto hash = static_cast<std::int64_t>(fnv1a(text));
-  auto hashes = host_all_gather(comm, dev, std::span<const std::int64_t>(&hash, 1));
+  auto hashes = comm::host_all_gather(comm, dev, std::span<const std::int64_t>(&hash, 1));
   if (std::all_of(hashes.begin(), hashes.end(), [&](auto h) { return h == hashes[0]; })) return;
 
   std::int64_t length = static_cast<std::int64_t>(text.size());
-  host_broadcast(comm, dev, std::span<std::int64_t>(&length, 1), 0);
+  comm::host_broadcast(comm, dev, std::span<std::int64_t>(&length, 1), 0);
   std::vector<std::uint8_t> reference(static_cast<std::size_t>(length));
   if (comm.rank() == 0) std::copy(text.begin(), text.end(), reference.begin());
-  host_broadcast(comm, dev, std::span<std::uint8_t>(reference), 0);
+  comm::host_broadcast(comm, dev, std::span<std::uint8_t>(reference), 0);
 
   std::optional<std::string> problem;
   if (const auto d = first_difference(lines_of(text), lines_of({reinterpret_cast<const char*>(reference.data()),

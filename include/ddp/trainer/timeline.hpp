@@ -199,10 +199,10 @@ bool write_chrome_trace(C& comm, D& dev, const timeline& mine, const std::string
   std::vector<std::uint8_t> bytes;
   for (const auto& e : mine.events()) detail::append_event(bytes, e);
   const auto size = static_cast<std::int64_t>(bytes.size());
-  const auto sizes = detail::host_all_gather(comm, dev, std::span<const std::int64_t>(&size, 1));
+  const auto sizes = comm::host_all_gather(comm, dev, std::span<const std::int64_t>(&size, 1));
   const auto longest = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
   bytes.resize(longest);
-  const auto all = detail::host_all_gather(comm, dev, std::span<const std::uint8_t>(bytes));
+  const auto all = comm::host_all_gather(comm, dev, std::span<const std::uint8_t>(bytes));
   if (comm.rank() != 0) return false;
   std::vector<std::vector<timeline_event>> ranks;
   for (std::size_t r = 0; r < sizes.size(); ++r)

@@ -217,7 +217,7 @@ class update_stage {
       sum += device_.sum_of_squares(bk.gradient_shard(), bk.shard());
       sharded = sharded || bk.sharded();
     }
-    if (sharded) host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
+    if (sharded) comm::host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
     gradient_norm_ = std::sqrt(sum);
     const double coefficient = static_cast<double>(max_gradient_norm_) / (gradient_norm_ + 1e-6);  // as PyTorch's
     if (coefficient >= 1.0) return;

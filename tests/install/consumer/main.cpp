@@ -16,7 +16,7 @@ CONSUMER_DECLARE(nccl)
 int main() {
   auto sums = ddp::inproc::launch(3, [](ddp::inproc::communicator& comm) {
     std::vector<int> v(5, comm.rank() + 1);
-    ddp::all_reduce(comm, std::span<int>(v), ddp::reduce_op::sum);
+    ddp::comm::all_reduce(comm, std::span<int>(v), ddp::reduce_op::sum);
     return v[4];
   });
   for (int s : sums)

@@ -22,7 +22,7 @@ auto sum_over_ranks(C& comm, ddp::cuda::device& dev) {
     } else {
       std::vector<double> host(on_device.size());
       dev.copy_to_host(host.data(), on_device.data(), on_device.size_bytes());
-      ddp::detail::host_all_reduce(comm, dev, std::span<double>(host), reduce_op::sum);
+      ddp::comm::host_all_reduce(comm, dev, std::span<double>(host), reduce_op::sum);
       dev.copy_from_host(on_device.data(), host.data(), on_device.size_bytes());
     }
   };
