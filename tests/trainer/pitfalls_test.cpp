@@ -1,8 +1,8 @@
-// Pitfalls P1-P6 of docs/pitfalls.md: the pattern that fails in PyTorch DDP, and what ddp does.
+// Pitfalls P1-P6 of docs/pitfalls.md: the pattern that fails in PyTorch DDP, and what ddp does
+// (P4, the sampler's epoch, in tests/sampler/sampler_test.cpp).
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <set>
 
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
@@ -250,59 +250,6 @@ TEST_CASE("P3: a tensor on another device is named, with both devices, on every 
     CHECK(contains(e, "pitfall P3"));
     CHECK(contains(e, "rank 1: parameter 'aux.weight' lives on cuda:1 but this rank's device is cpu"));
   }
-}
-
-TEST_CASE("P4: the trainer sets the epoch, orders differ per epoch, repeat per seed, and shard the data") {
-  using sampler = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
-  auto epoch_orders = [](std::uint64_t seed) {
-    return ddp::inproc::launch(3, [seed](auto& comm) {
-      test::branchy model(1);
-      ddp::host::device dev;
-      ddp::trainer<test::branchy, sampler> trainer(model, comm, dev, sgd, {.seed = seed});
-      std::vector<std::vector<std::size_t>> epochs;
-      for (int e = 0; e < 3; ++e) epochs.push_back(trainer.next_epoch_indices(10));
-      CHECK(trainer.epochs_started() == 3);
-      return epochs;
-    });
-  };
-  auto run1 = epoch_orders(7), run2 = epoch_orders(7), other_seed = epoch_orders(8);
-  CHECK(run1 == run2);
-  CHECK(run1 != other_seed);
-  for (int e = 0; e < 3; ++e) {
-    std::multiset<std::size_t> all;
-    for (int r = 0; r < 3; ++r) {
-      CHECK(run1[r][e].size() == 4);  // ceil(10 / 3), padded
-      all.insert(run1[r][e].begin(), run1[r][e].end());
-    }
-    for (std::size_t i = 0; i < 10; ++i) CHECK(all.count(i) >= 1);  // pad covers every sample
-    CHECK(all.size() == 12);
-  }
-  CHECK(run1[0][0] != run1[0][1]);  // a new order each epoch
-
-  // drop: disjoint shards of floor(n / world); in order: round-robin; contiguous: slices.
-  std::set<std::size_t> seen;
-  for (int r = 0; r < 3; ++r) {
-    auto idx = ddp::sampler::distributed<true, ddp::sampler::tail::drop>::indices(10, r, 3, 1, 0);
-    CHECK(idx.size() == 3);
-    for (auto i : idx) CHECK(seen.insert(i).second);
-  }
-  CHECK(ddp::sampler::distributed<false, ddp::sampler::tail::pad>::indices(5, 1, 2, 0, 0) ==
-        std::vector<std::size_t>{1, 3, 0});
-  CHECK(ddp::sampler::contiguous::indices(10, 1, 3, 0, 0) == std::vector<std::size_t>{3, 4, 5});
-}
-
-TEST_CASE("the samplers reject a rank outside the world and an empty world, saying which") {
-  using shuffled = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
-  CHECK_THROWS_WITH_AS(shuffled::indices(10, 2, 2, 0, 0), doctest::Contains("rank 2 is outside a world of size 2"),
-                       ddp::error);
-  CHECK_THROWS_WITH_AS(shuffled::indices(10, -1, 2, 0, 0), doctest::Contains("rank -1 is outside a world of size 2"),
-                       ddp::error);
-  CHECK_THROWS_WITH_AS(shuffled::indices(10, 0, 0, 0, 0), doctest::Contains("the world size is 0; it must be at least 1"),
-                       ddp::error);
-  CHECK_THROWS_WITH_AS(shuffled::per_rank(10, 0), doctest::Contains("must be at least 1"), ddp::error);
-  CHECK_THROWS_WITH_AS(ddp::sampler::contiguous::indices(10, 3, 3, 0, 0), doctest::Contains("rank 3 is outside"),
-                       ddp::error);
-  CHECK(shuffled::indices(10, 1, 2, 0, 0).size() == 5);
 }
 
 TEST_CASE("a parameter neither f32 nor 16-bit (f64) is an error on every rank naming it") {

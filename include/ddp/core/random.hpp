@@ -1,6 +1,7 @@
 #pragma once
 // splitmix64: a small generator specified bit for bit, so seeded orders and initial weights are
 // the same on every platform and standard library.
+#include <cmath>
 #include <cstdint>
 
 namespace ddp {
@@ -22,9 +23,11 @@ class splitmix64 {
     while (r >= limit);
     return r % bound;
   }
-  // Uniform in [lo, hi).
+  // Uniform in [lo, hi). A draw that rounds up to hi in float (about one in 2^25 for [0, 1))
+  // becomes the float just below hi; every other draw keeps its bits.
   float uniform(float lo, float hi) noexcept {
-    return lo + (hi - lo) * static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-53);
+    const float x = lo + (hi - lo) * static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-53);
+    return x < hi ? x : std::nextafter(hi, lo);
   }
 
  private:
