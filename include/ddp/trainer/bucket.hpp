@@ -27,6 +27,7 @@
 #include "ddp/core/segment.hpp"
 #include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/update.hpp"
+#include "ddp/trainer/exact_sum.hpp"
 #include "ddp/trainer/parts.hpp"
 
 namespace ddp::detail {
@@ -48,6 +49,7 @@ struct bucket_shape {
   bool gathers = false;         // the update policy gathers parameters: keep `values`
   bool binds_values = false;    // the module keeps its parameters in `values`
   bool binds_gradients = false; // the module's gradients live in `grads`
+  std::size_t virtual_shards = 0;  // reduction::invariant<V>: the exact sum over V micro-batches
 };
 
 template <communicator Comm, device Device>
@@ -60,7 +62,9 @@ class bucket final : public update::bucket_ops {
          std::vector<std::size_t> params)
       : comm_(&comm), device_(&dev), hook_(&hook), steps_(&steps), shape_(shape), params_(std::move(params)),
         grads_(zeroed(shape.layout.padded + shape.control)),
-        values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()) {}
+        values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()) {
+    if (shape.virtual_shards) exact_.emplace(comm, dev, shape.layout.padded, shape.virtual_shards);
+  }
 
   // ---- built by the reducer, parameter by parameter -------------------------------------
 
@@ -97,12 +101,10 @@ class bucket final : public update::bucket_ops {
   bool ready_one() noexcept { return --pending_ == 0; }
   bool ready() const noexcept { return pending_ == 0; }
 
-  // Gradients into bucket memory (unbound f32 ones copied, 16-bit ones widened), the control
-  // floats after them, then the update policy's collective.
+  // Gradients into bucket memory, the control floats after them, then the update policy's
+  // collective.
   void launch(update_part& update, std::span<const float> control) {
-    if (!shape_.binds_gradients) device_->pack(segments_, grads_.data());
-    for (const auto& h : half_grads_)
-      device_->cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{grads_.data() + h.offset, h.count, dtype::f32});
+    gather_gradients(grads_.data());
     if (!control.empty())
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
     update.reduce(*this);
@@ -113,7 +115,11 @@ class bucket final : public update::bucket_ops {
     io.wait();
     if (control_work_) control_work_->wait();
     hook_->finish(io);
+    if (exact_) exact_->finish(grads_.data(), io.shard_begin(), io.shard());
   }
+  // Under an exact sum (reduction::invariant): a micro-batch before the step's last ends; its
+  // gradients are set aside in bucket layout (the caller zeroes the module's).
+  void set_aside_micro_batch() { gather_gradients(exact_->set_aside_next(index())); }
   // The averaged control floats (after complete_reduction).
   void read_control(std::span<float> out) const {
     device_->copy_to_host(out.data(), grads_.data() + padded(), out.size_bytes());
@@ -195,6 +201,14 @@ class bucket final : public update::bucket_ops {
   }
 
  private:
+  // The module's gradients in bucket layout at `into` (f32 ones copied unless they live there,
+  // 16-bit ones widened).
+  void gather_gradients(float* into) {
+    if (!shape_.binds_gradients || into != grads_.data()) device_->pack(segments_, into);
+    for (const auto& h : half_grads_)
+      device_->cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{into + h.offset, h.count, dtype::f32});
+  }
+
   device_array<Device, float> zeroed(std::size_t n) {
     device_array<Device, float> a(*device_, n);
     device_->fill_zero(a.data(), n * sizeof(float));  // and the padding stays 0
@@ -266,6 +280,7 @@ class bucket final : public update::bucket_ops {
       }
     }
     void reduce_gradients() override {
+      if (b.exact_) return reduce_like_gradients(b.exact_->start(b.grads_.data()), reduce_op::sum);
       float* g = b.grads_.data();
       if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
       // The all_reduce carries the control floats too: one collective, as without a hook.
@@ -311,6 +326,7 @@ class bucket final : public update::bucket_ops {
   device_array<Device, float> values_;            // gathered parameters, when the update policy gathers
   std::vector<device_array<Device, float>> hook_scratch_;  // the hook's (before the works: freed after them)
   std::vector<device_array<Device, float>> hook_state_;    // the hook's, saved in checkpoints
+  std::optional<exact_sum<Comm, Device>> exact_;           // reduction::invariant's (before the works too)
   std::size_t pending_ = 0;                       // parameters still to report ready in this backward
   std::optional<work_type> work_;                 // the gradients' reduction (the hook's first collective)
   std::vector<work_type> more_;                   // the hook's further collectives in this step

@@ -14,6 +14,7 @@
 // layout that does not cut the bucket as its all_gather will, are errors naming the parameter or
 // the bucket and the policy.
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +52,7 @@ class gradient_reducer {
     unused_params_part& unused_params;
     update_part& update;
     comm_hook_part<Device>& hook;
+    const reduction_part& reduction;
     step_observer& observer;
     const std::uint64_t& steps;  // the trainer's step count
     bool reports = false;          // the module reports ready gradients
@@ -71,6 +73,7 @@ class gradient_reducer {
       shape.gathers = w.update.gathers_parameters();
       shape.binds_values = w.binds_values;
       shape.binds_gradients = w.binds_gradients;
+      shape.virtual_shards = w.reduction.virtual_shards();
       problem = layout_problem(shape);
       shapes.push_back(shape);
     }
@@ -112,6 +115,13 @@ class gradient_reducer {
   // ---- a step --------------------------------------------------------------------------------
 
   void begin_micro_batch() noexcept { ++micro_batches_; }
+  // A micro-batch before the step's last ended. Under an exact sum its gradients are set aside and
+  // the next starts from zero; otherwise they accumulate in place.
+  void end_accumulated_micro_batch() {
+    if (!w_.reduction.virtual_shards()) return;
+    for (auto& bk : buckets_) bk.set_aside_micro_batch();
+    for (auto& bk : buckets_) bk.zero_gradients();
+  }
   // Micro-batches since the last update (this one included, from its start).
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   // Inside join(): the step is the peers', this rank has nothing of its own to report.
@@ -192,13 +202,24 @@ class gradient_reducer {
   // the mean micro-batch count over the ranks (0: every rank shadowed), and lets the
   // unused-parameter policy rule on what was used (into `update`: the optimizer updates
   // parameter i).
+  // Under an exact sum the gradients already are the average over the step's V micro-batches:
+  // it returns 1 (or 0), after checking that the ranks ran V in all.
   float read_control(std::span<char> update) {
     auto& last = buckets_.back();
     std::vector<float> control(last.control_floats());
     last.read_control(control);
     if (w_.reports && control[0] > 0.0f)
       w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
-    return control[0];
+    const std::size_t shards = w_.reduction.virtual_shards();
+    if (!shards || control[0] == 0.0f) return control[0];
+    const auto total = static_cast<std::size_t>(std::lround(control[0] * static_cast<float>(comm_.size())));
+    if (total != shards)
+      throw collective_error("trainer", "step", comm_.rank(),
+                             "under reduction::invariant<" + std::to_string(shards) + "> a step is " +
+                                 std::to_string(shards) + " micro-batches over all ranks (one per virtual shard), "
+                                 "but the ranks ran " + std::to_string(total) + " in this one: deal the shards with "
+                                 "ddp::sampler::virtual_shards and run each once, with accumulate() and a last step()");
+    return 1.0f;
   }
 
   void end_step() {

@@ -19,6 +19,7 @@
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/buffer_sync.hpp"
 #include "ddp/policy/comm_hook.hpp"
+#include "ddp/policy/reduction.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 
@@ -121,6 +122,22 @@ struct comm_hook_adapter final : comm_hook_part<Device> {
   }
   void reduce(comm_hook::bucket_io_on<Device>& b) override { policy.reduce(b); }
   void finish(comm_hook::bucket_io_on<Device>& b) override { policy.finish(b); }
+};
+
+struct reduction_part {
+  virtual std::string_view name() const noexcept = 0;
+  // 0: the plain floating-point average; V: the exact sum over V micro-batches.
+  virtual std::size_t virtual_shards() const noexcept = 0;
+
+ protected:
+  ~reduction_part() = default;
+};
+
+template <reduction::policy P>
+struct reduction_adapter final : reduction_part {
+  P policy;
+  std::string_view name() const noexcept override { return P::name; }
+  std::size_t virtual_shards() const noexcept override { return P::virtual_shards; }
 };
 
 struct bucket_part {

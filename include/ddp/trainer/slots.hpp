@@ -26,6 +26,7 @@
 #include "ddp/policy/buffer_sync.hpp"
 #include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/engine.hpp"
+#include "ddp/policy/reduction.hpp"
 #include "ddp/policy/slots.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
@@ -136,6 +137,26 @@ struct slot_descriptor<comm_hook::slot> : named_description {
   static std::string unless_plain(std::string hook) { return comm_hook::is_plain(hook) ? std::string() : hook; }
 };
 
+// The plain reduction goes unnamed (a trainer reads, and its checkpoints match, as one without the
+// slot); invariant<V> names V, which a resumed run must keep.
+template <>
+struct slot_descriptor<reduction::slot> : named_description {
+  template <class P>
+  static consteval bool check() { return reduction::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = reduction_adapter<P>;
+  template <class Device>
+  using part = reduction_part;
+  template <class P>
+  static std::string describe_type() {
+    if constexpr (P::virtual_shards == 0) return "";
+    else if constexpr (requires { P{}.describe(); }) return P{}.describe();
+    else return std::string(P::name);
+  }
+  template <class P, class H>
+  static std::string describe(const H&) { return describe_type<P>(); }
+};
+
 // A run saved in-process may go on under mpirun: checkpoints do not compare the communicator.
 template <>
 struct slot_descriptor<engine::communicator_slot> {
@@ -178,7 +199,8 @@ struct slot_descriptor<engine::device_slot> {
 // In the order describe() lists them (checkpoints compare that text).
 using trainer_slots =
     policy::slot_list<buffer_sync::slot, unused_params::slot, buckets::slot, optim::slot, update::slot,
-                      comm_hook::slot, engine::communicator_slot, sampler::slot, engine::device_slot>;
+                      comm_hook::slot, reduction::slot, engine::communicator_slot, sampler::slot,
+                      engine::device_slot>;
 
 // One slot's holder as a base of the trainer's holders, built in place (a policy need not be
 // movable): from the optimizer when it is the optimizer's, else value-initialised.

@@ -111,6 +111,15 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
   static_assert(external_fits_update(),
                 "ddp: optim::external leaves the update to your optimizer, which needs every parameter's averaged "
                 "gradient; under update::sharded a rank holds only its shard: use update::replicated");
+  static constexpr bool hook_fits_reduction() {
+    if constexpr (valid)
+      return get<reduction::slot>::virtual_shards == 0 || std::is_same_v<get<comm_hook::slot>, comm_hook::none>;
+    else return true;
+  }
+  static_assert(hook_fits_reduction(),
+                "ddp: reduction::invariant sums the gradients exactly, as they are; a communication hook would "
+                "change them first (compression, low rank) and its result depends on the world size: use "
+                "comm_hook::none with reduction::invariant");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
   template <class Slot>

@@ -81,7 +81,7 @@ class trainer_core {
         masters_(dev, params_),
         buffers_(comm, dev, params_.buffers()),
         reducer_(comm, dev, params_, bucket_part().plan(params_.numels()),
-                 {unused_part(), update_part(), hook_part(), observer_, steps_, reports,
+                 {unused_part(), update_part(), hook_part(), reduction_part(), observer_, steps_, reports,
                   binds_gradient_storage<Module>, binds_values()}),
         update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets()),
         storage_(module, params_, binds_values()) {
@@ -234,6 +234,7 @@ class trainer_core {
   auto& optimizer_part() const noexcept { return parts_.template get<optim::slot>(); }
   auto& update_part() const noexcept { return parts_.template get<update::slot>(); }
   auto& hook_part() const noexcept { return parts_.template get<comm_hook::slot>(); }
+  auto& reduction_part() const noexcept { return parts_.template get<reduction::slot>(); }
 
   [[noreturn]] void fail(const char* operation, const std::string& what) const {
     throw error("trainer", operation, comm_.rank(), what);
@@ -296,7 +297,7 @@ class trainer_core {
   }
 
   void end_micro_batch() {
-    if (!tape_.end_micro_batch()) return;
+    if (!tape_.end_micro_batch()) return reducer_.end_accumulated_micro_batch();
     if (!reports) reducer_.mark_all_used();
     if (reducer_.capturing()) {  // nothing read on the host: each replay is this step, updating every parameter
       reducer_.reduce_captured_step();

@@ -1,0 +1,149 @@
+#pragma once
+// Reduction: how a step's gradients are summed over its micro-batches and ranks.
+//
+//   plain         (default) each rank adds its micro-batches' gradients in floating point as
+//                 backward accumulates them, and the communicator averages the ranks' sums
+//                 (reduce_op::avg). Fast; the bits depend on how the global batch is spread over
+//                 the ranks, so runs at two world sizes agree to rounding, not bitwise.
+//   invariant<V>  the global batch is V virtual shards, each one micro-batch of a fixed shape on
+//                 whichever rank holds it (ddp::sampler::virtual_shards deals them). Each
+//                 micro-batch's gradients are kept apart and the V are summed exactly: per block
+//                 of `exact::block` elements, scaled by a power of two agreed over every rank from
+//                 the block's largest magnitude, rounded once to 64-bit integers, summed as
+//                 integers (exact, in any order and grouping) and divided by V once. The sum is
+//                 therefore the same bits at every world size that holds the V shards (1 to V
+//                 ranks, dividing V or not), in-process or under MPI, replicated or sharded.
+//                 Costs: the micro-batches' gradients are kept (up to ceil(V / ranks) copies of a
+//                 bucket on each rank), the integers move twice the bytes of f32, and one small
+//                 all_reduce (one float per block) precedes each bucket's. Rounding: an element
+//                 keeps 24 significant bits down to 2^-(38 - log2 V) of its block's largest
+//                 magnitude (docs/reduction.md).
+//
+// A policy of this slot is a type with
+//   using slot = ddp::reduction::slot;  static constexpr std::string_view name;
+//   static constexpr std::size_t virtual_shards;  // 0: plain; V: the exact sum over V micro-batches
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ddp/policy/slots.hpp"
+
+namespace ddp::policy::reduction {
+
+struct slot;
+
+struct plain {
+  using slot = reduction::slot;
+  static constexpr std::string_view name = "plain";
+  static constexpr std::size_t virtual_shards = 0;
+};
+
+template <std::size_t V>
+struct invariant {
+  static_assert(V >= 1 && V <= (std::size_t{1} << 20),
+                "ddp: reduction::invariant<V> takes 1 to 2^20 virtual shards per step");
+  using slot = reduction::slot;
+  static constexpr std::string_view name = "invariant";
+  static constexpr std::size_t virtual_shards = V;
+  std::string describe() const { return "invariant(" + std::to_string(V) + ")"; }
+};
+
+template <class P>
+concept policy = requires {
+  requires std::same_as<typename P::slot, slot>;
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::virtual_shards } -> std::convertible_to<std::size_t>;
+};
+
+struct slot {
+  static constexpr std::string_view name = "reduction";
+  using default_policy = plain;
+};
+
+template <class P>
+consteval bool diagnose() {
+  static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; },
+                "ddp: a policy in the reduction slot lacks `static constexpr std::string_view name`");
+  static_assert(requires { { P::virtual_shards } -> std::convertible_to<std::size_t>; },
+                "ddp: a policy in the reduction slot lacks `static constexpr std::size_t virtual_shards` (0 for "
+                "the plain floating-point average, V for the exact sum over V micro-batches; see "
+                "ddp/policy/reduction.hpp)");
+  return policy<P>;
+}
+
+// The exact sum's arithmetic, on host memory. A block's scale is chosen from its largest
+// magnitude m over every micro-batch of every rank (an exact max, the same everywhere): with
+// m = f * 2^e (0.5 <= f < 1), each value x becomes round(x * 2^k), k = 62 - h - e, so that
+// |x| * 2^k < 2^(62 - h) and V <= 2^(h - 1) such integers add up without overflow.
+namespace exact {
+
+inline constexpr std::size_t block = 64;
+
+constexpr int headroom(std::size_t shards) noexcept {
+  int h = 1;
+  while ((std::size_t{1} << (h - 1)) < shards) ++h;
+  return h;
+}
+
+// max[b] = max(max[b], |x| over block b); a NaN makes the block's maximum NaN.
+inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
+  for (std::size_t b = 0; b < max.size(); ++b) {
+    float m = max[b];
+    const std::size_t end = std::min(x.size(), (b + 1) * block);
+    for (std::size_t i = b * block; i < end && m == m; ++i) {
+      const float a = std::fabs(x[i]);
+      m = a == a ? std::max(m, a) : a;
+    }
+    max[b] = m;
+  }
+}
+
+// The power of two a block's values are scaled by; nothing for a block of zeros or a non-finite one.
+inline int scale_exponent(float max, int headroom) noexcept {
+  int e = 0;
+  std::frexp(max, &e);
+  return 62 - headroom - e;
+}
+inline bool scalable(float max) noexcept { return max > 0.0f && max <= std::numeric_limits<float>::max(); }
+
+// sums[i] += round(x[i] * 2^k(block of i)), exactly.
+inline void accumulate(std::span<const float> x, std::span<const float> max, int headroom,
+                       std::span<std::int64_t> sums) noexcept {
+  for (std::size_t b = 0; b < max.size(); ++b) {
+    if (!scalable(max[b])) continue;
+    const int k = scale_exponent(max[b], headroom);
+    const std::size_t end = std::min(x.size(), (b + 1) * block);
+    for (std::size_t i = b * block; i < end; ++i)
+      sums[i] += static_cast<std::int64_t>(std::nearbyint(std::ldexp(static_cast<double>(x[i]), k)));
+  }
+}
+
+// out[i] = sums[first + i] * 2^-k / shards, rounded to float; a non-finite block is NaN, a block
+// of zeros zero.
+inline void to_average(std::span<const std::int64_t> sums, std::size_t first, std::span<const float> max,
+                       int headroom, std::size_t shards, std::span<float> out) noexcept {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const float m = max[(first + i) / block];
+    if (!scalable(m)) {
+      out[i] = m == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const double sum = std::ldexp(static_cast<double>(sums[first + i]), -scale_exponent(m, headroom));
+    out[i] = static_cast<float>(sum / static_cast<double>(shards));
+  }
+}
+
+}  // namespace exact
+
+}  // namespace ddp::policy::reduction
+
+// The slot's short spelling, as policy lists write it: ddp::reduction::... is ddp::policy::reduction::...
+namespace ddp {
+namespace reduction = policy::reduction;
+}  // namespace ddp

@@ -1,0 +1,112 @@
+// reduction::invariant<V>: the same bits at every world size. The global batch is V virtual
+// shards, each rank runs its shards as micro-batches, and after K steps the parameters and the
+// optimizer's effect are bitwise equal at 1, 2, 3, 4, 6 and 8 ranks (3 and 6 do not divide V),
+// replicated and sharded, with SGD-momentum and AdamW; the plain reduction, run the same way,
+// is not (the check can fail).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ddp/ddp.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/nn/cross_entropy.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
+#include "support/relative_error.hpp"
+#include "trainer/test_model.hpp"
+
+namespace {
+
+constexpr std::size_t shards = 8, per_shard = 5, steps = 6;
+
+std::vector<float> parameters_of(test::mlp& m) {
+  std::vector<float> all;
+  for (auto& p : m.parameters()) {
+    const auto* v = static_cast<const float*>(p.value.data);
+    all.insert(all.end(), v, v + p.value.numel());
+  }
+  return all;
+}
+
+// Every rank's parameters after `steps` steps at `world` ranks, each step's global batch dealt as
+// `shards` virtual shards.
+template <class Reduction, class Update, class Optimizer>
+std::vector<std::vector<float>> train(int world, Optimizer opt) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    test::mlp model(test::make_mlp(7));
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>> trainer(model, comm, dev, opt);
+    const auto mine = ddp::sampler::virtual_shards(shards, comm.rank(), comm.size());
+    for (std::size_t t = 0; t < steps; ++t) {
+      const auto global = test::make_batch(shards * per_shard, 100 + t);
+      for (std::size_t s = mine.first; s < mine.last; ++s) {
+        const auto b = global.rows(mine.begin(s, global.y.size()), mine.end(s, global.y.size()));
+        auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
+        if (s + 1 < mine.last) trainer.accumulate(f);
+        else trainer.step(f);
+      }
+    }
+    return parameters_of(model);
+  });
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+template <class Update, class Optimizer>
+void check_invariance(Optimizer opt) {
+  using invariant = ddp::reduction::invariant<shards>;
+  const auto reference = train<invariant, Update>(1, opt)[0];
+  // The exact sum is the plain one's to rounding, and training moved the parameters.
+  const auto plain = train<ddp::reduction::plain, Update>(1, opt)[0];
+  CHECK(test::max_relative_error({reference}, {plain}) <= 1e-5);
+  CHECK(test::max_relative_error({reference}, {parameters_of(*std::make_unique<test::mlp>(test::make_mlp(7)))}) > 1e-2);
+  for (int world : {2, 3, 4, 6, 8}) {
+    CAPTURE(world);
+    const auto ranks = train<invariant, Update>(world, opt);
+    for (const auto& rank : ranks) CHECK(bitwise_equal(rank, reference));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("reduction::invariant: the same parameter bits at 1, 2, 3, 4, 6 and 8 ranks", Update,
+                   ddp::update::replicated, ddp::update::sharded) {
+  SUBCASE("sgd with momentum") {
+    check_invariance<Update>(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f});
+  }
+  SUBCASE("adamw") { check_invariance<Update>(ddp::optim::adamw{.lr = 0.01f}); }
+}
+
+TEST_CASE("the plain reduction, dealt the same way, differs between world sizes: the invariance check can fail") {
+  const ddp::optim::adamw opt{.lr = 0.01f};
+  const auto one = train<ddp::reduction::plain, ddp::update::replicated>(1, opt)[0];
+  bool any_differs = false;
+  for (int world : {2, 3, 4}) any_differs = any_differs || !bitwise_equal(train<ddp::reduction::plain, ddp::update::replicated>(world, opt)[0], one);
+  CHECK(any_differs);
+}
+
+TEST_CASE("reduction::invariant: a step with another number of micro-batches than V is an error on every rank") {
+  const auto errors = ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
+    test::mlp model(test::make_mlp(7));
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::reduction::invariant<4>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+    const auto b = test::make_batch(4, 1);
+    auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
+    try {
+      trainer.accumulate(f);  // rank 0 runs 3 micro-batches, rank 1 two: 5, not 4
+      if (comm.rank() == 0) trainer.accumulate(f);
+      trainer.step(f);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  });
+  for (const auto& e : errors) {
+    CHECK(e.find("under reduction::invariant<4> a step is 4 micro-batches over all ranks") != std::string::npos);
+    CHECK(e.find("ran 5") != std::string::npos);
+  }
+}
