@@ -5,8 +5,11 @@
 // is not (the check can fail).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -30,16 +33,24 @@ std::vector<float> parameters_of(test::mlp& m) {
   return all;
 }
 
+// Where a run saves or resumes: steps [from, to) of the run, saved at `to` when `save` is set.
+struct span_of_run {
+  std::size_t from = 0, to = steps;
+  std::filesystem::path checkpoint;
+  bool save = false;
+};
+
 // Every rank's parameters after `steps` steps at `world` ranks, each step's global batch dealt as
 // `shards` virtual shards.
 template <class Reduction, class Update, class Optimizer>
-std::vector<std::vector<float>> train(int world, Optimizer opt) {
+std::vector<std::vector<float>> train(int world, Optimizer opt, const span_of_run& run = {}) {
   return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-    test::mlp model(test::make_mlp(7));
+    test::mlp model(test::make_mlp(run.from ? 99 : 7));  // a resumed run's values come from the checkpoint
     ddp::host::device dev;
     ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>> trainer(model, comm, dev, opt);
+    if (run.from) trainer.load(run.checkpoint);
     const auto mine = ddp::sampler::virtual_shards(shards, comm.rank(), comm.size());
-    for (std::size_t t = 0; t < steps; ++t) {
+    for (std::size_t t = run.from; t < run.to; ++t) {
       const auto global = test::make_batch(shards * per_shard, 100 + t);
       for (std::size_t s = mine.first; s < mine.last; ++s) {
         const auto b = global.rows(mine.begin(s, global.y.size()), mine.end(s, global.y.size()));
@@ -48,6 +59,7 @@ std::vector<std::vector<float>> train(int world, Optimizer opt) {
         else trainer.step(f);
       }
     }
+    if (run.save) trainer.save(run.checkpoint);
     return parameters_of(model);
   });
 }
@@ -109,4 +121,20 @@ TEST_CASE("reduction::invariant: a step with another number of micro-batches tha
     CHECK(e.find("under reduction::invariant<4> a step is 4 micro-batches over all ranks") != std::string::npos);
     CHECK(e.find("ran 5") != std::string::npos);
   }
+}
+
+TEST_CASE_TEMPLATE("reduction::invariant: saved at 4 ranks and resumed at 3, 1 or 8, bitwise the run that never stopped",
+                   Update, ddp::update::replicated, ddp::update::sharded) {
+  const ddp::optim::adamw opt{.lr = 0.01f, .weight_decay = 1e-2f};
+  using invariant = ddp::reduction::invariant<shards>;
+  const auto dir = std::filesystem::temp_directory_path() / ("ddp_invariance_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto whole = train<invariant, Update>(4, opt)[0];
+  train<invariant, Update>(4, opt, {.from = 0, .to = 3, .checkpoint = dir, .save = true});
+  for (int world : {3, 1, 8}) {
+    CAPTURE(world);
+    const auto resumed = train<invariant, Update>(world, opt, {.from = 3, .to = steps, .checkpoint = dir});
+    for (const auto& rank : resumed) CHECK(bitwise_equal(rank, whole));
+  }
+  std::filesystem::remove_all(dir);
 }
