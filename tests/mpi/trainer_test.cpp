@@ -10,6 +10,7 @@
 #include "support/fixed_gradient.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/hook_bound.hpp"
+#include "trainer/invariance.hpp"
 
 using namespace equivalence;
 
@@ -142,4 +143,15 @@ TEST_CASE("mpi: Join: processes with unequal numbers of batches finish together,
     CHECK(test::max_relative_error(params, reference) <= 1e-5);
     CHECK(shadowed == expected);
   }
+}
+
+TEST_CASE_TEMPLATE("mpi: reduction::invariant: N processes take the bits of one in-process rank on the global batch",
+                   Update, ddp::update::replicated, ddp::update::sharded) {
+  auto& comm = mpi_test::comm();
+  using invariant = ddp::reduction::invariant<invariance::shards>;
+  const ddp::optim::adamw opt{.lr = 0.01f, .weight_decay = 1e-2f};
+  const auto one = ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    return invariance::train_rank<invariant, Update>(c, opt);
+  })[0];
+  CHECK(invariance::bitwise_equal(invariance::train_rank<invariant, Update>(comm, opt), one));
 }

@@ -13,59 +13,20 @@
 #include <memory>
 #include <vector>
 
-#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
-#include "ddp/nn/cross_entropy.hpp"
-#include "ddp/sampler/virtual_shards.hpp"
 #include "support/relative_error.hpp"
-#include "trainer/test_model.hpp"
+#include "trainer/invariance.hpp"
 
 namespace {
 
-constexpr std::size_t shards = 8, per_shard = 5, steps = 6;
+using namespace invariance;
 
-std::vector<float> parameters_of(test::mlp& m) {
-  std::vector<float> all;
-  for (auto& p : m.parameters()) {
-    const auto* v = static_cast<const float*>(p.value.data);
-    all.insert(all.end(), v, v + p.value.numel());
-  }
-  return all;
-}
-
-// Where a run saves or resumes: steps [from, to) of the run, saved at `to` when `save` is set.
-struct span_of_run {
-  std::size_t from = 0, to = steps;
-  std::filesystem::path checkpoint;
-  bool save = false;
-};
-
-// Every rank's parameters after `steps` steps at `world` ranks, each step's global batch dealt as
-// `shards` virtual shards.
+// Every rank's parameters at `world` in-process ranks.
 template <class Reduction, class Update, class Optimizer>
 std::vector<std::vector<float>> train(int world, Optimizer opt, const span_of_run& run = {}) {
   return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-    test::mlp model(test::make_mlp(run.from ? 99 : 7));  // a resumed run's values come from the checkpoint
-    ddp::host::device dev;
-    ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>> trainer(model, comm, dev, opt);
-    if (run.from) trainer.load(run.checkpoint);
-    const auto mine = ddp::sampler::virtual_shards(shards, comm.rank(), comm.size());
-    for (std::size_t t = run.from; t < run.to; ++t) {
-      const auto global = test::make_batch(shards * per_shard, 100 + t);
-      for (std::size_t s = mine.first; s < mine.last; ++s) {
-        const auto b = global.rows(mine.begin(s, global.y.size()), mine.end(s, global.y.size()));
-        auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
-        if (s + 1 < mine.last) trainer.accumulate(f);
-        else trainer.step(f);
-      }
-    }
-    if (run.save) trainer.save(run.checkpoint);
-    return parameters_of(model);
+    return train_rank<Reduction, Update>(comm, opt, run);
   });
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 template <class Update, class Optimizer>

@@ -1,0 +1,60 @@
+#pragma once
+// One rank of a run under a reduction policy with each step's global batch dealt as virtual
+// shards (ddp::sampler::virtual_shards): the in-process and MPI invariance tests share it.
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "ddp/ddp.hpp"
+#include "ddp/nn/cross_entropy.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
+#include "trainer/test_model.hpp"
+
+namespace invariance {
+
+inline constexpr std::size_t shards = 8, per_shard = 5, steps = 6;
+
+inline std::vector<float> parameters_of(test::mlp& m) {
+  std::vector<float> all;
+  for (auto& p : m.parameters()) {
+    const auto* v = static_cast<const float*>(p.value.data);
+    all.insert(all.end(), v, v + p.value.numel());
+  }
+  return all;
+}
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Where a run saves or resumes: steps [from, to) of the run, saved at `to` when `save` is set.
+struct span_of_run {
+  std::size_t from = 0, to = steps;
+  std::filesystem::path checkpoint;
+  bool save = false;
+};
+
+// This rank's parameters after the run's steps, each step's global batch dealt as `shards`
+// virtual shards over the communicator's ranks.
+template <class Reduction, class Update, class Optimizer, class Comm>
+std::vector<float> train_rank(Comm& comm, Optimizer opt, const span_of_run& run = {}) {
+  test::mlp model(test::make_mlp(run.from ? 99 : 7));  // a resumed run's values come from the checkpoint
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>, ddp::use_communicator<Comm>> trainer(
+      model, comm, dev, opt);
+  if (run.from) trainer.load(run.checkpoint);
+  const auto mine = ddp::sampler::virtual_shards(shards, comm.rank(), comm.size());
+  for (std::size_t t = run.from; t < run.to; ++t) {
+    const auto global = test::make_batch(shards * per_shard, 100 + t);
+    for (std::size_t s = mine.first; s < mine.last; ++s) {
+      const auto b = global.rows(mine.begin(s, global.y.size()), mine.end(s, global.y.size()));
+      auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
+      if (s + 1 < mine.last) trainer.accumulate(f);
+      else trainer.step(f);
+    }
+  }
+  if (run.save) trainer.save(run.checkpoint);
+  return parameters_of(model);
+}
+
+}  // namespace invariance
