@@ -12,73 +12,54 @@
 // only where it reads a value: copy_to_host).
 //
 // Failure: NCCL by itself lets a rank wait forever for a peer that died. Here a watchdog thread
-// per communicator aborts it (ncclCommAbort) when a collective runs past the timeout, when NCCL
-// reports an asynchronous error, or when a peer gave up (heard through the host communicator
+// per communicator aborts it (ncclCommAbort) when a collective runs past options.timeout, when
+// NCCL reports an asynchronous error, or when a peer gave up (heard through the host communicator
 // that bootstrapped it); every later collective then throws ddp::peer_error (or
 // ddp::timeout_error) naming the rank at fault, and so does work.rethrow_failure(), which a
 // caller that read a collective's result on the host (after copy_to_host) calls before trusting
 // it: an aborted collective still completes on the stream. The failure is latched before NCCL is
 // aborted, so it is visible by the time the stream gets past the collective. abort(reason) does
-// the same from this rank.
+// the same from this rank. NCCL runs non-blocking: its start-up (bounded by options.init_timeout)
+// and the connections a collective first needs (bounded by options.timeout, like the collective)
+// finish in the background while they wait for the peers, and the watchdog can abort either
+// (supervisor.hpp holds that logic, apart from NCCL so that a host test drives it).
 //
 // Every buffer's pointer attributes are checked against the communicator's GPU before the
 // collective is queued; a mismatch names the buffer and both devices.
 #include <nccl.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "ddp/comm/failure.hpp"
-#include "ddp/comm/watchdog.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/cuda/device.hpp"
 #include "ddp/nccl/check.hpp"
+#include "ddp/nccl/supervisor.hpp"
 
 namespace ddp::nccl {
 
-struct options {
-  // A collective that runs longer than this on the GPU (counted from when its stream reaches it,
-  // not from when the host queued it), or a set-up that takes longer, fails on every rank.
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // How long the destructor waits for queued collectives to finish before it aborts NCCL.
-  std::chrono::milliseconds teardown{std::chrono::seconds(30)};
-};
-
-// How ranks tell each other that one gave up, beside NCCL: `abort` tells every peer (or ends
-// the job), `poll` returns a peer's failure (rank, what) once there is one.
-struct peer_channel {
-  std::function<void(const std::string&)> abort = [](const std::string&) {};
-  std::function<std::optional<std::pair<int, std::string>>()> poll = [] {
-    return std::optional<std::pair<int, std::string>>{};
-  };
-};
-
 namespace detail {
-
-using clock = std::chrono::steady_clock;
 
 struct pending {
   pending(cuda::call_site site, const char* n, std::uint64_t seq) : started(site), done(site), name(n), sequence(seq) {}
   cuda::event started;  // reached on NCCL's stream: the compute before it has finished
-  cuda::event done;
+  cuda::event done;     // recorded once NCCL has queued the collective
   const char* name;
   std::uint64_t sequence;
-  std::optional<clock::time_point> seen_started;  // when the watchdog first saw `started` (its lock)
+  // The supervisor's, under its watch lock: when its clock started; whether NCCL is still
+  // queueing it (then `done` is not recorded yet and means nothing).
+  std::optional<clock::time_point> seen_started;
+  bool settling = false;
   bool captured = false;  // queued while the compute stream was being captured into a CUDA graph
-};
 
-using comm::failure;
+  bool reached() const { return started.done(); }
+  bool finished() const { return done.done(); }
+};
 
 // Finished collectives' events, kept for the next ones: two new CUDA events per collective cost
 // more host time than queueing the collective. A pending goes back when its last holder (a work
@@ -100,6 +81,7 @@ class pending_pool : public std::enable_shared_from_this<pending_pool> {
       p->name = name;
       p->sequence = sequence;
       p->seen_started.reset();
+      p->settling = false;
       p->captured = false;
     } else {
       p = std::make_unique<pending>(site, name, sequence);
@@ -120,57 +102,61 @@ class pending_pool : public std::enable_shared_from_this<pending_pool> {
   std::vector<std::unique_ptr<pending>> free_;
 };
 
+// The NCCL communicator as the supervisor sees it (every call under its lock).
+struct nccl_handle {
+  ncclComm_t comm = nullptr;
+
+  bool live() const noexcept { return comm != nullptr; }
+  // A status of a non-blocking call, described while the communicator still lives.
+  call_result result(ncclResult_t r, const char* operation) const {
+    if (r == ncclSuccess) return {call_state::done, {}};
+    if (r == ncclInProgress) return {call_state::in_progress, {}};
+    return {call_state::failed, describe(r, comm, operation ? operation : "")};
+  }
+  call_result poll(const char* operation) const {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    return result(r != ncclSuccess ? r : state, operation);
+  }
+  void abort() noexcept {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  call_result finalize() { return result(ncclCommFinalize(comm), "ncclCommFinalize"); }
+  void destroy() noexcept {
+    if (comm) ncclCommDestroy(comm);
+    comm = nullptr;
+  }
+};
+
 // Everything a communicator and its work handles share; the watchdog thread works on it too.
 class core {
  public:
   core(cuda::device& dev, int rank, int size, const ncclUniqueId& id, peer_channel channel, options opts)
-      : device_(&dev), rank_(rank), size_(size), options_(opts), channel_(std::move(channel)),
-        stream_(dev.site(), cuda::stream::greatest_priority(dev.site())), ready_(dev.site()) {
+      : device_(&dev), rank_(rank), size_(size), stream_(dev.site(), cuda::stream::greatest_priority(dev.site())),
+        ready_(dev.site()), supervisor_(rank, dev.id().to_string(), opts, std::move(channel)) {
     if (size < 1 || rank < 0 || rank >= size)
       throw error("nccl", "communicator", rank, "rank " + std::to_string(rank) + " is outside a world of size " +
                                                     std::to_string(size));
     dev.activate();
     scratch_ = static_cast<float*>(dev.allocate(sizeof(float)));
     try {
-      initialise(id);
+      supervisor_.start([&](nccl_handle& h) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;  // so a set-up that waits for a missing peer can be aborted
+        return h.result(ncclCommInitRankConfig(&h.comm, size_, id, rank_, &config), "ncclCommInitRankConfig");
+      });
     } catch (...) {
       dev.deallocate(scratch_, sizeof(float));
       throw;
     }
-    const auto poll = std::clamp<std::chrono::milliseconds>(options_.timeout / 10, std::chrono::milliseconds(1),
-                                                           std::chrono::milliseconds(100));
-    watchdog_.emplace(poll, [this] { return watch(); }, [this] { cudaSetDevice(device_->ordinal()); });
+    supervisor_.start_watching([ordinal = dev.ordinal()] { cudaSetDevice(ordinal); });
   }
   core(const core&) = delete;
   core& operator=(const core&) = delete;
 
   ~core() {
-    watchdog_.reset();
-    std::lock_guard lock(nccl_mutex_);
-    if (comm_ && !failure_.failed()) {
-      // Finish what is queued, then take the communicator down; abort if that cannot finish.
-      // A peer that gave up will never finish its part: stop waiting then, and after
-      // options.teardown at most.
-      ncclResult_t r = ncclCommFinalize(comm_);
-      const auto deadline = clock::now() + std::min(options_.teardown, options_.timeout);
-      while (r == ncclSuccess || r == ncclInProgress) {
-        ncclResult_t state = ncclInProgress;
-        ncclCommGetAsyncError(comm_, &state);
-        if (state != ncclInProgress) {
-          r = state;
-          break;
-        }
-        if (clock::now() > deadline || channel_.poll()) {
-          r = ncclInProgress;
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      if (r == ncclSuccess) ncclCommDestroy(comm_);
-      else ncclCommAbort(comm_);
-    } else if (comm_) {
-      ncclCommAbort(comm_);
-    }
+    supervisor_.close();
     device_->deallocate(scratch_, sizeof(float));
   }
 
@@ -188,18 +174,20 @@ class core {
     ready_.record(device_->stream());
     stream_.wait(ready_.get());
     p->started.record(stream_.get());
-    {
-      std::lock_guard lock(nccl_mutex_);
-      if (!comm_) throw_if_failed(name);
-      settle(call(comm_, stream_.get()), name);
-    }
-    p->done.record(stream_.get());
     // Captured into a graph, the collective runs only when the graph is launched: the watchdog
     // cannot query its events (they belong to the capture), and watches the launch instead.
-    p->captured = device_->capturing();
-    if (!p->captured) {
-      std::lock_guard lock(watch_mutex_);
-      in_flight_.push_back(p);
+    const bool captured = device_->capturing();
+    try {
+      supervisor_.submit(
+          p, [&](nccl_handle& h) { return h.result(call(h.comm, stream_.get()), name); },
+          [&] {
+            p->done.record(stream_.get());
+            p->captured = captured;
+            return !captured;
+          });
+    } catch (...) {
+      order_after_communication();
+      throw;
     }
     return p;
   }
@@ -208,15 +196,18 @@ class core {
   // timeout. A collective it aborts (a peer died, the timeout passed) still completes on the
   // stream, with whatever its buffers held; the failure is latched before NCCL is aborted, so a
   // caller that synchronised with the compute stream afterwards sees it in rethrow_failure().
+  // The stream is ordered first and the failure reported after: memory the caller frees on the
+  // compute stream (cudaFreeAsync) is then not reused while the aborted collective still writes it.
   void wait(const pending& p) {
-    throw_if_failed(p.name);
     device_->activate();
-    cuda::check(cudaStreamWaitEvent(device_->stream(), p.done.get(), 0), "cudaStreamWaitEvent", device_->site());
+    const cudaError_t ordered = cudaStreamWaitEvent(device_->stream(), p.done.get(), 0);
+    throw_if_failed(p.name);  // the latched failure first: it names the rank at fault
+    cuda::check(ordered, "cudaStreamWaitEvent", device_->site());
   }
 
   // True once the collective has finished on the GPU, or failed.
   bool test(const pending& p) const noexcept {
-    if (failure_.failed()) return true;
+    if (supervisor_.failed()) return true;
     if (p.captured) return false;  // its events belong to a graph being captured: not queryable
     try {
       return p.done.done();
@@ -236,157 +227,33 @@ class core {
     p->started.record(device_->stream());
     queue();
     p->done.record(device_->stream());
-    std::lock_guard lock(watch_mutex_);
-    in_flight_.push_back(p);
+    supervisor_.track(p);
     return p;
   }
 
   void abort(const std::string& reason) {
-    fail({rank_, "rank " + std::to_string(rank_) + " failed: " + reason, false}, /*tell_peers=*/true);
+    supervisor_.fail({rank_, "rank " + std::to_string(rank_) + " failed: " + reason, false}, /*tell_peers=*/true);
   }
 
-  void throw_if_failed(const char* operation) const { failure_.throw_if_failed("nccl", operation, rank_, operation); }
+  void throw_if_failed(const char* operation) const { supervisor_.throw_if_failed(operation); }
 
  private:
-  void initialise(const ncclUniqueId& id) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // so a set-up that waits for a missing peer can be aborted
-    std::lock_guard lock(nccl_mutex_);
-    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      // The handle is unusable after a failed initialisation; release it.
-      if (comm_) ncclCommAbort(comm_);
-      comm_ = nullptr;
-      channel_.abort("NCCL initialisation failed on rank " + std::to_string(rank_));
-      check(r, "ncclCommInitRankConfig", rank_);
-    }
-    const auto deadline = clock::now() + options_.timeout;
-    for (;;) {
-      ncclResult_t state = ncclInProgress;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state == ncclSuccess) return;
-      std::string why;
-      if (state != ncclInProgress) why = describe(state, comm_, "ncclCommInitRankConfig");
-      else if (auto peer = channel_.poll()) why = "rank " + std::to_string(peer->first) + " gave up: " + peer->second;
-      else if (clock::now() > deadline)
-        why = "it did not finish within " + std::to_string(options_.timeout.count()) +
-              " ms: a rank never created its communicator (every rank must call ddp::nccl::bootstrap)";
-      if (!why.empty()) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        channel_.abort("NCCL initialisation failed on rank " + std::to_string(rank_) + ": " + why);
-        throw error("nccl", "ncclCommInitRankConfig", rank_, "setting up the NCCL communicator failed: " + why);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-
-  // A non-blocking communicator may still be queueing the call when it returns; the next call
-  // may only follow once it is queued.
-  void settle(ncclResult_t r, const char* name) {
-    while (r == ncclInProgress) {
-      std::this_thread::yield();
-      ncclCommGetAsyncError(comm_, &r);
-    }
-    if (r != ncclSuccess) {
-      const std::string what = std::string(name) + " failed on rank " + std::to_string(rank_) + ": " + describe(r, comm_, name);
-      fail_locked({rank_, what, false});
-      channel_.abort(what);
-      throw error("nccl", name, rank_, what);
-    }
-  }
-
-  std::string describe_timeout(const pending& p) const {
-    return std::string(p.name) + " #" + std::to_string(p.sequence) + " on rank " + std::to_string(rank_) +
-           " made no progress for " + std::to_string(options_.timeout.count()) +
-           " ms: a peer never joined it, or died";
-  }
-
-  // Records the first failure and aborts NCCL so kernels waiting for a peer exit.
-  void fail(failure f, bool tell_peers) {
-    bool first = false;
-    {
-      std::lock_guard lock(nccl_mutex_);
-      first = fail_locked(std::move(f));
-    }
-    if (first && tell_peers) channel_.abort(failure_.get()->what);
-  }
-
-  // Caller holds nccl_mutex_. True when this was the first failure.
-  bool fail_locked(failure f) {
-    if (!failure_.set(std::move(f))) return false;
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    return true;
-  }
-
-  // The watchdog's look: a finished collective leaves the in-flight list; the oldest one past the
-  // timeout, a GPU or NCCL error, or a peer's failure fails every rank. False once failed.
-  bool watch() {
-    if (failure_.failed()) return false;
-    std::unique_lock lock(watch_mutex_);
-    try {
-      while (!in_flight_.empty() && in_flight_.front()->done.done()) in_flight_.pop_front();
-    } catch (const std::exception& e) {  // a device error: nothing on this GPU completes any more
-      lock.unlock();
-      fail({rank_, std::string("the GPU reported an error: ") + e.what(), false}, true);
-      return false;
-    }
-    std::optional<failure> found;
-    if (!in_flight_.empty()) {
-      // The clock starts when the stream reaches the collective: compute queued before it (a
-      // long forward, say) is not the collective's time.
-      auto& front = *in_flight_.front();
-      bool started = front.seen_started.has_value();
-      if (!started) {
-        try {
-          started = front.started.done();
-        } catch (const std::exception&) {
-          started = false;  // a device error: the next look reports it through `done`
-        }
-        if (started) front.seen_started = clock::now();
-      }
-      if (started && clock::now() - *front.seen_started > options_.timeout)
-        found = failure{rank_, describe_timeout(front), true};
-    }
-    lock.unlock();
-    bool tell = true;
-    if (!found) {
-      std::lock_guard nccl_lock(nccl_mutex_);
-      ncclResult_t state = ncclSuccess;
-      if (comm_) ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress)
-        found = failure{rank_, "NCCL reported an asynchronous error on rank " + std::to_string(rank_) + ": " +
-                                   describe(state, comm_), false};
-    }
-    if (!found)
-      if (auto peer = channel_.poll()) {
-        found = failure{peer->first, peer->second, false};
-        tell = false;
-      }
-    if (!found) return true;
-    fail(std::move(*found), tell);
-    return false;
+  // After a collective failed while NCCL was queueing it, part of it may have reached NCCL's
+  // stream: the compute stream waits for that stream (best effort, errors ignored), so memory
+  // the caller frees there afterwards is not reused under it.
+  void order_after_communication() noexcept {
+    if (cudaEventRecord(ready_.get(), stream_.get()) == cudaSuccess) cudaStreamWaitEvent(device_->stream(), ready_.get(), 0);
+    cudaGetLastError();
   }
 
   cuda::device* device_;
   int rank_, size_;
-  options options_;
-  peer_channel channel_;
   cuda::stream stream_;
   cuda::event ready_;
   float* scratch_ = nullptr;
   std::uint64_t next_sequence_ = 0;
-
-  std::mutex nccl_mutex_;  // NCCL calls on comm_, and aborting it
-  ncclComm_t comm_ = nullptr;
-
-  comm::failure_latch failure_;
-
   std::shared_ptr<pending_pool> pool_ = std::make_shared<pending_pool>();
-  std::mutex watch_mutex_;
-  std::deque<std::shared_ptr<pending>> in_flight_;
-  std::optional<comm::watchdog> watchdog_;  // last: stopped first
+  supervisor<nccl_handle, pending> supervisor_;  // last: its watchdog stops first
 };
 
 }  // namespace detail
