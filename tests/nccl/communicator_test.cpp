@@ -151,11 +151,17 @@ TEST_CASE("a collective that runs past its timeout fails on the watchdog, naming
         dev.synchronize();  // the allocations are done before the gate
         ddp::nccl::work w;
         {
+          std::future<void> waited;  // before the gate: leaving the block opens the gate, then joins
           stream_gate gate(dev);
-          w = comm.all_reduce({send.data(), n, ddp::dtype::f32}, {recv.data(), n, ddp::dtype::f32}, ddp::reduce_op::sum);
-          auto waited = std::async(std::launch::async, [&] { w.wait(); });
+          // Queued and waited for on a thread of its own: a call that blocked the host until the
+          // collective ran fails the case instead of hanging it.
+          waited = std::async(std::launch::async, [&] {
+            w = comm.all_reduce({send.data(), n, ddp::dtype::f32}, {recv.data(), n, ddp::dtype::f32},
+                                ddp::reduce_op::sum);
+            w.wait();
+          });
           const bool returned = waited.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-          CHECK_MESSAGE(returned, "wait() blocked the host while the collective could not run");
+          REQUIRE_MESSAGE(returned, "all_reduce() or wait() blocked the host while the collective could not run");
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
           CHECK_FALSE(w.test());  // held behind the gate: not finished, and not failed
           CHECK_NOTHROW(w.rethrow_failure());
