@@ -10,7 +10,8 @@
 //
 // Exact and bounded results:
 //   bit for bit   memory copies, fill_zero, pack / unpack, scale (one f32 product per element), the
-//                 casts f32 <-> f16 / bf16 (round to nearest even; a NaN stays a NaN, payload free)
+//                 casts f32 <-> f16 / bf16 (round to nearest even; a NaN becomes a quiet NaN of its
+//                 sign with its payload's top bits, or zeros appended: ddp/host/half.hpp's rule)
 //   bounded       sum_of_squares, the optimizer rules, axpy, gemm, orthonormalize_columns
 //
 // Why bounds, and not a relative tolerance. A device may evaluate a formula in another order than
@@ -240,6 +241,21 @@ inline float round_to(float x, half_format f) {
   double value = rounded * quantum;
   if (value > f.largest()) value = std::numeric_limits<double>::infinity();
   return static_cast<float>(std::signbit(x) ? -value : value);
+}
+
+// The NaN rule of every device's casts (ddp/host/half.hpp): a quiet NaN of the same sign, the
+// payload's top bits kept when narrowing, zeros appended when widening.
+inline std::uint16_t narrowed_nan(std::uint32_t u, half_format f) {
+  const std::uint32_t sign = (u >> 31) << 15;
+  const std::uint32_t exponent = ((1u << f.exponent_bits) - 1) << f.mantissa_bits;
+  const std::uint32_t quiet = 1u << (f.mantissa_bits - 1);
+  const std::uint32_t payload = (u & 0x7fffffu) >> (23 - f.mantissa_bits);
+  return static_cast<std::uint16_t>(sign | exponent | quiet | payload);
+}
+inline std::uint32_t widened_nan(std::uint16_t h, half_format f) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h >> 15) << 31;
+  const std::uint32_t payload = static_cast<std::uint32_t>(h & ((1u << f.mantissa_bits) - 1)) << (23 - f.mantissa_bits);
+  return sign | 0x7f800000u | 0x400000u | payload;
 }
 
 // ---- Optimizer references: PyTorch's rules on one element, each operation rounded to f32.
@@ -544,6 +560,86 @@ void device_many_segments_cases(D& dev) {
   check_within(download(dev, m.data(), l.total), m_ref, model_margin, "momentum after 2 SGD steps over 230 segments");
 }
 
+// NaNs and infinities, bit for bit both ways (above, a NaN stood for any NaN): f32 NaNs of both
+// signs and many payloads, quiet and signalling, some with a payload only in the bits a narrowing
+// drops (it must still narrow to a NaN, not to an infinity), and both infinities, narrowed scaled
+// or not; every 16-bit NaN and infinity widened, and narrowed back to itself, quieted. Aligned and
+// one element off, at counts with tails past any vector width, so vector and scalar paths see them.
+template <class D>
+void device_cast_nan_and_inf_cases(D& dev) {
+  using namespace device_detail;
+  const std::uint32_t magnitudes[] = {
+      0x7fc00000u,  // the quiet NaN without payload
+      0x7f800001u,  // signalling, payload in the lowest bit only
+      0x7fa00000u,  // signalling, payload in the top bits
+      0x7fffffffu,  // every payload bit
+      0x7f812345u,  // signalling, payload in kept and dropped bits
+      0x7fc02000u,  // quiet, f16's lowest kept bit
+      0x7f802000u,  // signalling, only f16's lowest kept bit (bf16 drops it)
+      0x7f810000u,  // signalling, only bf16's lowest kept bit
+      0x7fd55555u,  // quiet, alternating payload
+      0x7f800000u,  // infinity
+  };
+  constexpr std::size_t kinds = std::size(magnitudes);
+  std::vector<std::uint32_t> bits;
+  for (std::size_t i = 0; i < 10 * kinds + 3; ++i)  // each kind at several lanes, both signs
+    bits.push_back(magnitudes[i % kinds] | ((i / kinds + i) % 2 ? 0x80000000u : 0u));
+  std::vector<float> x(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) x[i] = float_of(bits[i]);
+  auto dx = upload(dev, x);
+  constexpr bool scaled = requires(D& d, ddp::const_buffer s, ddp::mutable_buffer t) { d.cast(s, t, 1.0f); };
+  for (const half_format f : {f16_spec, bf16_spec}) {
+    const std::string name(ddp::name_of(f.type));
+    const auto infinity = static_cast<std::uint16_t>(((1u << f.exponent_bits) - 1) << f.mantissa_bits);
+    for (std::size_t offset : {0u, 1u})
+      for (float factor : {1.0f, 0.5f, 3.0f}) {  // a NaN is not multiplied; an infinity stays one
+        if (factor != 1.0f && !scaled) continue;
+        const std::size_t count = bits.size() - offset;
+        ddp::device_array<D, std::uint16_t> h(dev, bits.size());
+        const ddp::const_buffer from{dx.data() + offset, count, ddp::dtype::f32};
+        const ddp::mutable_buffer to{h.data() + offset, count, f.type};
+        if constexpr (scaled) dev.cast(from, to, factor);
+        else dev.cast(from, to);
+        std::vector<std::uint16_t> want(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          const std::uint32_t u = bits[offset + i];
+          want[i] = std::isnan(x[offset + i]) ? narrowed_nan(u, f)
+                                              : static_cast<std::uint16_t>(((u >> 31) << 15) | infinity);
+        }
+        check_equal(download(dev, h.data() + offset, count), want,
+                    "NaNs and infinities, f32 -> " + name + " times " + describe(factor) + " from element " +
+                        std::to_string(offset));
+      }
+    // Every 16-bit NaN and infinity, both signs, to f32 and back.
+    std::vector<std::uint16_t> specials;
+    for (std::uint32_t m = 0; m < (1u << f.mantissa_bits); ++m)
+      for (std::uint32_t sign : {0u, 0x8000u}) specials.push_back(static_cast<std::uint16_t>(sign | infinity | m));
+    const std::size_t count = specials.size();
+    std::vector<std::uint32_t> wide_want(count);
+    std::vector<std::uint16_t> back_want(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const bool nan = (specials[i] & ~infinity & 0x7fffu) != 0;
+      wide_want[i] = nan ? widened_nan(specials[i], f) : bits_of(decode(specials[i], f));
+      back_want[i] = nan ? static_cast<std::uint16_t>(specials[i] | (1u << (f.mantissa_bits - 1))) : specials[i];
+    }
+    auto dh = upload(dev, specials);
+    for (std::size_t offset : {0u, 1u}) {
+      ddp::device_array<D, float> wide(dev, count);
+      dev.cast({dh.data() + offset, count - offset, f.type}, {wide.data() + offset, count - offset, ddp::dtype::f32});
+      const auto got = download(dev, wide.data() + offset, count - offset);
+      std::vector<std::uint32_t> got_bits(got.size());
+      for (std::size_t i = 0; i < got.size(); ++i) got_bits[i] = bits_of(got[i]);
+      check_equal(got_bits, std::vector<std::uint32_t>(wide_want.begin() + static_cast<std::ptrdiff_t>(offset), wide_want.end()),
+                  name + " NaNs and infinities -> f32 from element " + std::to_string(offset));
+      ddp::device_array<D, std::uint16_t> back(dev, count);
+      dev.cast({wide.data() + offset, count - offset, ddp::dtype::f32}, {back.data() + offset, count - offset, f.type});
+      check_equal(download(dev, back.data() + offset, count - offset),
+                  std::vector<std::uint16_t>(back_want.begin() + static_cast<std::ptrdiff_t>(offset), back_want.end()),
+                  name + " NaNs and infinities -> f32 -> " + name + " from element " + std::to_string(offset));
+    }
+  }
+}
+
 // Casts f32 -> f16 / bf16 round to nearest even, bit for bit (every 65537th f32 bit pattern: every
 // exponent, both signs, NaN, infinities, subnormals; ties; the overflow threshold), f16 / bf16 ->
 // f32 is exact for every 16-bit pattern; the scaled form (where the device has it) rounds the f32
@@ -619,6 +715,7 @@ void device_cast_cases(D& dev) {
   ddp::device_array<D, float> same(dev, n);
   dev.cast({dx.data(), n, ddp::dtype::f32}, {same.data(), n, ddp::dtype::f32});
   check_bits(download(dev, same.data(), n), x, "f32 -> f32");
+  device_cast_nan_and_inf_cases(dev);
 
   ddp::device_array<D, std::uint16_t> h(dev, 4);
   CHECK_THROWS_WITH_AS(dev.cast({dx.data(), 2, ddp::dtype::f32}, {h.data(), 3, ddp::dtype::f16}),

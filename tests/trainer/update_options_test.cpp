@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "ddp/ddp.hpp"
+#include "ddp/host/linalg.hpp"
+#include "ddp/policy/powersgd.hpp"
 #include "trainer/test_model.hpp"
 
 namespace {
@@ -242,4 +244,66 @@ TEST_CASE("what decides per step on the host refuses to be captured, naming it")
     ddp::trainer<test::mlp, ddp::optim::adamw> trainer(model, comm, dev, {});
     CHECK(trainer.capture_refusal().value_or("").find("AdamW's bias correction") != std::string::npos);
   });
+}
+
+namespace {
+
+// `steps` ordinary steps on `world` ranks; with `attempt`, every rank first tries to capture its
+// second step (ddp::cuda::step_graph's protocol) and is refused. The refusal is decided before
+// record() runs, that is before a GPU would begin capturing: the error names why, record() never
+// runs, the counters are untouched, and nothing is aborted, so the steps that follow run on every
+// rank and take the bits of a trainer that never tried.
+template <class... Policies>
+std::vector<std::vector<std::vector<float>>> after_a_refused_capture(int world, bool attempt, const char* why,
+                                                                     float clip = 0.0f) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(42);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, Policies..., ddp::bucket_cap<256>> trainer(model, comm, dev, sgd);
+    if (clip > 0.0f) trainer.clip_gradient_norm(clip);
+    const std::size_t r = static_cast<std::size_t>(comm.rank());
+    for (int s = 0; s < steps; ++s) {
+      auto b = test::make_batch(per_rank_batch * static_cast<std::size_t>(comm.size()), 1000 + s)
+                   .rows(r * per_rank_batch, (r + 1) * per_rank_batch);
+      auto step = [&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); };
+      if (attempt && s == 1) {
+        CHECK(trainer.capture_refusal().value_or("").find(why) != std::string::npos);
+        bool recorded = false;
+        std::string message;
+        try {
+          trainer.capture(step, [&](auto&& run) {
+            recorded = true;
+            run();
+          });
+        } catch (const ddp::error& e) {
+          message = e.what();
+        }
+        CHECK(message.find(why) != std::string::npos);
+        CHECK_FALSE(recorded);
+        CHECK(trainer.steps() == 1);
+        CHECK(trainer.micro_batches_run() == 1);
+        comm.barrier().wait();  // not aborted: a collective still joins every rank
+      }
+      trainer.step(step);
+    }
+    CHECK(trainer.steps() == static_cast<std::uint64_t>(steps));
+    return test::parameter_values(model);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("a refused capture is decided before it records anything: no rank is aborted, the next steps run on all") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    SUBCASE("gradient clipping") {
+      const char* why = "gradient clipping reads the gradient norm on the host";
+      CHECK(after_a_refused_capture<>(world, true, why, max_norm) == after_a_refused_capture<>(world, false, why, max_norm));
+    }
+    SUBCASE("a communication hook that keeps host state (PowerSGD)") {
+      const char* why = "the communication hook 'powersgd<1>' keeps host-side state per step";
+      CHECK(after_a_refused_capture<ddp::comm_hook::powersgd<1>>(world, true, why) ==
+            after_a_refused_capture<ddp::comm_hook::powersgd<1>>(world, false, why));
+    }
+  }
 }

@@ -35,9 +35,14 @@ class device {
   }
   device(const device&) = delete;
   device& operator=(const device&) = delete;
+  // Gives back what the memory pools keep unused (trim_memory), so a device that goes away leaves
+  // none of its temporaries' memory reserved for the rest of the process.
   ~device() {
     if (blas_) cublasDestroy(blas_);
     deallocate(reduction_scratch_, 0);
+    cudaSetDevice(site_.device);
+    cudaStreamSynchronize(stream());  // the temporaries freed on it are back in the pool once it gets there
+    trim_pools();
   }
 
   device_id id() const noexcept { return device_id::cuda(site_.device); }
@@ -166,6 +171,29 @@ class device {
     stream_.synchronize();
   }
 
+  // Hands the memory this GPU's pools keep for reuse back to the driver, as PyTorch's
+  // torch.cuda.empty_cache() does: what cudaMallocAsync's pool (device_vector: the reference
+  // layers' temporaries) holds beyond the allocations alive now, and what CUDA keeps for graphs
+  // (step_graph's replays) that no graph running or queued uses. Call it after a phase whose
+  // temporaries outgrew a step's (an evaluation with larger batches, a one-off large buffer); the
+  // next step allocates its temporaries again. Waits for the stream: a temporary freed on it is
+  // back in the pool once the stream gets there. The destructor does the same.
+  void trim_memory() {
+    refuse_while_capturing("trim_memory", "a captured step cannot wait for the GPU: nothing runs until replay()");
+    activate();
+    note_host_wait();
+    stream_.synchronize();
+    check(trim_pools(), "cudaMemPoolTrimTo / cudaDeviceGraphMemTrim", site_);
+  }
+  // Bytes the default pool holds (in use and kept for reuse), as the driver counts them.
+  std::uint64_t pool_reserved_bytes() const {
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetDefaultMemPool(&pool, site_.device), "cudaDeviceGetDefaultMemPool", site_);
+    std::uint64_t bytes = 0;
+    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes), "cudaMemPoolGetAttribute", site_);
+    return bytes;
+  }
+
   // Whether the compute stream is being captured into a CUDA graph (ddp::cuda::step_graph).
   bool capturing() const {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -196,13 +224,25 @@ class device {
 
   // cudaMallocAsync's pool (device_vector, the reference layers' per-step temporaries) returns
   // its memory to the driver at every synchronisation unless a release threshold says to keep it:
-  // then each step maps and unmaps the same memory again. Keep it all: the pool is this
-  // process's, and its high-water mark is one step's.
+  // then each step maps and unmaps the same memory again. Keep it: the pool then holds the most
+  // that was ever allocated from it at once (in a training loop, one step's temporaries), until
+  // trim_memory() or a device's destructor gives back the part not in use. The threshold belongs
+  // to the GPU's default pool, so it holds for everything in this process that allocates from it.
   void keep_pool_memory() {
     cudaMemPool_t pool = nullptr;
     check(cudaDeviceGetDefaultMemPool(&pool, site_.device), "cudaDeviceGetDefaultMemPool", site_);
     std::uint64_t keep = ~std::uint64_t{0};
     check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute", site_);
+  }
+
+  // Everything the default pool and the graph allocator keep and nobody uses goes back to the
+  // driver (both release only memory no allocation, queued free or running graph still holds).
+  cudaError_t trim_pools() const noexcept {
+    cudaMemPool_t pool = nullptr;
+    cudaError_t status = cudaDeviceGetDefaultMemPool(&pool, site_.device);
+    if (status == cudaSuccess) status = cudaMemPoolTrimTo(pool, 0);
+    const cudaError_t graphs = cudaDeviceGraphMemTrim(site_.device);
+    return status != cudaSuccess ? status : graphs;
   }
 
   void refuse_while_capturing(const char* operation, const char* why) const {

@@ -47,15 +47,36 @@ __global__ void scale_kernel(float* x, std::size_t n, float factor) {
       [&](std::size_t i) { x[i] *= factor; });
 }
 
+// The casts give the host's bits (ddp/host/half.hpp), NaNs included. Numbers go through CUDA's
+// round-to-nearest-even conversions. NaNs follow the host's rule, written out here: a quiet NaN of
+// the same sign keeping as much of the payload as the target holds (its top bits when narrowing,
+// zeros appended when widening). CUDA's own conversions would write the canonical NaN (0x7FFF
+// for f16 and bf16, 0x7FFFFFFF for f32), dropping sign and payload.
+__device__ __forceinline__ bool is_nan_bits(unsigned u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
 template <class From, class To>
 __device__ __forceinline__ To convert(From v);
-template <> __device__ __forceinline__ __half convert<float, __half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __half convert<float, __half>(float v) {
+  const unsigned u = __float_as_uint(v);
+  if (is_nan_bits(u))
+    return __ushort_as_half(static_cast<unsigned short>(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu)));
+  return __float2half_rn(v);
+}
 template <> __device__ __forceinline__ __nv_bfloat16 convert<float, __nv_bfloat16>(float v) {
+  const unsigned u = __float_as_uint(v);
+  if (is_nan_bits(u)) return __ushort_as_bfloat16(static_cast<unsigned short>((u >> 16) | 0x40u));
   return __float2bfloat16_rn(v);
 }
-template <> __device__ __forceinline__ float convert<__half, float>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float convert<__half, float>(__half v) {
+  const unsigned h = __half_as_ushort(v);
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0)
+    return __uint_as_float(((h & 0x8000u) << 16) | 0x7fc00000u | ((h & 0x3ffu) << 13));
+  return __half2float(v);
+}
+// bf16 is f32's upper half: widening is exact as a shift, a NaN quieted.
 template <> __device__ __forceinline__ float convert<__nv_bfloat16, float>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+  const unsigned u = static_cast<unsigned>(__bfloat16_as_ushort(v)) << 16;
+  return __uint_as_float(is_nan_bits(u) ? (u | 0x400000u) : u);
 }
 
 // Four elements moved as one load and one store: 16 bytes of floats, 8 of halves.
@@ -111,9 +132,12 @@ __global__ void orthonormalize_columns_kernel(float* a, std::size_t rows, std::s
 }
 
 // x * factor for f32 sources (the product rounded in f32, then converted); other sources as they are.
+// A NaN is passed through unmultiplied: the GPU's multiply would return the canonical NaN, where
+// the host's (x86, and ARM by default) keeps the NaN operand's sign and payload, so the cast of a
+// NaN is the cast of the NaN itself on both, whatever the factor.
 template <class From>
 __device__ From premultiplied(From x, float factor) {
-  if constexpr (std::is_same_v<From, float>) return x * factor;
+  if constexpr (std::is_same_v<From, float>) return is_nan_bits(__float_as_uint(x)) ? x : x * factor;
   else return x;
 }
 

@@ -34,6 +34,8 @@ inline constexpr unsigned sum_of_squares_blocks = 256;
 cudaError_t sum_of_squares(const float* x, std::size_t n, double* partials, double* result, cudaStream_t);
 // dst = src * factor, f32 -> f16 / bf16 (the product rounded in f32 first), or f16 / bf16 -> f32
 // (factor ignored: the caller passes 1), n elements; false (nothing launched) for another pair.
+// The host's bits (ddp/host/half.hpp), NaNs included: a NaN source is not multiplied, and becomes
+// a quiet NaN of its sign with its payload's top bits (narrowing) or zeros appended (widening).
 bool cast(const void* src, dtype from, void* dst, dtype to, std::size_t n, float factor, launch_limits, cudaStream_t,
           cudaError_t& status);
 // Gram-Schmidt over the columns of a row-major rows x cols matrix, in one block: each column

@@ -45,7 +45,9 @@ struct graph_nodes {
   std::size_t kernels = 0;  // ddp's, the layers', cuBLAS's and NCCL's kernels
   std::size_t copies = 0;
   std::size_t memsets = 0;
-  std::size_t other = 0;  // event waits, memory allocation and release, empty joins
+  std::size_t allocations = 0;  // cudaMallocAsync inside the step (the layers' temporaries)
+  std::size_t frees = 0;        // cudaFreeAsync inside the step
+  std::size_t other = 0;        // event records and waits, empty joins
 };
 
 template <class Trainer>
@@ -65,6 +67,10 @@ class step_graph {
   using replica = typename Trainer::replica;
   using work_type = decltype(std::declval<communicator_type&>().watch("step", [] {}));
 
+  // Every refusal (trainer.capture_refusal()) is decided here, before the warm-up runs anything,
+  // and again by trainer.capture() before it calls record, that is before cudaStreamBeginCapture:
+  // a refused capture has queued nothing, allocated nothing inside a graph, and aborted no peer
+  // (tests/trainer/update_options_test.cpp checks that side on host ranks).
   template <class F>
   step_graph(Trainer& trainer, F&& step_fn) : trainer_(trainer), step_(std::forward<F>(step_fn)) {
     if (const auto why = trainer_.capture_refusal()) fail("capture", *why);
@@ -80,7 +86,8 @@ class step_graph {
   // One more step: the captured one, launched on the device's compute stream (asynchronously).
   void replay() {
     if (const auto why = trainer_.capture_refusal()) fail("replay", *why);
-    if (!(trainer_.optimizer() == optimizer_) || trainer_.parameter_group_count() != groups_) {
+    // Captured again after a change, or after a capture that failed (nothing to launch).
+    if (!exec_ || !(trainer_.optimizer() == optimizer_) || trainer_.parameter_group_count() != groups_) {
       release();
       capture();
     }
@@ -130,7 +137,18 @@ class step_graph {
     }
     graph_ = graph;
     nodes_ = count_nodes(graph);
-    check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate", dev.site());
+    // The step's temporaries (device_vector: cudaMallocAsync) become the graph's allocation nodes.
+    // One the step frees is freed inside the graph; one that outlives the step (a result the
+    // step function keeps, or a library's workspace: cuBLAS may allocate its own with
+    // cudaMallocAsync inside a capture) stays allocated after the launch, and with flags 0 the
+    // next cudaGraphLaunch fails (cudaErrorInvalidValue) while it is. AutoFreeOnLaunch frees such
+    // allocations at the start of each launch instead, so every replay works and what a step
+    // keeps lives until the next replay, as a step's results do without a graph.
+    check(cudaGraphInstantiate(&exec_, graph_, cudaGraphInstantiateFlagAutoFreeOnLaunch), "cudaGraphInstantiate",
+          dev.site());
+    // Uploaded now, on the stream, so the first replay's launch neither uploads the graph nor maps
+    // memory for its allocations.
+    check(cudaGraphUpload(exec_, dev.stream()), "cudaGraphUpload", dev.site());
     optimizer_ = trainer_.optimizer();
     groups_ = trainer_.parameter_group_count();
     ++captures_;
@@ -148,6 +166,8 @@ class step_graph {
       if (type == cudaGraphNodeTypeKernel) ++counts.kernels;
       else if (type == cudaGraphNodeTypeMemcpy) ++counts.copies;
       else if (type == cudaGraphNodeTypeMemset) ++counts.memsets;
+      else if (type == cudaGraphNodeTypeMemAlloc) ++counts.allocations;
+      else if (type == cudaGraphNodeTypeMemFree) ++counts.frees;
       else ++counts.other;
     }
     return counts;

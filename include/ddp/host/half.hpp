@@ -2,6 +2,15 @@
 // The 16-bit floating formats on the host: IEEE binary16 (f16) and bfloat16 (bf16), stored as
 // std::uint16_t. Conversions round to nearest even; arithmetic is done in f32 and rounded once.
 //
+// NaNs, the same rule on every path here (portable loops, SSE2, AVX2, F16C) and on the CUDA device
+// (ddp/cuda/kernels.cuh), so a cast gives the same bits everywhere: a NaN becomes a quiet NaN of
+// the same sign that keeps as much of its payload as the target holds. Narrowing keeps the
+// payload's top bits (f32 0x7f812345 -> f16 0x7e09, bf16 0x7fc1), widening appends zeros (f16
+// 0x7c01 -> f32 0x7fc02000); the quiet bit is set either way, so a signalling NaN whose payload
+// lies only in the dropped bits still narrows to a NaN, not to an infinity. This is IEEE 754's
+// recommendation and what x86's conversion instructions (F16C, SSE) do; PyTorch instead writes
+// one canonical NaN (0x7FC0 for bf16 on the CPU, 0x7FFF on CUDA).
+//
 // bf16_format / f16_format name a format for templates (`F::to`, `F::from`, `F::type`);
 // visit_half_dtype(t, f) calls f with the one `t` names.
 #include <cmath>
@@ -17,7 +26,7 @@
 
 namespace ddp::host {
 
-// Branch-free, so loops over it vectorise: a NaN keeps its sign and stays a (quiet) NaN.
+// Branch-free, so loops over it vectorise. A NaN: its top half, quieted (the rule above).
 inline std::uint16_t to_bf16(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -25,8 +34,11 @@ inline std::uint16_t to_bf16(float f) {
   const std::uint32_t nan = (u >> 16) | 0x40u;
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
+// Exact; a NaN comes back quiet (its payload and sign kept).
 inline float from_bf16(std::uint16_t h) {
-  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  const std::uint32_t wide = static_cast<std::uint32_t>(h) << 16;
+  const std::uint32_t quiet = static_cast<std::uint32_t>((wide & 0x7fffffffu) > 0x7f800000u) << 22;
+  const std::uint32_t u = wide | quiet;
   float f;
   std::memcpy(&f, &u, 4);
   return f;
@@ -44,8 +56,9 @@ inline std::uint16_t to_f16(float f) {
   std::memcpy(&x, &f, 4);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t mag = x & 0x7fffffffu;
-  // At or past 65520 (rounds past f16's largest, 65504): inf, or a quiet NaN.
-  const std::uint32_t special = detail::pick(mag > 0x7f800000u, 0x7e00u, 0x7c00u);
+  // At or past 65520 (rounds past f16's largest, 65504): inf, or a quiet NaN keeping the
+  // payload's top 10 bits.
+  const std::uint32_t special = detail::pick(mag > 0x7f800000u, 0x7e00u | ((mag >> 13) & 0x3ffu), 0x7c00u);
   // Below f16's smallest normal (2^-14): adding 0.5 lets the FPU round the mantissa into place.
   constexpr std::uint32_t magic_bits = 126u << 23;  // 0.5f
   float magic;
@@ -67,7 +80,9 @@ inline float from_f16(std::uint16_t h) {
   const std::uint32_t shifted = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
   const std::uint32_t exponent = shifted & exponent_bits;
   const std::uint32_t normal = shifted + ((127u - 15u) << 23);
-  const std::uint32_t special = normal + ((128u - 16u) << 23);  // inf and NaN keep an all-ones exponent
+  // Inf and NaN keep an all-ones exponent; a NaN comes back quiet.
+  const std::uint32_t quiet = static_cast<std::uint32_t>((h & 0x3ffu) != 0) << 22;
+  const std::uint32_t special = (normal + ((128u - 16u) << 23)) | quiet;
   // Zero and subnormals: scale the mantissa by 2^-24 through a float subtraction.
   constexpr std::uint32_t magic_bits = 113u << 23;  // 2^-14
   float magic, small_f;
@@ -121,9 +136,10 @@ DDP_VECTORIZE inline void widen_loop(const std::uint16_t* DDP_RESTRICT src, floa
 // shuffles, which made bf16 narrowing cost more than an f32 reduction: here the lanes are packed
 // with one SSE2 packs, or sixteen at a time with AVX2. f16 uses the F16C conversions. AVX2 and
 // F16C are checked once at run time (x86-64 CPUs have had them since 2013 and 2012). The bits are
-// the portable loops' but for a NaN's payload. Widening bf16 is a shift, which the compiler
-// vectorises as well. Written with GCC's vector types and the builtins that <immintrin.h> wraps:
-// that header costs every translation unit that includes ddp 0.3-0.6 s to parse.
+// the portable loops', NaNs included (F16C quiets a NaN and keeps its payload's top bits, as the
+// rule above says). Widening bf16 is a shift and a select, which the compiler vectorises as well.
+// Written with GCC's vector types and the builtins that <immintrin.h> wraps: that header costs
+// every translation unit that includes ddp 0.3-0.6 s to parse.
 namespace half_x86 {
 
 using f32x4 = float __attribute__((vector_size(16)));
