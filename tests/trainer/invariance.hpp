@@ -27,22 +27,24 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Where a run saves or resumes: steps [from, to) of the run, saved at `to` when `save` is set.
-struct span_of_run {
+// Steps [from, to) of the run, saved at `to` when `save` is set; clipped to `max_norm` when set.
+struct run_options {
   std::size_t from = 0, to = steps;
   std::filesystem::path checkpoint;
   bool save = false;
+  float max_norm = 0.0f;
 };
 
 // This rank's parameters after the run's steps, each step's global batch dealt as `shards`
 // virtual shards over the communicator's ranks.
 template <class Reduction, class Update, class Optimizer, class Comm>
-std::vector<float> train_rank(Comm& comm, Optimizer opt, const span_of_run& run = {}) {
+std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run = {}) {
   test::mlp model(test::make_mlp(run.from ? 99 : 7));  // a resumed run's values come from the checkpoint
   ddp::host::device dev;
   ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>, ddp::use_communicator<Comm>> trainer(
       model, comm, dev, opt);
   if (run.from) trainer.load(run.checkpoint);
+  if (run.max_norm > 0.0f) trainer.clip_gradient_norm(run.max_norm);
   const auto mine = ddp::sampler::virtual_shards(shards, comm.rank(), comm.size());
   for (std::size_t t = run.from; t < run.to; ++t) {
     const auto global = test::make_batch(shards * per_shard, 100 + t);

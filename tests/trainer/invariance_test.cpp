@@ -23,7 +23,7 @@ using namespace invariance;
 
 // Every rank's parameters at `world` in-process ranks.
 template <class Reduction, class Update, class Optimizer>
-std::vector<std::vector<float>> train(int world, Optimizer opt, const span_of_run& run = {}) {
+std::vector<std::vector<float>> train(int world, Optimizer opt, const run_options& run = {}) {
   return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
     return train_rank<Reduction, Update>(comm, opt, run);
   });
@@ -52,6 +52,23 @@ TEST_CASE_TEMPLATE("reduction::invariant: the same parameter bits at 1, 2, 3, 4,
     check_invariance<Update>(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f});
   }
   SUBCASE("adamw") { check_invariance<Update>(ddp::optim::adamw{.lr = 0.01f}); }
+}
+
+TEST_CASE("reduction::invariant with gradient clipping: the norm is exact, the same bits at every world size, "
+          "replicated or sharded") {
+  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f};
+  using invariant = ddp::reduction::invariant<shards>;
+  run_options clipped;
+  clipped.max_norm = 0.05f;
+  const auto reference = train<invariant, ddp::update::replicated>(1, opt, clipped)[0];
+  CHECK(!bitwise_equal(reference, train<invariant, ddp::update::replicated>(1, opt)[0]));  // the clip bit
+  for (int world : {1, 2, 3, 6}) {
+    CAPTURE(world);
+    for (const auto& rank : train<invariant, ddp::update::sharded>(world, opt, clipped)) CHECK(bitwise_equal(rank, reference));
+    if (world > 1)
+      for (const auto& rank : train<invariant, ddp::update::replicated>(world, opt, clipped))
+        CHECK(bitwise_equal(rank, reference));
+  }
 }
 
 TEST_CASE("the plain reduction, dealt the same way, differs between world sizes: the invariance check can fail") {

@@ -23,6 +23,7 @@
 //   using slot = ddp::reduction::slot;  static constexpr std::string_view name;
 //   static constexpr std::size_t virtual_shards;  // 0: plain; V: the exact sum over V micro-batches
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -138,6 +139,65 @@ inline void to_average(std::span<const std::int64_t> sums, std::size_t first, st
     out[i] = static_cast<float>(sum / static_cast<double>(shards));
   }
 }
+
+// An exact sum of squares of floats, for the gradient norm under an exact sum: every square is
+// an integer times 2^-298 (a float is an integer times 2^-149), kept in 32-bit limbs held in
+// 64-bit words (the upper half absorbs carries), and rounded to double once, from its unique
+// normalised form: the same bits however the elements are split over ranks and summed. Each
+// element adds below 2^33 to a word, so carries go up every 2^29 elements.
+class square_sum {
+ public:
+  static constexpr std::size_t limbs = 19;  // 2^554 (the largest square) times 2^40 terms
+  // The limbs, then the count of elements that were not finite (any makes the norm NaN).
+  using words = std::array<std::int64_t, limbs + 1>;
+
+  void add(std::span<const float> x) noexcept {
+    for (const float v : x) {
+      if (v == 0.0f) continue;
+      if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+        ++words_[limbs];
+        continue;
+      }
+      int e = 0;
+      const float f = std::frexp(std::fabs(v), &e);
+      auto m = static_cast<std::uint64_t>(std::ldexp(f, 24));  // v = m * 2^(e - 24), m < 2^24
+      int q = e - 24;
+      if (q < -149) m >>= (-149 - q), q = -149;  // a subnormal's trailing zeros
+      const int shift = 2 * q + 298;             // v^2 = m^2 * 2^(shift - 298), 0 <= shift <= 506
+      // m^2 < 2^48 is a * 2^32 + b; shifted by shift % 32 it spans limbs i, i + 1, i + 2.
+      const std::uint64_t square = m * m, low = (square & 0xffffffffu) << (shift % 32),
+                          high = (square >> 32) << (shift % 32);
+      const std::size_t i = static_cast<std::size_t>(shift / 32);
+      words_[i] += static_cast<std::int64_t>(low & 0xffffffffu);
+      words_[i + 1] += static_cast<std::int64_t>((low >> 32) + (high & 0xffffffffu));
+      words_[i + 2] += static_cast<std::int64_t>(high >> 32);
+      if (++since_carry_ == (std::size_t{1} << 29)) normalize();
+    }
+  }
+  // Carries up, so that every limb but the last is below 2^32: the form two ranks add, and the
+  // unique one value() reads.
+  void normalize() noexcept {
+    for (std::size_t i = 0; i + 1 < limbs; ++i) {
+      words_[i + 1] += words_[i] >> 32;
+      words_[i] &= 0xffffffff;
+    }
+    since_carry_ = 0;
+  }
+  // The words to add over ranks (after normalize), and the sum's words back.
+  words& data() noexcept { return words_; }
+  // The sum, rounded to double (normalises first).
+  double value() noexcept {
+    normalize();
+    if (words_[limbs] != 0) return std::numeric_limits<double>::quiet_NaN();
+    double sum = 0.0;
+    for (std::size_t i = limbs; i-- > 0;) sum += std::ldexp(static_cast<double>(words_[i]), static_cast<int>(32 * i) - 298);
+    return sum;
+  }
+
+ private:
+  words words_{};
+  std::size_t since_carry_ = 0;
+};
 
 }  // namespace exact
 

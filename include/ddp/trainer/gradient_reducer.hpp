@@ -241,6 +241,9 @@ class gradient_reducer {
   }
 
   std::optional<std::string> capture_refusal() const {
+    if (w_.reduction.virtual_shards())
+      return "reduction::invariant sums each step's micro-batches on the host, which a captured step cannot; "
+             "run it uncaptured";
     if (!w_.hook.capturable())
       return "the communication hook '" + std::string(w_.hook.name()) +
              "' keeps host-side state per step; capture with comm_hook::none, fp16 or bf16";

@@ -83,7 +83,8 @@ class trainer_core {
         reducer_(comm, dev, params_, bucket_part().plan(params_.numels()),
                  {unused_part(), update_part(), hook_part(), reduction_part(), observer_, steps_, reports,
                   binds_gradient_storage<Module>, binds_values()}),
-        update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets()),
+        update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets(),
+                /*exact_norm=*/reduction_part().virtual_shards() != 0),
         storage_(module, params_, binds_values()) {
     sync_part().prepare(sync_context_);
     params_.broadcast(comm_);

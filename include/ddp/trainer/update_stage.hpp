@@ -39,9 +39,10 @@ class update_stage {
  public:
   using bucket_type = bucket<Comm, Device>;
 
+  // `exact_norm`: the gradient norm is summed exactly (under reduction::invariant).
   update_stage(Comm& comm, Device& dev, optimizer_part<Device>& optimizer, update_part& update,
-               const parameter_table& params, std::span<const bucket_type> buckets)
-      : comm_(comm), device_(dev), optimizer_(optimizer), update_(update), params_(params) {
+               const parameter_table& params, std::span<const bucket_type> buckets, bool exact_norm)
+      : comm_(comm), device_(dev), optimizer_(optimizer), update_(update), params_(params), exact_norm_(exact_norm) {
     const auto slots = static_cast<std::size_t>(optimizer.state_slots());
     for (const auto& bk : buckets) {
       device_array<Device, float> s(dev, bk.shard() * slots);
@@ -211,6 +212,13 @@ class update_stage {
   // of a bucket (a sharded update), the shards' sums of squares are summed over the ranks (one
   // small all-reduce); the layouts are alike on every rank, so all decide alike.
   void clip(std::span<bucket_type> buckets) {
+    gradient_norm_ = std::sqrt(exact_norm_ ? exact_sum_of_squares(buckets) : sum_of_squares(buckets));
+    const double coefficient = static_cast<double>(max_gradient_norm_) / (gradient_norm_ + 1e-6);  // as PyTorch's
+    if (coefficient >= 1.0) return;
+    for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), static_cast<float>(coefficient));
+  }
+
+  double sum_of_squares(std::span<bucket_type> buckets) {
     double sum = 0.0;
     bool sharded = false;
     for (auto& bk : buckets) {
@@ -218,10 +226,26 @@ class update_stage {
       sharded = sharded || bk.sharded();
     }
     if (sharded) comm::host_all_reduce(comm_, device_, std::span<double>(&sum, 1), reduce_op::sum);
-    gradient_norm_ = std::sqrt(sum);
-    const double coefficient = static_cast<double>(max_gradient_norm_) / (gradient_norm_ + 1e-6);  // as PyTorch's
-    if (coefficient >= 1.0) return;
-    for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), static_cast<float>(coefficient));
+    return sum;
+  }
+  // Exact (reduction::exact::square_sum): the same bits at every world size, sharded or not.
+  double exact_sum_of_squares(std::span<bucket_type> buckets) {
+    reduction::exact::square_sum sum;
+    bool sharded = false;
+    std::vector<float> staged;
+    for (auto& bk : buckets) {
+      sharded = sharded || bk.sharded();
+      if constexpr (Device::kind == device_kind::cpu) {
+        sum.add({bk.gradient_shard(), bk.shard()});
+      } else {
+        staged.resize(bk.shard());
+        device_.copy_to_host(staged.data(), bk.gradient_shard(), staged.size() * sizeof(float));
+        sum.add(staged);
+      }
+    }
+    sum.normalize();
+    if (sharded) comm::host_all_reduce(comm_, device_, std::span<std::int64_t>(sum.data()), reduce_op::sum);
+    return sum.value();
   }
 
   Comm& comm_;
@@ -236,6 +260,7 @@ class update_stage {
   std::vector<std::size_t> group_of_;           // per parameter: 0, or 1 + its index in groups_
   float max_gradient_norm_ = 0.0f;              // 0: no clipping
   double gradient_norm_ = 0.0;
+  bool exact_norm_ = false;
 };
 
 }  // namespace ddp::detail

@@ -1,0 +1,88 @@
+// The exact sum's arithmetic (ddp::reduction::exact): integers at a block's agreed scale add up to
+// the same bits in any order and grouping, and stay within rounding of the real sum; the exact
+// sum of squares is the same bits however the elements are split.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "ddp/core/random.hpp"
+#include "ddp/policy/reduction.hpp"
+
+namespace exact = ddp::reduction::exact;
+
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale) {
+  ddp::splitmix64 rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = rng.uniform(-1.0f, 1.0f) * scale;
+  return v;
+}
+
+// The average of `parts` through the exact sum: the parts added in the order given.
+std::vector<float> exact_average(const std::vector<std::vector<float>>& parts, std::size_t shards) {
+  const std::size_t n = parts[0].size(), blocks = (n + exact::block - 1) / exact::block;
+  const int h = exact::headroom(shards);
+  std::vector<float> max(blocks, 0.0f);
+  for (const auto& p : parts) exact::block_max(p, max);
+  std::vector<std::int64_t> sums(n, 0);
+  for (const auto& p : parts) exact::accumulate(p, max, h, sums);
+  std::vector<float> out(n);
+  exact::to_average(sums, 0, max, h, shards, out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("exact sum: the same bits in any order, within rounding of the real average, magnitudes mixed in a block") {
+  std::vector<std::vector<float>> parts;
+  for (std::uint64_t s = 0; s < 6; ++s) parts.push_back(random_floats(300, s, s % 2 ? 1e-3f : 10.0f));
+  parts[2][5] = 1e-30f;  // far below its block's largest: rounded to the block's scale
+  const auto forward = exact_average(parts, parts.size());
+  const auto backward = exact_average({parts.rbegin(), parts.rend()}, parts.size());
+  CHECK(std::memcmp(forward.data(), backward.data(), forward.size() * sizeof(float)) == 0);
+  for (std::size_t i = 0; i < forward.size(); ++i) {
+    long double real = 0, magnitude = 0;
+    for (const auto& p : parts) real += p[i], magnitude = std::max<long double>(magnitude, std::fabs(p[i]));
+    real /= parts.size();
+    // One rounding to float, and the block scale's: 2^-(62 - h) of the block's largest magnitude.
+    CHECK(std::fabs(static_cast<long double>(forward[i]) - real) <= std::fabs(real) * 0x1p-23 + 1e-15L * 16);
+  }
+}
+
+TEST_CASE("exact sum: a block with a NaN or infinity averages to NaN, a block of zeros to zero") {
+  std::vector<float> a(2 * exact::block, 1.0f), zeros(2 * exact::block, 0.0f);
+  a[3] = std::numeric_limits<float>::infinity();
+  const auto out = exact_average({a, zeros}, 2);
+  CHECK(std::isnan(out[0]));
+  CHECK(out[exact::block] == 0.5f);
+  CHECK(exact_average({zeros, zeros}, 2)[0] == 0.0f);
+}
+
+TEST_CASE("exact sum of squares: split over parts, the words add to the whole's, the value is the real sum's") {
+  auto x = random_floats(10'000, 9, 3.0f);
+  x[7] = 1e-40f;  // subnormal
+  x[8] = 3e38f;
+  exact::square_sum whole, first, second;
+  whole.add(x);
+  first.add(std::span<const float>(x).first(4321));
+  second.add(std::span<const float>(x).subspan(4321));
+  first.normalize(), second.normalize();
+  for (std::size_t w = 0; w < first.data().size(); ++w) first.data()[w] += second.data()[w];
+  const double split = first.value(), one = whole.value();
+  CHECK(std::memcmp(&split, &one, sizeof(double)) == 0);
+  long double real = 0;
+  for (float v : x) real += static_cast<long double>(v) * v;
+  CHECK(std::fabs(one - static_cast<double>(real)) <= static_cast<double>(real) * 1e-15);
+
+  exact::square_sum with_nan;
+  with_nan.add(std::vector<float>{1.0f, std::numeric_limits<float>::quiet_NaN()});
+  CHECK(std::isnan(with_nan.value()));
+}
