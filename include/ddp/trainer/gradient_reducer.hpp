@@ -241,6 +241,7 @@ class gradient_reducer {
   }
 
   std::optional<std::string> capture_refusal() const {
+    if (micro_batches_ != 0) return "accumulate() micro-batches are waiting for their step(); capture between steps";
     if (w_.reduction.virtual_shards())
       return "reduction::invariant sums each step's micro-batches on the host, which a captured step cannot; "
              "run it uncaptured";

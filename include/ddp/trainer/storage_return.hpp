@@ -12,6 +12,14 @@
 
 namespace ddp::detail {
 
+// Whether the module's values live in the gathered copy: it binds parameter storage, the update
+// policy gathers, and no parameter has 16 bits (their f32 masters live in the trainer, and every
+// value is copied in and out).
+template <class Module>
+bool binds_values(const parameter_table& params, bool update_gathers) {
+  return binds_parameter_storage<Module> && update_gathers && params.half_floats() == 0;
+}
+
 template <class Module>
 class storage_return {
  public:

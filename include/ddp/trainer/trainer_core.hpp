@@ -107,14 +107,10 @@ class trainer_core {
   template <class F>
   decltype(auto) step(F&& step_fn) { return run_micro_batch(std::forward<F>(step_fn), /*final=*/true); }
 
-  // Join, for uneven inputs: a rank that has run out of batches calls join(), and so does every
-  // other rank after its last batch. Until every rank has joined, a joined rank shadows the steps
-  // the others still take: it issues their collectives (buffer sync, every bucket) with nothing of
-  // its own (zero gradients, no micro-batches) and applies the same update, so its replica stays
-  // equal to theirs and each step equals one process over the batches of the ranks still active.
-  // join() returns, on every rank in the same step, once a step finds no rank active; it returns
-  // how many steps this rank shadowed. Collective. The peers' steps must issue the collectives of
-  // one forward: every buffer-sync policy but broadcast_each_forward with several forwards.
+  // Join, for uneven inputs (docs/trainer.md): a rank out of batches calls join(), as does every
+  // other after its last; until all have joined, a joined rank shadows the others' steps (their
+  // collectives, zero gradients, the same update). Returns, on every rank in the same step, how
+  // many steps this rank shadowed. Collective.
   std::size_t join() {
     guard_.run("join", [&] { reducer_.require_no_micro_batches("join"); });
     std::size_t shadowed = 0;
@@ -131,9 +127,8 @@ class trainer_core {
   }
   std::size_t parameter_group_count() const noexcept { return update_.group_count(); }
 
-  // Zeroes this rank's gradients (not collective). For a module whose backward also runs outside
-  // this trainer's steps: the discriminator of a GAN, which the generator's step backpropagates
-  // through, then holds gradients that are not its own step's (PyTorch: D.zero_grad()).
+  // Zeroes this rank's gradients (not collective): for a module whose backward also runs outside
+  // this trainer's steps, as a GAN's discriminator in the generator's step (PyTorch: D.zero_grad()).
   void zero_gradients() {
     reducer_.require_no_micro_batches("zero_gradients");
     reducer_.zero_gradients();
@@ -185,7 +180,6 @@ class trainer_core {
   // own decides on the host per step.
   std::optional<std::string> capture_refusal() const {
     if (auto why = guard_.refusal()) return why;
-    if (reducer_.micro_batches() != 0) return "accumulate() micro-batches are waiting for their step(); capture between steps";
     if (auto why = update_.capture_refusal()) return why;
     return reducer_.capture_refusal();
   }
@@ -216,11 +210,7 @@ class trainer_core {
   }
 
  private:
-  // A module that binds parameter storage keeps its values in the gathered copy, unless it has
-  // 16-bit parameters: their f32 masters live in the trainer, and every value is copied in and out.
-  bool binds_values() const {
-    return binds_parameter_storage<Module> && update_part().gathers_parameters() && params_.half_floats() == 0;
-  }
+  bool binds_values() const { return detail::binds_values<Module>(params_, update_part().gathers_parameters()); }
 
   detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
   void set_counts(detail::step_counts c) {
