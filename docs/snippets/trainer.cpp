@@ -8,6 +8,7 @@
 #include "common.hpp"
 #include "ddp/host/linalg.hpp"
 #include "ddp/policy/powersgd.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
 
 namespace snippets {
 
@@ -42,6 +43,27 @@ void mixed_precision(ddp::inproc::communicator& comm, ddp::host::device& dev, co
   trainer.step([&](auto& replica) {          // the optimizer updates the f32 master copy
     replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y).grad);
   });
+  // [end doc]
+}
+
+void invariant_to_world_size(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev,
+                              const fashion_mnist::batch& global) {
+  // [doc: reduction.md]
+  #include <ddp/ddp.hpp>
+  #include <ddp/nn/cross_entropy.hpp>
+  #include <ddp/sampler/virtual_shards.hpp>
+
+  // Each step's global batch is 8 virtual shards: the same bits on 1 to 8 ranks.
+  ddp::trainer<model, ddp::reduction::invariant<8>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+  const auto mine = ddp::sampler::virtual_shards(8, comm.rank(), comm.size());
+  for (std::size_t s = mine.first; s < mine.last; ++s) {  // this rank's shards, one micro-batch each
+    const std::size_t begin = mine.begin(s, global.x.rows), end = mine.end(s, global.x.rows);
+    const auto x = ddp::nn::slice_rows(global.x, begin, end);
+    const std::span<const std::int32_t> y(global.y.data() + begin, end - begin);
+    auto f = [&](auto& replica) { replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(x), y).grad); };
+    if (s + 1 < mine.last) trainer.accumulate(f);
+    else trainer.step(f);
+  }
   // [end doc]
 }
 

@@ -156,4 +156,15 @@ struct average_in_f64 {
 };
 // [end doc]
 
+// [doc: policies.md]
+#include <ddp/policy/reduction.hpp>
+
+// Reduction: the exact sum over four virtual shards a step, under the run's own name.
+struct four_shards {
+  using slot = ddp::reduction::slot;
+  static constexpr std::string_view name = "four_shards";
+  static constexpr std::size_t virtual_shards = 4;
+};
+// [end doc]
+
 }  // namespace user

@@ -35,19 +35,20 @@ struct run_options {
   float max_norm = 0.0f;
 };
 
-// This rank's parameters after the run's steps, each step's global batch dealt as `shards`
-// virtual shards over the communicator's ranks.
+// This rank's parameters after the run's steps, each step's global batch dealt as the reduction's
+// virtual shards (`shards` under the plain reduction) over the communicator's ranks.
 template <class Reduction, class Update, class Optimizer, class Comm>
 std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run = {}) {
+  constexpr std::size_t v = Reduction::virtual_shards ? Reduction::virtual_shards : shards;
   test::mlp model(test::make_mlp(run.from ? 99 : 7));  // a resumed run's values come from the checkpoint
   ddp::host::device dev;
   ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>, ddp::use_communicator<Comm>> trainer(
       model, comm, dev, opt);
   if (run.from) trainer.load(run.checkpoint);
   if (run.max_norm > 0.0f) trainer.clip_gradient_norm(run.max_norm);
-  const auto mine = ddp::sampler::virtual_shards(shards, comm.rank(), comm.size());
+  const auto mine = ddp::sampler::virtual_shards(v, comm.rank(), comm.size());
   for (std::size_t t = run.from; t < run.to; ++t) {
-    const auto global = test::make_batch(shards * per_shard, 100 + t);
+    const auto global = test::make_batch(v * per_shard, 100 + t);
     for (std::size_t s = mine.first; s < mine.last; ++s) {
       const auto b = global.rows(mine.begin(s, global.y.size()), mine.end(s, global.y.size()));
       auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };

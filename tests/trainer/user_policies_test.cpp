@@ -5,6 +5,7 @@
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "support/user_policies.hpp"
+#include "trainer/invariance.hpp"
 #include "trainer/test_model.hpp"
 
 namespace {
@@ -313,4 +314,16 @@ TEST_CASE("a sampler is a value: the trainer deals the epochs through its own sa
   });
   CHECK(dealt[0] == std::vector<std::size_t>{0, 6, 12, 18, 24});
   CHECK(dealt[1] == std::vector<std::size_t>{3, 9, 15, 21, 27});
+}
+
+TEST_CASE("a user's reduction policy (four virtual shards) gives the same bits at 1, 2, 3 and 4 ranks") {
+  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f};
+  auto at = [&](int world) {
+    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      return invariance::train_rank<user::four_shards, ddp::update::replicated>(comm, opt);
+    });
+  };
+  const auto one = at(1)[0];
+  for (int world : {2, 3, 4})
+    for (const auto& rank : at(world)) CHECK(invariance::bitwise_equal(rank, one));
 }

@@ -16,7 +16,7 @@
 //                 Costs: the micro-batches' gradients are kept (up to ceil(V / ranks) copies of a
 //                 bucket on each rank), the integers move twice the bytes of f32, and one small
 //                 all_reduce (one float per block) precedes each bucket's. Rounding: an element
-//                 keeps 24 significant bits down to 2^-(38 - log2 V) of its block's largest
+//                 keeps 24 significant bits down to 2^-(37 - ceil(log2 V)) of its block's largest
 //                 magnitude (docs/reduction.md).
 //
 // A policy of this slot is a type with
