@@ -6,11 +6,14 @@
 // Sizes mean what nccl-tests means: the bytes of the whole buffer (all_reduce and broadcast: the buffer;
 // reduce_scatter: the input of all ranks' parts; all_gather: the output), and busbw = algbw x
 // the collective's factor: all_reduce 2(n-1)/n, reduce_scatter and all_gather (n-1)/n,
-// broadcast 1.
+// broadcast 1. A wrong element fails the run: run_sweep returns how many the checks found and
+// sweep_exit_status turns that into the exit status. On one rank an in-place call has nothing to
+// move (its input is its output): its result is checked, its time is not reported (n/a).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <span>
@@ -39,6 +42,7 @@ struct collective_params {
   int iters = 20;                // -n
   int warmup = 5;                // -w
   int check = 1;                 // -c
+  bool inject_wrong = false;     // tests: alter one element of each checked result on rank 0
   int repeats = 3;               // batches of -n iterations; the best is kept
   int average = 3;               // -a: across ranks 0 rank 0, 1 mean, 2 min, 3 max (nccl-tests' meaning)
   std::vector<std::string> dtypes{"float"};
@@ -121,9 +125,11 @@ using baseline_fn = std::function<baseline(collective_kind, ddp::dtype, ddp::red
 
 // Runs the sweep on every rank of `comm`; `host` is a host-memory communicator over the same
 // ranks for barriers and the timing reductions (it may be `comm` itself). Rank 0 fills `out`.
+// Returns the elements the checks (-c) found wrong, summed over every row, form and rank: the
+// same count on every rank.
 template <class Comm, class Host, sweep_memory Memory>
-void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, const baseline_fn& reference,
-               report& out) {
+long long run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, const baseline_fn& reference,
+                    report& out) {
   const auto kind = parse_collective(p.collective);
   const int rank = comm.rank(), ranks = comm.size();
   const bool reduces = kind == collective_kind::all_reduce || kind == collective_kind::reduce_scatter;
@@ -141,6 +147,10 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
     ddp::comm::all_reduce(host, std::span<double>(&v, 1), op);
     return p.average == 1 ? v / ranks : v;
   };
+  // One rank: an in-place call's input is its output, so it moves nothing and its time is only
+  // the call's overhead. Such a call is checked but not timed; its columns read n/a.
+  const bool in_place_moves = ranks > 1;
+  long long wrong_total = 0;
 
   for (const auto type : parse_dtypes(p.dtypes))
     for (const auto op : ops)
@@ -223,44 +233,84 @@ void run_sweep(Comm& comm, Host& host, Memory& mem, const collective_params& p, 
           } else {
             mem.download(output.data(), recv, output.size());
           }
+          if (p.inject_wrong && rank == 0 && !output.empty()) output[0] = ~output[0];
           double wrong = static_cast<double>(count_wrong(kind, type, op, output.data(), shape.recv, rank, ranks, p.root));
           ddp::comm::all_reduce(host, std::span<double>(&wrong, 1), ddp::reduce_op::sum);
           return static_cast<long long>(wrong);
         };
         const double factor = bus_factor(kind, ranks);
         const std::size_t moved = std::max(shape.send, shape.recv) * esize;  // the size, cut to whole elements per rank
+        const cell na{std::string("n/a")};
+        // seconds < 0: not timed.
         auto columns = [&](double seconds, long long wrong) {
+          const cell checked = wrong < 0 ? na : cell{wrong};
+          if (seconds < 0) return std::vector<cell>{na, na, na, checked};
           const double algbw = static_cast<double>(moved) / seconds / 1e9;
-          return std::vector<cell>{seconds * 1e6, algbw, algbw * factor, wrong < 0 ? cell{std::string("n/a")} : cell{wrong}};
+          return std::vector<cell>{seconds * 1e6, algbw, algbw * factor, checked};
         };
         std::vector<cell> row{static_cast<long long>(moved), static_cast<long long>(std::max(shape.send, shape.recv)),
                               std::string(ddp::name_of(type)),
                               reduces ? std::string(ddp::name_of(op)) : std::string("none"),
                               kind == collective_kind::broadcast ? cell{static_cast<long long>(p.root)} : cell{-1LL}};
         const long long oop_wrong = has_out_of_place ? check(false) : -1, ip_wrong = check(true);
-        // Out of place, in place, the asynchronous form and the baseline, taking turns.
+        wrong_total += std::max(oop_wrong, 0LL) + std::max(ip_wrong, 0LL);
+        // Out of place, in place, the asynchronous form (in place for broadcast) and the baseline,
+        // taking turns; a form that moves nothing (in place on one rank) is left out.
         const baseline base = reference(kind, type, op, shape, send.data(), recv.data());
-        std::vector<std::function<void()>> calls{[&] { run(true); }, [&] { run_async(!has_out_of_place); }};
-        if (has_out_of_place) calls.insert(calls.begin(), [&] { run(false); });
-        if (base.call) calls.push_back(base.call);
+        const bool async_in_place = !has_out_of_place, async_moves = !async_in_place || in_place_moves;
+        std::vector<std::function<void()>> calls;
+        auto timed = [&](bool when, std::function<void()> call) {
+          if (!when) return -1;
+          calls.push_back(std::move(call));
+          return static_cast<int>(calls.size()) - 1;
+        };
+        const int oop_at = timed(has_out_of_place, [&] { run(false); }), ip_at = timed(in_place_moves, [&] { run(true); }),
+                  async_at = timed(async_moves, [&] { run_async(async_in_place); }),
+                  base_at = timed(static_cast<bool>(base.call), base.call);
         std::vector<double> seconds = best_seconds_per_call(p, calls, [&] { ddp::comm::barrier(host); });
         for (double& t : seconds) t = across(t);
-        const double oop_seconds = has_out_of_place ? seconds[0] : 0, ip_seconds = seconds[has_out_of_place ? 1 : 0],
-                     async_seconds = seconds[has_out_of_place ? 2 : 1], base_seconds = base.call ? seconds.back() : base.seconds;
+        auto at = [&](int i) { return i < 0 ? -1.0 : seconds[static_cast<std::size_t>(i)]; };
+        const double oop_seconds = at(oop_at), ip_seconds = at(ip_at), async_seconds = at(async_at),
+                     base_seconds = base_at < 0 ? base.seconds : at(base_at);
         if (has_out_of_place) {
           const auto c = columns(oop_seconds, oop_wrong);
           row.insert(row.end(), c.begin(), c.end());
         } else {
-          for (int i = 0; i < 4; ++i) row.push_back(std::string("n/a"));
+          for (int i = 0; i < 4; ++i) row.push_back(na);
         }
         const auto c = columns(ip_seconds, ip_wrong);
         row.insert(row.end(), c.begin(), c.end());
         const double base_bw = static_cast<double>(moved) / base_seconds / 1e9 * (p.backend == "mpi" ? factor : 1.0);
-        const auto busbw = [&](double t) { return static_cast<double>(moved) / t / 1e9 * factor; };
-        row.insert(row.end(), {base_seconds * 1e6, base_bw, busbw(has_out_of_place ? oop_seconds : ip_seconds) / base_bw,
-                               async_seconds * 1e6, busbw(async_seconds) / base_bw});
+        // ddp's busbw (of the out-of-place form; broadcast: the in-place one) over the baseline's.
+        const auto vs_base = [&](double t) { return t < 0 ? na : cell{static_cast<double>(moved) / t / 1e9 * factor / base_bw}; };
+        row.insert(row.end(), {base_seconds * 1e6, base_bw, vs_base(has_out_of_place ? oop_seconds : ip_seconds),
+                               async_seconds < 0 ? na : cell{async_seconds * 1e6}, vs_base(async_seconds)});
         if (rank == 0) out.add(std::move(row));
       }
+  return wrong_total;
+}
+
+// The note under a one-rank sweep's table: why its in-place columns read n/a.
+inline std::string one_rank_note(const std::string& collective) {
+  return std::string("1 rank: an in-place call moves nothing (its input is its output), so its time and bandwidth "
+                     "read n/a") +
+         (collective == "broadcast" ? " (broadcast has only that form: its asynchronous form too)" : "") +
+         "; its result is still checked (ip_#wrong)";
+}
+
+// The exit status of a sweep that found `wrong` elements wrong: 0 when none, else 1, with a note
+// under the table (kept in --out's file) and, from the rank that prints (`prints`), a line on
+// stderr that says so.
+inline int sweep_exit_status(long long wrong, report& out, bool prints) {
+  if (wrong <= 0) return 0;
+  const std::string text = "FAILED: " + std::to_string(wrong) +
+                           " wrong element(s) in the checked results (the #wrong columns): the collective's results "
+                           "are not what it must produce";
+  if (prints) {
+    out.note(text);
+    std::fprintf(stderr, "ddp-bench: %s\n", text.c_str());
+  }
+  return 1;
 }
 
 }  // namespace bench

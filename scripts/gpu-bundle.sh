@@ -53,7 +53,8 @@ done | sort -u | while read -r lib; do
 done
 cp /usr/share/datasets/fashion-mnist/*.gz "$stage/data/"
 cp scripts/gpu-run-bundle.sh scripts/gpu-run-list.sh scripts/openblas-env.sh "$stage/"
-git rev-parse --short HEAD > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
+# The commit, "-dirty" when the working tree had changes: the bundle may hold them.
+git describe --always --dirty --abbrev=7 > "$stage/commit" 2>/dev/null || echo unknown > "$stage/commit"
 [ -n "$dir" ] && { echo "bundle in $dir; run $dir/gpu-run-bundle.sh"; exit 0; }
 mkdir -p "$out"
 tar -C "$stage" -cJf "$out/ddp-gpu.tar.xz" .

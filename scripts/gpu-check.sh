@@ -28,6 +28,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDP_GPU_TESTS=ON
 cmake --build "$build" -j"$(nproc)" --target ddp_gpu
 
 source scripts/openblas-env.sh
+export DDP_GPU_OUT=$build  # the benchmarks' files: gpu_kernels.csv, nccl_all_reduce.json
 scripts/gpu-run-list.sh "$build/tests/ddp_gpu_test" "$build/bench/gpu_kernels" "$build/bench/ddp-bench-gpu" \
   "$build/examples/fashion_mnist/fashion_mnist_gpu" /usr/share/datasets/fashion-mnist --mpirun ||
   { echo "gpu-check: FAILED (see above)"; exit 1; }

@@ -152,10 +152,11 @@ std::string baseline_note(const std::string& backend) {
   return "base: cudaMemcpy device to device of the same bytes; busbw/base = out-of-place busbw / it";
 }
 
-void add_notes(report& out, const std::string& backend) {
-  out.note(baseline_note(backend));
+void add_notes(report& out, const collective_params& p, int ranks) {
+  out.note(baseline_note(p.backend));
   out.note("oop/ip: the blocking form (ddp::comm::all_reduce(comm, ...) and its siblings); async: the asynchronous member, "
            "its handle waited for (out of place; broadcast in place); async/base = its busbw / the baseline's");
+  if (ranks == 1) out.note(one_rank_note(p.collective));
 }
 
 report make_report(const collective_params& p, int ranks) {
@@ -225,17 +226,20 @@ int run_inproc(const collective_params& p) {
   }
   ddp::inproc::options options;
   options.bind_to_cores = p.bind;
+  long long wrong = 0;
   ddp::inproc::launch(
       p.ranks,
       [&](ddp::inproc::communicator& comm) {
         host_memory mem;
-        run_sweep(comm, comm, mem, p, baseline, out);
+        const long long found = run_sweep(comm, comm, mem, p, baseline, out);  // the same on every rank
+        if (comm.rank() == 0) wrong = found;
       },
       options);
-  add_notes(out, p.backend);
+  add_notes(out, p, p.ranks);
   if (!ceiling.empty()) out.note(ceiling);
+  const int status = sweep_exit_status(wrong, out, true);
   out.write(p.out);
-  return 0;
+  return status;
 }
 
 #if DDP_BENCH_WITH_MPI
@@ -272,12 +276,11 @@ int run_mpi(const collective_params& p) {
     }};
   };
   host_memory mem;
-  run_sweep(comm, comm, mem, p, baseline, out);
-  if (comm.rank() == 0) {
-    add_notes(out, p.backend);
-    out.write(p.out);
-  }
-  return 0;
+  const long long wrong = run_sweep(comm, comm, mem, p, baseline, out);  // every process fails alike
+  if (comm.rank() == 0) add_notes(out, p, comm.size());
+  const int status = sweep_exit_status(wrong, out, comm.rank() == 0);
+  if (comm.rank() == 0) out.write(p.out);
+  return status;
 }
 #endif
 
@@ -293,10 +296,11 @@ int run_collective(const collective_params& p) {
 #endif
   if (p.backend == "nccl") {
     report out = make_report(p, p.ranks);
-    const int code = run_collective_nccl(p, out);  // no_nccl.cpp outside the GPU build
-    add_notes(out, p.backend);
+    const long long wrong = run_collective_nccl(p, out);  // no_nccl.cpp outside the GPU build
+    add_notes(out, p, p.ranks);
+    const int status = sweep_exit_status(wrong, out, true);
     out.write(p.out);
-    return code;
+    return status;
   }
   throw std::invalid_argument("no backend '" + p.backend + "'; choose inproc, mpi or nccl");
 }

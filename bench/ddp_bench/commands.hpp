@@ -9,14 +9,21 @@
 
 namespace bench {
 
+// The exit status is 1 when any checked element was wrong (bench/collective_sweep.hpp).
 int run_collective(const collective_params& p);
 // --backend nccl: collective_nccl.cpp in ddp-bench-gpu (the GPU build); no_nccl.cpp in ddp-bench
-// says where to find it.
-int run_collective_nccl(const collective_params& p, report& out);
+// says where to find it. Returns the wrong elements the sweep's checks found (run_sweep).
+long long run_collective_nccl(const collective_params& p, report& out);
 // The CUDA driver, CUDA runtime and NCCL versions this binary finds ("" each without the GPU
-// build); none needs a GPU.
+// build); none needs a GPU. `nccl_built`: the nccl.h the build compiled against, and
+// `nccl_needed` the oldest library it runs with; `loaded`: the CUDA and NCCL shared libraries
+// this process mapped (their paths); `devices`: what cudaGetDeviceCount says; `problems`: why
+// these libraries cannot run this build (an NCCL older than needed, a runtime newer than the
+// driver), empty when they can.
 struct gpu_versions {
   std::string driver, cuda_runtime, nccl;
+  std::string nccl_built, nccl_needed, devices;
+  std::vector<std::string> loaded, problems;
 };
 gpu_versions find_gpu_versions();
 

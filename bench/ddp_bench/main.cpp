@@ -54,7 +54,10 @@ int main(int argc, char** argv) {
   add_size(col, "-i,--stepbytes", c.step_bytes, "add this many bytes between steps (when -f is 1)");
   col->add_option("-n,--iters", c.iters, "timed iterations per batch")->check(CLI::Range(1, 1000000))->capture_default_str();
   col->add_option("-w,--warmup_iters", c.warmup, "untimed iterations first")->check(CLI::Range(0, 1000000))->capture_default_str();
-  col->add_option("-c,--check", c.check, "check every result element (0: no, #wrong reads n/a)")->capture_default_str();
+  col->add_option("-c,--check", c.check, "check every result element (0: no, #wrong reads n/a); a wrong element "
+                                         "fails the run (exit status 1)")->capture_default_str();
+  col->add_flag("--inject-wrong", c.inject_wrong, "tests: alter one element of each checked result on rank 0, so "
+                                                  "that the run must fail");
   col->add_option("--repeats", c.repeats, "batches of -n iterations; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
   col->add_option("-a,--average", c.average, "time across ranks: 0 rank 0, 1 mean, 2 min, 3 max")->check(CLI::Range(0, 3))->capture_default_str();
   col->add_option("-d,--datatype", c.dtypes, "float, double, int32, int64, uint8 or all")->delimiter(',')->capture_default_str();
@@ -98,16 +101,23 @@ int main(int argc, char** argv) {
   scaling->add_option("--out", sc.out, "also write the table to this .json or .csv file");
 
   auto* versions = app.add_subcommand("versions", "ddp's version; in the GPU build also the CUDA driver, CUDA "
-                                                  "runtime and NCCL versions it finds (no GPU needed)");
+                                                  "runtime and NCCL versions it finds and the libraries it loaded "
+                                                  "(no GPU needed; exit 1 when NCCL is older than the build needs "
+                                                  "or the runtime newer than the driver)");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (versions->parsed()) {
       std::printf("ddp %s\n", bench::library_version());
       const auto v = bench::find_gpu_versions();
-      if (!v.cuda_runtime.empty())
-        std::printf("CUDA driver %s, CUDA runtime %s, NCCL %s\n", v.driver.c_str(), v.cuda_runtime.c_str(), v.nccl.c_str());
-      return 0;
+      if (v.cuda_runtime.empty()) return 0;
+      std::printf("CUDA driver %s, CUDA runtime %s, NCCL %s\n", v.driver.c_str(), v.cuda_runtime.c_str(), v.nccl.c_str());
+      std::printf("NCCL needed: %s or newer (built against nccl.h %s)\n", v.nccl_needed.c_str(), v.nccl_built.c_str());
+      std::printf("CUDA devices: %s\n", v.devices.c_str());
+      for (const auto& path : v.loaded) std::printf("loaded: %s\n", path.c_str());
+      std::fflush(stdout);
+      for (const auto& problem : v.problems) std::fprintf(stderr, "ddp-bench-gpu: FAILED: %s\n", problem.c_str());
+      return v.problems.empty() ? 0 : 1;
     }
     if (col->parsed()) return bench::run_collective(c);
 #if DDP_BENCH_WITH_TRAINER

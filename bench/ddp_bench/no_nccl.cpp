@@ -5,7 +5,7 @@
 
 namespace bench {
 
-int run_collective_nccl(const collective_params&, report&) {
+long long run_collective_nccl(const collective_params&, report&) {
   throw std::invalid_argument("--backend nccl needs the GPU build: cmake --build build --target ddp_gpu, then "
                               "build/bench/ddp-bench-gpu collective --backend nccl");
 }
