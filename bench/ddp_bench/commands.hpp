@@ -34,7 +34,7 @@ struct step_params {
   std::size_t batch = 64;             // per rank
   int steps = 30;                     // timed steps per measurement
   int repeats = 3;                    // alternating batches of each configuration; the best is kept
-  std::vector<std::string> vary{"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook"};
+  std::vector<std::string> vary{"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook", "reduction"};
   std::string out;
 };
 int run_step(const step_params& p);

@@ -1,6 +1,6 @@
 // ddp-bench: micro-benchmarks of ddp in one tool.
 //   ddp-bench collective all_reduce --backend inproc|mpi|nccl -b 8 -e 64M -f 2 [-d float] [-o sum] [--out r.json]
-//   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update,comm_hook]
+//   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update,comm_hook,reduction]
 //   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120]
 //   ddp-bench versions
 // Every subcommand prints a table and, with --out FILE (.json or .csv), writes it with the
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   step->add_option("--repeats", s.repeats, "alternating measurements of each configuration; the best is kept")
       ->check(CLI::Range(1, 1000))->capture_default_str();
   step->add_option("--vary", s.vary, "the policies varied from the defaults, one at a time")
-      ->delimiter(',')->check(CLI::IsMember({"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook", "none"}))
+      ->delimiter(',')->check(CLI::IsMember({"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook", "reduction", "none"}))
       ->capture_default_str();
   step->add_option("--out", s.out, "also write the table to this .json or .csv file");
 

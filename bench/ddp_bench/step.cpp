@@ -30,6 +30,7 @@
 #include "ddp/nn/sequential.hpp"
 #include "ddp/host/linalg.hpp"
 #include "ddp/policy/powersgd.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
 
 namespace bench {
 namespace {
@@ -129,7 +130,9 @@ double gradient_bytes(model& m, double elements, const Hook& hook) {
   }
 }
 
-template <class Trainer>
+// With Shards > 0 a step is the global batch (batch x world) dealt as that many virtual shards,
+// each its own micro-batch (sampler::virtual_shards): what reduction::invariant<Shards> runs.
+template <class Trainer, std::size_t Shards = Trainer::reduction_policy::virtual_shards>
 figures measure(int world, const widths& w, const step_params& p, bool breakdown) {
   std::vector<figures> per_rank = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
     auto m = make_model(w);
@@ -138,7 +141,20 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     auto& hook = t.template policy<ddp::comm_hook::slot>();
     if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
     const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(comm.rank()));
-    auto one = [&] { t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); }); };
+    auto train_on = [](const batch& x) {
+      return [&x](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x.x), x.y).grad); };
+    };
+    std::vector<batch> shards;  // this rank's virtual shards
+    if constexpr (Shards > 0) {
+      const auto mine = ddp::sampler::virtual_shards(Shards, comm.rank(), comm.size());
+      const std::size_t shard_batch = std::max<std::size_t>(1, p.batch * static_cast<std::size_t>(world) / Shards);
+      for (std::size_t s = mine.first; s < mine.last; ++s) shards.push_back(make_batch(shard_batch, 101 + s));
+    }
+    auto one = [&] {
+      if (shards.empty()) return t.step(train_on(b));
+      for (std::size_t s = 0; s + 1 < shards.size(); ++s) t.accumulate(train_on(shards[s]));
+      t.step(train_on(shards.back()));
+    };
     one(), one();  // warm-up
     ddp::timeline timeline;
     if (breakdown) t.record_timeline(&timeline);
@@ -161,8 +177,12 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     // powersgd's factors and the tensors it leaves whole, in f32; the gathered parameters in f32.
     double elements = 0;
     for (const auto n : t.bucket_sizes()) elements += static_cast<double>(n);
-    const double grads = gradient_bytes<typename Trainer::comm_hook_policy>(m, elements, hook) +
-                         (Trainer::update_policy::gathers_parameters ? 4.0 * elements : 0.0);
+    // Under an exact sum (reduction::invariant) they travel as 64-bit integers, after one float of
+    // agreed maximum per 64 elements.
+    const double grads =
+        (Trainer::reduction_policy::virtual_shards ? 8.0 * elements + 4.0 * std::ceil(elements / 64.0)
+                                                   : gradient_bytes<typename Trainer::comm_hook_policy>(m, elements, hook)) +
+        (Trainer::update_policy::gathers_parameters ? 4.0 * elements : 0.0);
     double buffers = 0;
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
     const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;
@@ -230,10 +250,18 @@ configuration config(std::string slot, std::string policy) {
             return measure<ddp::trainer<model, Policies...>>(world, w, p, breakdown);
           }};
 }
+// The plain reduction over the same micro-batches as reduction::invariant<Shards>: what the
+// exact sum costs beyond cutting the batch into shards.
+template <std::size_t Shards>
+configuration plain_in_shards(std::string slot, std::string policy) {
+  return {std::move(slot), std::move(policy), [](int world, const widths& w, const step_params& p, bool breakdown) {
+            return measure<ddp::trainer<model>, Shards>(world, w, p, breakdown);
+          }};
+}
 
 std::vector<configuration> configurations(const std::vector<std::string>& vary) {
   auto varies = [&](const char* slot) { return std::ranges::find(vary, slot) != vary.end(); };
-  std::vector<configuration> c{config<>("defaults", "(all five)")};
+  std::vector<configuration> c{config<>("defaults", "(all six)")};
   if (varies("bucket_cap")) {
     c.push_back(config<ddp::bucket_cap<std::size_t{256} << 10>>("bucket_cap", "256 KiB"));
     c.push_back(config<ddp::bucket_cap<std::size_t{1} << 20>>("bucket_cap", "1 MiB"));
@@ -253,6 +281,10 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
     c.push_back(config<ddp::comm_hook::bf16>("comm_hook", "bf16"));
     c.push_back(config<ddp::comm_hook::fp16>("comm_hook", "fp16"));
     c.push_back(config<ddp::comm_hook::powersgd<4>>("comm_hook", "powersgd<4>"));
+  }
+  if (varies("reduction")) {
+    c.push_back(plain_in_shards<8>("reduction", "plain, 8 shards"));
+    c.push_back(config<ddp::reduction::invariant<8>>("reduction", "invariant<8>"));
   }
   return c;
 }
@@ -304,7 +336,8 @@ int run_step(const step_params& p) {
     out.note(line);
   }
   out.note("defaults: bucket_cap 25 MiB, buffer_sync broadcast_once_per_step, unused_params forbid, update replicated, "
-           "comm_hook none; "
+           "comm_hook none, reduction plain; reduction's rows deal the global batch (batch x ranks) as 8 virtual "
+           "shards, one micro-batch each; "
            "compute = forward + backward; reduce = the buckets' collectives (they overlap compute); overlap = the "
            "share of them that ran while backward computed; vs_no_sync = step / the same step by hand "
            "(no ddp: forward, loss, backward, SGD with momentum) on as many threads at once, each on its own replica");

@@ -29,13 +29,12 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale)
 // The average of `parts` through the exact sum: the parts added in the order given.
 std::vector<float> exact_average(const std::vector<std::vector<float>>& parts, std::size_t shards) {
   const std::size_t n = parts[0].size(), blocks = (n + exact::block - 1) / exact::block;
-  const int h = exact::headroom(shards);
   std::vector<float> max(blocks, 0.0f);
   for (const auto& p : parts) exact::block_max(p, max);
   std::vector<std::int64_t> sums(n, 0);
-  for (const auto& p : parts) exact::accumulate(p, max, h, sums);
+  for (const auto& p : parts) exact::accumulate(p, max, sums);
   std::vector<float> out(n);
-  exact::to_average(sums, 0, max, h, shards, out);
+  exact::to_average(sums, 0, max, shards, out);
   return out;
 }
 
@@ -52,7 +51,7 @@ TEST_CASE("exact sum: the same bits in any order, within rounding of the real av
     long double real = 0, magnitude = 0;
     for (const auto& p : parts) real += p[i], magnitude = std::max<long double>(magnitude, std::fabs(p[i]));
     real /= parts.size();
-    // One rounding to float, and the block scale's: 2^-(62 - h) of the block's largest magnitude.
+    // One rounding to float, and the block scale's: 2^-52 of the block's largest magnitude.
     CHECK(std::fabs(static_cast<long double>(forward[i]) - real) <= std::fabs(real) * 0x1p-23 + 1e-15L * 16);
   }
 }

@@ -16,14 +16,15 @@
 //                 Costs: the micro-batches' gradients are kept (up to ceil(V / ranks) copies of a
 //                 bucket on each rank), the integers move twice the bytes of f32, and one small
 //                 all_reduce (one float per block) precedes each bucket's. Rounding: an element
-//                 keeps 24 significant bits down to 2^-(37 - ceil(log2 V)) of its block's largest
-//                 magnitude (docs/reduction.md).
+//                 keeps 24 significant bits down to 2^-27 of its block's largest magnitude
+//                 (docs/reduction.md).
 //
 // A policy of this slot is a type with
 //   using slot = ddp::reduction::slot;  static constexpr std::string_view name;
 //   static constexpr std::size_t virtual_shards;  // 0: plain; V: the exact sum over V micro-batches
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -33,6 +34,7 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/core/vectorize.hpp"
 #include "ddp/policy/slots.hpp"
 
 namespace ddp::policy::reduction {
@@ -47,8 +49,8 @@ struct plain {
 
 template <std::size_t V>
 struct invariant {
-  static_assert(V >= 1 && V <= (std::size_t{1} << 20),
-                "ddp: reduction::invariant<V> takes 1 to 2^20 virtual shards per step");
+  static_assert(V >= 1 && V <= (std::size_t{1} << 12),
+                "ddp: reduction::invariant<V> takes 1 to 4096 virtual shards per step");
   using slot = reduction::slot;
   static constexpr std::string_view name = "invariant";
   static constexpr std::size_t virtual_shards = V;
@@ -80,63 +82,69 @@ consteval bool diagnose() {
 
 // The exact sum's arithmetic, on host memory. A block's scale is chosen from its largest
 // magnitude m over every micro-batch of every rank (an exact max, the same everywhere): with
-// m = f * 2^e (0.5 <= f < 1), each value x becomes round(x * 2^k), k = 62 - h - e, so that
-// |x| * 2^k < 2^(62 - h) and V <= 2^(h - 1) such integers add up without overflow.
+// m = f * 2^e (0.5 <= f < 1), each value x becomes round(x * 2^k), k = 51 - e, so that
+// |x| * 2^k < 2^51: the rounding is then one addition in double (round_to_integer), and up to
+// 2^12 such integers add up in 64 bits without overflow.
 namespace exact {
 
 inline constexpr std::size_t block = 64;
+inline constexpr std::size_t max_shards = std::size_t{1} << 12;
 
-constexpr int headroom(std::size_t shards) noexcept {
-  int h = 1;
-  while ((std::size_t{1} << (h - 1)) < shards) ++h;
-  return h;
-}
-
-// max[b] = max(max[b], |x| over block b); a NaN makes the block's maximum NaN.
-inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
+// max[b] = max(max[b], |x| over block b); a NaN makes the block's maximum NaN. On |x|'s bit
+// pattern, an unsigned integer whose order is the floats' and above which (0x7f800000: infinity)
+// lie the NaNs: a loop the compiler vectorises.
+DDP_VECTORIZE inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
-    float m = max[b];
+    std::uint32_t m = std::bit_cast<std::uint32_t>(max[b]) & 0x7fffffffu;
     const std::size_t end = std::min(x.size(), (b + 1) * block);
-    for (std::size_t i = b * block; i < end && m == m; ++i) {
-      const float a = std::fabs(x[i]);
-      m = a == a ? std::max(m, a) : a;
+    for (std::size_t i = b * block; i < end; ++i) {
+      const std::uint32_t a = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+      m = a > m ? a : m;
     }
-    max[b] = m;
+    max[b] = m > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(m);
   }
 }
 
 // The power of two a block's values are scaled by; nothing for a block of zeros or a non-finite one.
-inline int scale_exponent(float max, int headroom) noexcept {
+inline int scale_exponent(float max) noexcept {
   int e = 0;
   std::frexp(max, &e);
-  return 62 - headroom - e;
+  return 51 - e;
 }
 inline bool scalable(float max) noexcept { return max > 0.0f && max <= std::numeric_limits<float>::max(); }
 
+// round(v) to nearest, ties to even, for |v| < 2^51: v + 1.5 * 2^52 holds the integer in the low
+// bits of its significand (in the default rounding mode), and those bits less the constant's are it.
+inline std::int64_t round_to_integer(double v) noexcept {
+  constexpr double magic = 0x1.8p52;
+  return std::bit_cast<std::int64_t>(v + magic) - std::bit_cast<std::int64_t>(magic);
+}
+
 // sums[i] += round(x[i] * 2^k(block of i)), exactly.
-inline void accumulate(std::span<const float> x, std::span<const float> max, int headroom,
-                       std::span<std::int64_t> sums) noexcept {
+DDP_VECTORIZE inline void accumulate(std::span<const float> x, std::span<const float> max,
+                                     std::span<std::int64_t> sums) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
     if (!scalable(max[b])) continue;
-    const int k = scale_exponent(max[b], headroom);
+    const double scale = std::ldexp(1.0, scale_exponent(max[b]));  // exact: a power of two
     const std::size_t end = std::min(x.size(), (b + 1) * block);
-    for (std::size_t i = b * block; i < end; ++i)
-      sums[i] += static_cast<std::int64_t>(std::nearbyint(std::ldexp(static_cast<double>(x[i]), k)));
+    for (std::size_t i = b * block; i < end; ++i) sums[i] += round_to_integer(static_cast<double>(x[i]) * scale);
   }
 }
 
 // out[i] = sums[first + i] * 2^-k / shards, rounded to float; a non-finite block is NaN, a block
 // of zeros zero.
 inline void to_average(std::span<const std::int64_t> sums, std::size_t first, std::span<const float> max,
-                       int headroom, std::size_t shards, std::span<float> out) noexcept {
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const float m = max[(first + i) / block];
+                       std::size_t shards, std::span<float> out) noexcept {
+  const auto divisor = static_cast<double>(shards);
+  for (std::size_t i = 0; i < out.size();) {
+    const std::size_t b = (first + i) / block, end = std::min(out.size(), (b + 1) * block - first);
+    const float m = max[b];
     if (!scalable(m)) {
-      out[i] = m == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      for (; i < end; ++i) out[i] = m == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       continue;
     }
-    const double sum = std::ldexp(static_cast<double>(sums[first + i]), -scale_exponent(m, headroom));
-    out[i] = static_cast<float>(sum / static_cast<double>(shards));
+    const double unscale = std::ldexp(1.0, -scale_exponent(m));  // exact: a power of two
+    for (; i < end; ++i) out[i] = static_cast<float>(static_cast<double>(sums[first + i]) * unscale / divisor);
   }
 }
 

@@ -28,7 +28,7 @@ class exact_sum {
  public:
   // `padded`: the bucket's gradient floats; `shards`: V.
   exact_sum(Comm& comm, Device& dev, std::size_t padded, std::size_t shards)
-      : comm_(&comm), device_(&dev), padded_(padded), shards_(shards), headroom_(reduction::exact::headroom(shards)),
+      : comm_(&comm), device_(&dev), padded_(padded), shards_(shards),
         max_(blocks(), 0.0f), agreed_max_(dev, blocks()), sums_(dev, padded) {}
 
   // Where the gradients of the micro-batch now ending go (padded floats, zero beyond the
@@ -58,7 +58,7 @@ class exact_sum {
 
     std::span<std::int64_t> sums(host_memory ? sums_.data() : staged(host_sums_).data(), padded_);
     std::fill(sums.begin(), sums.end(), std::int64_t{0});
-    each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::accumulate(g, max_, headroom_, sums); });
+    each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::accumulate(g, max_, sums); });
     if constexpr (!host_memory) device_->copy_from_host(sums_.data(), sums.data(), padded_ * sizeof(std::int64_t));
     set_aside_ = 0;
     return {sums_.data(), padded_, dtype::i64};
@@ -76,7 +76,7 @@ class exact_sum {
       sums = h;
     }
     std::span<float> out(host_memory ? gradients + first : staged(host_out_).data(), count);
-    reduction::exact::to_average(sums, first, max_, headroom_, shards_, out);
+    reduction::exact::to_average(sums, first, max_, shards_, out);
     if constexpr (!host_memory) device_->copy_from_host(gradients + first, out.data(), count * sizeof(float));
   }
 
@@ -108,7 +108,6 @@ class exact_sum {
   Device* device_;
   std::size_t padded_;
   std::size_t shards_;
-  int headroom_;
   std::vector<device_array<Device, float>> kept_;  // the set-aside micro-batches, reused from step to step
   std::size_t set_aside_ = 0;                      // in this step
   std::vector<float> max_;                         // per block: this rank's, then every rank's

@@ -189,6 +189,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   using optimizer_type = policy_type<optim::slot>;
   using update_policy = policy_type<update::slot>;
   using comm_hook_policy = policy_type<comm_hook::slot>;
+  using reduction_policy = policy_type<reduction::slot>;
   using typename core_type::communicator_type;
   using typename core_type::device_type;
 
