@@ -83,7 +83,7 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   const auto j = read_json("step.json");
   check_common(j, "step");
   int no_sync = 0, sharded = 0;
-  std::map<std::string, long long> hooked;
+  std::map<std::string, long long> hooked, reduced;
   std::map<int, long long> plain, no_buffers;
   for (const auto& row : j.at("rows")) {
     CAPTURE(row.dump());
@@ -100,6 +100,8 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
     sharded += row.at("policy") == "sharded";
     if (row.at("slot") == "comm_hook") hooked[row.at("policy").get<std::string>() + std::to_string(row.at("ranks").get<int>())] =
         row.at("bytes/step").get<long long>();
+    if (row.at("slot") == "reduction") reduced[row.at("policy").get<std::string>() + std::to_string(row.at("ranks").get<int>())] =
+        row.at("bytes/step").get<long long>();
     if (row.at("slot") == "defaults") plain[row.at("ranks").get<int>()] = row.at("bytes/step").get<long long>();
     if (row.at("policy") == "none") no_buffers[row.at("ranks").get<int>()] = row.at("bytes/step").get<long long>();
   }
@@ -113,8 +115,13 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   // powersgd<4>: the factors of the weight matrices and the vectors whole, well under half.
   CHECK(hooked.at("powersgd<4>2") < grads / 2 + buffers);
   CHECK(hooked.at("powersgd<4>2") > buffers);
-  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, bf16, fp16, powersgd, no sync
-  CHECK(j.at("rows").size() == 2 * 14);
+  // reduction::invariant: the gradients as 64-bit integers and one float of maximum per 64; the
+  // plain reduction over the same micro-batches moves what the defaults do.
+  CHECK(reduced.at("plain, 8 shards2") == plain.at(2));
+  CHECK(reduced.at("invariant<8>2") > 2 * grads + buffers);
+  CHECK(reduced.at("invariant<8>2") <= 2 * grads + grads / 16 + 4 * 16 + buffers);
+  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, bf16, fp16, powersgd, 2 reductions, no sync
+  CHECK(j.at("rows").size() == 2 * 16);
 }
 
 TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
