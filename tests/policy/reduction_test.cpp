@@ -63,6 +63,16 @@ TEST_CASE("exact sum: a block with a NaN or infinity averages to NaN, a block of
   CHECK(std::isnan(out[0]));
   CHECK(out[exact::block] == 0.5f);
   CHECK(exact_average({zeros, zeros}, 2)[0] == 0.0f);
+  // A NaN gives its block an infinite maximum, which a max over ranks keeps in either order (a
+  // NaN met second by `x > m ? x : m` would be dropped, and the NaN summed as a number).
+  std::vector<float> nan_block(exact::block, 2.0f), max_here(1, 0.0f), max_there(1, 0.0f);
+  nan_block[9] = std::numeric_limits<float>::quiet_NaN();
+  exact::block_max(nan_block, max_here);
+  exact::block_max(std::vector<float>(exact::block, 3.0f), max_there);
+  CHECK(std::isinf(max_here[0]));
+  CHECK(std::isinf(max_there[0] > max_here[0] ? max_there[0] : max_here[0]));
+  CHECK(std::isinf(max_here[0] > max_there[0] ? max_here[0] : max_there[0]));
+  CHECK(std::isnan(exact_average({std::vector<float>(exact::block, 3.0f), nan_block}, 2)[0]));
 }
 
 TEST_CASE("exact sum of squares: split over parts, the words add to the whole's, the value is the real sum's") {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ddp/ddp.hpp"
+#include "ddp/host/half.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "trainer/test_model.hpp"
@@ -14,11 +15,19 @@ namespace invariance {
 
 inline constexpr std::size_t shards = 8, per_shard = 5, steps = 6;
 
+// Every parameter's values, 16-bit ones widened (exactly).
 inline std::vector<float> parameters_of(test::mlp& m) {
   std::vector<float> all;
   for (auto& p : m.parameters()) {
-    const auto* v = static_cast<const float*>(p.value.data);
-    all.insert(all.end(), v, v + p.value.numel());
+    const auto n = static_cast<std::size_t>(p.value.numel());
+    if (p.value.type == ddp::dtype::f32) {
+      const auto* v = static_cast<const float*>(p.value.data);
+      all.insert(all.end(), v, v + n);
+    } else {
+      const auto* h = static_cast<const std::uint16_t*>(p.value.data);
+      for (std::size_t i = 0; i < n; ++i)
+        all.push_back(p.value.type == ddp::dtype::bf16 ? ddp::host::from_bf16(h[i]) : ddp::host::from_f16(h[i]));
+    }
   }
   return all;
 }
@@ -33,16 +42,19 @@ struct run_options {
   std::filesystem::path checkpoint;
   bool save = false;
   float max_norm = 0.0f;
+  ddp::dtype precision = ddp::dtype::f32;  // the module's parameters (bf16, f16: an f32 master in the trainer)
 };
 
 // This rank's parameters after the run's steps, each step's global batch dealt as the reduction's
 // virtual shards (`shards` under the plain reduction) over the communicator's ranks.
-template <class Reduction, class Update, class Optimizer, class Comm>
+template <class Reduction, class Update, class Optimizer, class Comm, class Module = test::mlp>
 std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run = {}) {
   constexpr std::size_t v = Reduction::virtual_shards ? Reduction::virtual_shards : shards;
-  test::mlp model(test::make_mlp(run.from ? 99 : 7));  // a resumed run's values come from the checkpoint
+  test::mlp mlp = test::make_mlp(run.from ? 99 : 7);  // a resumed run's values come from the checkpoint
+  if (run.precision != ddp::dtype::f32) mlp.cast_parameters(run.precision);
+  Module model(std::move(mlp));
   ddp::host::device dev;
-  ddp::trainer<test::mlp, Reduction, Update, Optimizer, ddp::bucket_cap<512>, ddp::use_communicator<Comm>> trainer(
+  ddp::trainer<Module, Reduction, Update, Optimizer, ddp::bucket_cap<512>, ddp::use_communicator<Comm>> trainer(
       model, comm, dev, opt);
   if (run.from) trainer.load(run.checkpoint);
   if (run.max_norm > 0.0f) trainer.clip_gradient_norm(run.max_norm);
@@ -57,7 +69,7 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
     }
   }
   if (run.save) trainer.save(run.checkpoint);
-  return parameters_of(model);
+  return parameters_of(test::underlying(model));
 }
 
 }  // namespace invariance

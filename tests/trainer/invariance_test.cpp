@@ -71,6 +71,27 @@ TEST_CASE("reduction::invariant with gradient clipping: the norm is exact, the s
   }
 }
 
+TEST_CASE("reduction::invariant: a module whose gradients the trainer copies, and bf16 parameters with an f32 master, "
+          "keep the same bits at 1, 3 and 8 ranks") {
+  const ddp::optim::adamw opt{.lr = 0.01f};
+  using invariant = ddp::reduction::invariant<shards>;
+  auto at = [&]<class Module>(int world, const run_options& run) {
+    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      return train_rank<invariant, ddp::update::sharded, ddp::optim::adamw, ddp::inproc::communicator, Module>(comm, opt, run);
+    });
+  };
+  run_options bf16;
+  bf16.precision = ddp::dtype::bf16;
+  const auto unbound = at.template operator()<test::unbound_mlp>(1, {})[0];
+  const auto half = at.template operator()<test::mlp>(1, bf16)[0];
+  CHECK(bitwise_equal(unbound, train<invariant, ddp::update::sharded>(1, opt)[0]));  // bound or not, one sum
+  for (int world : {3, 8}) {
+    CAPTURE(world);
+    for (const auto& rank : at.template operator()<test::unbound_mlp>(world, {})) CHECK(bitwise_equal(rank, unbound));
+    for (const auto& rank : at.template operator()<test::mlp>(world, bf16)) CHECK(bitwise_equal(rank, half));
+  }
+}
+
 TEST_CASE("the plain reduction, dealt the same way, differs between world sizes: the invariance check can fail") {
   const ddp::optim::adamw opt{.lr = 0.01f};
   const auto one = train<ddp::reduction::plain, ddp::update::replicated>(1, opt)[0];

@@ -41,6 +41,10 @@ namespace ddp::policy::reduction {
 
 struct slot;
 
+namespace exact {
+inline constexpr std::size_t max_shards = std::size_t{1} << 12;  // 2^12 integers below 2^51 fit in 64 bits
+}
+
 struct plain {
   using slot = reduction::slot;
   static constexpr std::string_view name = "plain";
@@ -49,7 +53,7 @@ struct plain {
 
 template <std::size_t V>
 struct invariant {
-  static_assert(V >= 1 && V <= (std::size_t{1} << 12),
+  static_assert(V >= 1 && V <= exact::max_shards,
                 "ddp: reduction::invariant<V> takes 1 to 4096 virtual shards per step");
   using slot = reduction::slot;
   static constexpr std::string_view name = "invariant";
@@ -62,6 +66,7 @@ concept policy = requires {
   requires std::same_as<typename P::slot, slot>;
   { P::name } -> std::convertible_to<std::string_view>;
   { P::virtual_shards } -> std::convertible_to<std::size_t>;
+  requires P::virtual_shards <= exact::max_shards;
 };
 
 struct slot {
@@ -77,6 +82,10 @@ consteval bool diagnose() {
                 "ddp: a policy in the reduction slot lacks `static constexpr std::size_t virtual_shards` (0 for "
                 "the plain floating-point average, V for the exact sum over V micro-batches; see "
                 "ddp/policy/reduction.hpp)");
+  if constexpr (requires { { P::virtual_shards } -> std::convertible_to<std::size_t>; })
+    static_assert(P::virtual_shards <= exact::max_shards,
+                  "ddp: a reduction policy's virtual_shards is at most 4096: more integers of the exact sum could "
+                  "overflow 64 bits");
   return policy<P>;
 }
 
@@ -88,11 +97,11 @@ consteval bool diagnose() {
 namespace exact {
 
 inline constexpr std::size_t block = 64;
-inline constexpr std::size_t max_shards = std::size_t{1} << 12;
 
-// max[b] = max(max[b], |x| over block b); a NaN makes the block's maximum NaN. On |x|'s bit
-// pattern, an unsigned integer whose order is the floats' and above which (0x7f800000: infinity)
-// lie the NaNs: a loop the compiler vectorises.
+// max[b] = max(max[b], |x| over block b), on |x|'s bit pattern: an unsigned integer whose order is
+// the floats', above which (0x7f800000: infinity) lie the NaNs, so that the loop vectorises. A
+// NaN gives the block an infinite maximum, not a NaN: a max over ranks keeps an infinity in any
+// order, where a NaN would be dropped by a `x > m ? x : m` that met it second.
 DDP_VECTORIZE inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
     std::uint32_t m = std::bit_cast<std::uint32_t>(max[b]) & 0x7fffffffu;
@@ -101,7 +110,7 @@ DDP_VECTORIZE inline void block_max(std::span<const float> x, std::span<float> m
       const std::uint32_t a = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
       m = a > m ? a : m;
     }
-    max[b] = m > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(m);
+    max[b] = std::bit_cast<float>(std::min(m, 0x7f800000u));
   }
 }
 
@@ -131,8 +140,9 @@ DDP_VECTORIZE inline void accumulate(std::span<const float> x, std::span<const f
   }
 }
 
-// out[i] = sums[first + i] * 2^-k / shards, rounded to float; a non-finite block is NaN, a block
-// of zeros zero.
+// out[i] = sums[first + i] * 2^-k / shards: the integer to double, scaled (exactly), divided in
+// double and rounded to float, a function of the sum alone; a block with an infinity or NaN is
+// NaN, a block of zeros zero.
 inline void to_average(std::span<const std::int64_t> sums, std::size_t first, std::span<const float> max,
                        std::size_t shards, std::span<float> out) noexcept {
   const auto divisor = static_cast<double>(shards);

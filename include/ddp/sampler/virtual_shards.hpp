@@ -22,9 +22,18 @@ struct shard_range {
   std::size_t first = 0, last = 0;
 
   std::size_t size() const noexcept { return last - first; }
-  // Shard s's positions in a global batch of `batch` samples.
-  std::size_t begin(std::size_t s, std::size_t batch) const noexcept { return s * (batch / shards); }
-  std::size_t end(std::size_t s, std::size_t batch) const noexcept { return (s + 1) * (batch / shards); }
+  // Shard s's positions in a global batch of `batch` samples, a multiple of the shard count (every
+  // shard the same shape, no sample left out).
+  std::size_t begin(std::size_t s, std::size_t batch) const { return s * shard_size(batch); }
+  std::size_t end(std::size_t s, std::size_t batch) const { return (s + 1) * shard_size(batch); }
+  std::size_t shard_size(std::size_t batch) const {
+    if (shards == 0 || batch % shards != 0)
+      throw error("sampler", "virtual_shards", -1,
+                  "a global batch of " + std::to_string(batch) + " samples does not cut into " +
+                      std::to_string(shards) + " shards of one shape: choose a global batch that is a multiple of " +
+                      std::to_string(shards));
+    return batch / shards;
+  }
 };
 
 inline shard_range virtual_shards(std::size_t shards, int rank, int world) {

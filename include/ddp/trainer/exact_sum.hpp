@@ -53,8 +53,10 @@ class exact_sum {
     each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::block_max(g, max_); });
     device_->copy_from_host(agreed_max_.data(), max_.data(), max_.size() * sizeof(float));
     const mutable_buffer m{agreed_max_.data(), max_.size(), dtype::f32};
-    comm_->all_reduce(m, m, reduce_op::max).wait();
+    auto agreed = comm_->all_reduce(m, m, reduce_op::max);
+    agreed.wait();
     device_->copy_to_host(max_.data(), agreed_max_.data(), max_.size() * sizeof(float));
+    rethrow_failure(agreed);  // a stream backend's failure, once the host has the values
 
     std::span<std::int64_t> sums(host_memory ? sums_.data() : staged(host_sums_).data(), padded_);
     std::fill(sums.begin(), sums.end(), std::int64_t{0});

@@ -120,6 +120,17 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "ddp: reduction::invariant sums the gradients exactly, as they are; a communication hook would "
                 "change them first (compression, low rank) and its result depends on the world size: use "
                 "comm_hook::none with reduction::invariant");
+  static constexpr bool buffer_sync_fits_reduction() {
+    if constexpr (valid)
+      return get<reduction::slot>::virtual_shards == 0 ||
+             !std::is_same_v<get<buffer_sync::slot>, buffer_sync::broadcast_each_forward>;
+    else return true;
+  }
+  static_assert(buffer_sync_fits_reduction(),
+                "ddp: under reduction::invariant ranks run as many forwards as they hold shards, which differ "
+                "when the world size does not divide V: a collective per forward (buffer_sync::"
+                "broadcast_each_forward) would pair with another rank's reduction. Use broadcast_once_per_step "
+                "(the default), average_once_per_step or none");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
   template <class Slot>
