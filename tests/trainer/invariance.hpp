@@ -7,6 +7,7 @@
 
 #include "ddp/ddp.hpp"
 #include "ddp/host/half.hpp"
+#include "ddp/inproc/launch.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "trainer/test_model.hpp"
@@ -70,6 +71,14 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
   }
   if (run.save) trainer.save(run.checkpoint);
   return parameters_of(test::underlying(model));
+}
+
+// Every rank's parameters at `world` in-process ranks.
+template <class Reduction, class Update, class Module = test::mlp, class Optimizer>
+std::vector<std::vector<float>> train(int world, Optimizer opt, const run_options& run = {}) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+    return train_rank<Reduction, Update, Optimizer, ddp::inproc::communicator, Module>(comm, opt, run);
+  });
 }
 
 }  // namespace invariance

@@ -21,14 +21,6 @@ namespace {
 
 using namespace invariance;
 
-// Every rank's parameters at `world` in-process ranks.
-template <class Reduction, class Update, class Optimizer>
-std::vector<std::vector<float>> train(int world, Optimizer opt, const run_options& run = {}) {
-  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-    return train_rank<Reduction, Update>(comm, opt, run);
-  });
-}
-
 template <class Update, class Optimizer>
 void check_invariance(Optimizer opt) {
   using invariant = ddp::reduction::invariant<shards>;
@@ -75,20 +67,16 @@ TEST_CASE("reduction::invariant: a module whose gradients the trainer copies, an
           "keep the same bits at 1, 3 and 8 ranks") {
   const ddp::optim::adamw opt{.lr = 0.01f};
   using invariant = ddp::reduction::invariant<shards>;
-  auto at = [&]<class Module>(int world, const run_options& run) {
-    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-      return train_rank<invariant, ddp::update::sharded, ddp::optim::adamw, ddp::inproc::communicator, Module>(comm, opt, run);
-    });
-  };
   run_options bf16;
   bf16.precision = ddp::dtype::bf16;
-  const auto unbound = at.template operator()<test::unbound_mlp>(1, {})[0];
-  const auto half = at.template operator()<test::mlp>(1, bf16)[0];
+  const auto unbound = train<invariant, ddp::update::sharded, test::unbound_mlp>(1, opt)[0];
+  const auto half = train<invariant, ddp::update::sharded>(1, opt, bf16)[0];
   CHECK(bitwise_equal(unbound, train<invariant, ddp::update::sharded>(1, opt)[0]));  // bound or not, one sum
   for (int world : {3, 8}) {
     CAPTURE(world);
-    for (const auto& rank : at.template operator()<test::unbound_mlp>(world, {})) CHECK(bitwise_equal(rank, unbound));
-    for (const auto& rank : at.template operator()<test::mlp>(world, bf16)) CHECK(bitwise_equal(rank, half));
+    for (const auto& rank : train<invariant, ddp::update::sharded, test::unbound_mlp>(world, opt))
+      CHECK(bitwise_equal(rank, unbound));
+    for (const auto& rank : train<invariant, ddp::update::sharded>(world, opt, bf16)) CHECK(bitwise_equal(rank, half));
   }
 }
 
