@@ -51,4 +51,19 @@ struct scaling_params {
 };
 int run_scaling(const scaling_params& p);
 
+struct invariance_params {
+  std::vector<int> ranks{1, 2, 3, 4, 6, 8};
+  std::string backend = "inproc";  // or mpi: the world mpirun started
+  std::vector<std::string> updates{"replicated", "sharded"};
+  std::vector<std::string> optimizers{"sgd", "adamw"};
+  std::string reduction = "invariant";  // plain: the same dealing, floating-point average
+  int steps = 50;
+  std::size_t global_batch = 128;
+  std::size_t hidden = 512;
+  std::string expect;  // a hash every run must give (--backend mpi: compare with an in-process one)
+  std::string data_dir;
+  std::string out;
+};
+int run_invariance(const invariance_params& p);
+
 }  // namespace bench

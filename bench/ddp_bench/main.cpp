@@ -100,6 +100,29 @@ int main(int argc, char** argv) {
   scaling->add_option("--data-dir", sc.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
   scaling->add_option("--out", sc.out, "also write the table to this .json or .csv file");
 
+  bench::invariance_params iv;
+  auto* invariance = app.add_subcommand("invariance", "the example's model trained K steps under "
+                                                      "reduction::invariant<8> at every world size of a list: one hash "
+                                                      "of parameters and buffers per run, exit 1 unless they agree");
+  invariance->add_option("--ranks", iv.ranks, "world sizes (in-process ranks, 1 to 8)")->delimiter(',')->capture_default_str();
+  invariance->add_option("--backend", iv.backend, "inproc, or mpi: the world mpirun started")
+      ->check(CLI::IsMember({"inproc", "mpi"}))->capture_default_str();
+  invariance->add_option("--update", iv.updates, "update policies")->delimiter(',')
+      ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
+  invariance->add_option("--optimizer", iv.optimizers, "optimizers (sgd: momentum 0.9; adamw)")->delimiter(',')
+      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
+  invariance->add_option("--reduction", iv.reduction, "invariant, or plain: the same shards under the plain "
+                                                      "reduction, whose hashes differ")
+      ->check(CLI::IsMember({"invariant", "plain"}))->capture_default_str();
+  invariance->add_option("--steps", iv.steps, "training steps")->check(CLI::Range(1, 100000))->capture_default_str();
+  invariance->add_option("--global-batch", iv.global_batch, "samples per step, a multiple of 8")
+      ->check(CLI::Range(16, 60000))->capture_default_str();
+  invariance->add_option("--hidden", iv.hidden, "hidden width of the example's model")
+      ->check(CLI::Range(8, 4096))->capture_default_str();
+  invariance->add_option("--expect", iv.expect, "the hash every run must give (e.g. an in-process run's)");
+  invariance->add_option("--data-dir", iv.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
+  invariance->add_option("--out", iv.out, "also write the table to this .json or .csv file");
+
   auto* versions = app.add_subcommand("versions", "ddp's version; in the GPU build also the CUDA driver, CUDA "
                                                   "runtime and NCCL versions it finds and the libraries it loaded "
                                                   "(no GPU needed; exit 1 when NCCL is older than the build needs "
@@ -122,6 +145,7 @@ int main(int argc, char** argv) {
     if (col->parsed()) return bench::run_collective(c);
 #if DDP_BENCH_WITH_TRAINER
     if (step->parsed()) return bench::run_step(s);
+    if (invariance->parsed()) return bench::run_invariance(iv);
     return bench::run_scaling(sc);
 #else
     throw std::invalid_argument("step and scaling need ddp::nn and ddp::data (OpenBLAS, zlib), which this build lacks");

@@ -9,6 +9,8 @@ struct config {
   int ranks = 2;
   int epochs = 10;
   std::size_t batch = 64;  // per rank
+  std::size_t global_batch = 0;  // samples per step over all ranks; 0: batch x ranks
+  std::string reduction = "plain";  // or "invariant": 8 virtual shards per step, the same bits at 1 to 8 ranks
   float lr = 0.1f;
   float momentum = 0.9f;
   float weight_decay = 0.0f;  // 5e-4 cost 0.3 points after 3 constant-lr epochs (docs/results.md)

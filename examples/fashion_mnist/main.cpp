@@ -61,6 +61,15 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", c.ranks, "number of ranks (in-process threads; with --backend nccl one GPU each)")->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--epochs", c.epochs, "passes over the 60,000 training images")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--batch", c.batch, "batch size per rank (global batch = ranks x batch)")->check(CLI::Range(2, 60000))->capture_default_str();
+  app.add_option("--global-batch", c.global_batch,
+                 "samples per step over all ranks, instead of --batch (default: ranks x batch)")
+      ->check(CLI::Range(2, 60000));
+  app.add_option("--reduction", c.reduction,
+                 "Reduction policy: plain (the ranks' gradients averaged in floating point), or invariant (each "
+                 "step's global batch is 8 virtual shards whose gradients are summed exactly: the same bits at "
+                 "1 to 8 ranks; keep --global-batch fixed, a multiple of 8)")
+      ->check(CLI::IsMember({"plain", "invariant"}))
+      ->capture_default_str();
   app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str();
   app.add_option("--weight-decay", c.weight_decay, "weight decay (coupled for sgd, decoupled for adamw)")

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <numbers>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "config.hpp"
@@ -101,6 +102,9 @@ using train_batches = ddp::data::batch_stream<ddp::data::weighted_batch<fashion_
 class trainer_policies {
  public:
   virtual train_batches epoch(train_loader&) = 0;  // this rank's batches of the next epoch (P4)
+  // Under reduction::invariant<V>: this rank's virtual shards of the next epoch, one stream each.
+  virtual std::vector<train_batches> epoch_shards(train_loader&) = 0;
+  virtual std::size_t virtual_shards() const = 0;  // V, or 0 under the plain reduction
   virtual std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const = 0;
   virtual std::uint64_t epochs_started() const = 0;
   virtual void save(const std::string& dir) = 0;
@@ -116,6 +120,11 @@ class policies_of final : public trainer_policies {
  public:
   explicit policies_of(Trainer& t) : t_(t) {}
   train_batches epoch(train_loader& loader) override { return t_.epoch(loader); }
+  std::vector<train_batches> epoch_shards(train_loader& loader) override {
+    if constexpr (Trainer::reduction_policy::virtual_shards != 0) return t_.epoch_shards(loader);
+    else throw std::logic_error("epoch_shards() under the plain reduction");
+  }
+  std::size_t virtual_shards() const override { return Trainer::reduction_policy::virtual_shards; }
   std::size_t steps_per_epoch(std::size_t n, std::size_t batch) const override { return t_.steps_per_epoch(n, batch); }
   std::uint64_t epochs_started() const override { return t_.epochs_started(); }
   void save(const std::string& dir) override { t_.save(dir); }
@@ -140,7 +149,16 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
               const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
   const auto& comm = trainer.communicator();
   const bool lead = comm.rank() == 0;
-  train_loader loader(train_set, c.batch, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
+  const std::size_t shards = policies.virtual_shards();
+  const auto world = static_cast<std::size_t>(comm.size());
+  // --global-batch, or --batch per rank; under --reduction invariant the loader makes one shard.
+  const std::size_t global_batch = c.global_batch ? c.global_batch : c.batch * world;
+  const std::size_t parts = shards ? shards : world;
+  if (global_batch % parts != 0)
+    throw std::invalid_argument("--global-batch " + std::to_string(global_batch) + " does not cut into " +
+                                std::to_string(parts) + (shards ? " virtual shards" : " ranks") + ": choose a multiple of " +
+                                std::to_string(parts));
+  train_loader loader(train_set, global_batch / parts, &fashion_mnist::collate, ddp::data::prefetch{c.prefetch});
   // --checkpoint DIR: go on from the checkpoint there, if any, and save one after every epoch.
   if (!c.checkpoint.empty() && ddp::has_checkpoint(c.checkpoint)) {
     policies.load(c.checkpoint);
@@ -150,7 +168,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
                   static_cast<unsigned long long>(trainer.steps()));
   }
   const int first_epoch = static_cast<int>(policies.epochs_started()) + 1;
-  const std::size_t steps_per_epoch = policies.steps_per_epoch(train_set.size(), c.batch);
+  const std::size_t steps_per_epoch = policies.steps_per_epoch(train_set.size(), global_batch / parts);
   progress_line progress(lead && c.progress);
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
   const auto schedule = lr_schedule(c, total_steps);
@@ -163,26 +181,51 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::metric loss, accuracy;
-    auto batches = policies.epoch(loader);
-    const std::size_t steps = batches.size();
-    std::size_t i = 0;
-    for (const auto& b : batches) {
-      trainer.learning_rate() = c.lr * schedule(step);
-      const auto waits_before = host_waits(dev);
-      trainer.step([&](auto& replica) {
+    // One micro-batch: the last of a step steps, the others accumulate.
+    auto micro_batch = [&](const auto& b, bool last) {
+      auto f = [&](auto& replica) {
         auto ce = Platform::loss(dev, replica.forward(Platform::input(dev, b.x)), b.y, b.weights);
         replica.backward(ce.grad);
         loss.add(ce.loss_sum, ce.samples);
         accuracy.add(static_cast<double>(ce.correct), ce.samples);
-      });
-      waits_in_steps += host_waits(dev) - waits_before;
+      };
+      if (last) trainer.step(f);
+      else trainer.accumulate(f);
+    };
+    std::size_t i = 0;
+    auto after_step = [&](std::size_t steps) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double rate =
-          static_cast<double>((step + 1 - first_step) * c.batch * static_cast<std::size_t>(comm.size())) / elapsed;
+      const double rate = static_cast<double>((step + 1 - first_step) * global_batch) / elapsed;
       progress.update(epoch, c.epochs, i + 1, steps, loss.mean(), rate,
                       elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(total_steps - step - 1));
       ++i;
       ++step;
+    };
+    if (shards) {  // this rank's virtual shards of each step, in shard order
+      auto streams = policies.epoch_shards(loader);
+      const std::size_t steps = streams.front().size();
+      std::vector<decltype(streams.front().begin())> next;
+      for (auto& stream : streams) next.push_back(stream.begin());
+      for (std::size_t t = 0; t < steps; ++t) {
+        trainer.learning_rate() = c.lr * schedule(step);
+        const auto waits_before = host_waits(dev);
+        for (std::size_t k = 0; k < next.size(); ++k) {
+          micro_batch(*next[k], k + 1 == next.size());
+          ++next[k];
+        }
+        waits_in_steps += host_waits(dev) - waits_before;
+        after_step(steps);
+      }
+    } else {
+      auto batches = policies.epoch(loader);
+      const std::size_t steps = batches.size();
+      for (const auto& b : batches) {
+        trainer.learning_rate() = c.lr * schedule(step);
+        const auto waits_before = host_waits(dev);
+        micro_batch(b, true);
+        waits_in_steps += host_waits(dev) - waits_before;
+        after_step(steps);
+      }
     }
     progress.end_epoch();
     const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
@@ -214,8 +257,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   }
   if (lead) {
     out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    out.samples_per_second = static_cast<double>((total_steps - first_step) * c.batch *
-                                                 static_cast<std::size_t>(comm.size())) / out.train_seconds;
+    out.samples_per_second = static_cast<double>((total_steps - first_step) * global_batch) / out.train_seconds;
     out.policies = policies.describe();
     if constexpr (requires { dev.host_waits(); })
       out.host_waits_per_step = static_cast<double>(waits_in_steps) / static_cast<double>(std::max<std::size_t>(1, step - first_step));
@@ -253,7 +295,8 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   opt.weight_decay = c.weight_decay;
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
-  select_hook(trainer.template policy<ddp::comm_hook::slot>(), c);
+  if constexpr (std::is_same_v<typename Trainer::comm_hook_policy, hook_choice>)
+    select_hook(trainer.template policy<ddp::comm_hook::slot>(), c);
   policies_of<Trainer> policies(trainer);
   run_rank<Platform, typename Trainer::core_type>(trainer, policies, dev, c, train_set, test_set, out);
 }
@@ -284,6 +327,19 @@ void with_sampler(const std::string& name, F f) {
   else if (name == "distributed_in_order") f(ddp::sampler::distributed<false, tail::pad>{});
   else if (name == "contiguous") f(ddp::sampler::contiguous{});
 }
+// --reduction invariant: the exact sum over 8 virtual shards, which takes no communication hook
+// (a hook would round before the sum) and, to keep the example's build short, the default sampler.
+template <class F>
+void with_reduction(const config& c, F f) {
+  if (c.reduction != "invariant") return f(ddp::reduction::plain{}, hook_choice{});
+  if (c.hook != "none")
+    throw std::invalid_argument("--reduction invariant sums the gradients exactly as they are; --hook " + c.hook +
+                                " would round them first: use --hook none");
+  if (c.sampler != "distributed")
+    throw std::invalid_argument("--reduction invariant deals each step as 8 virtual shards with the distributed "
+                                "sampler; --sampler " + c.sampler + " is not offered with it");
+  f(ddp::reduction::invariant<8>{}, ddp::comm_hook::none{});
+}
 template <class F>
 void with_optimizer(const std::string& name, F f) {
   if (name == "sgd") f(ddp::optim::sgd{});
@@ -296,18 +352,30 @@ void with_optimizer(const std::string& name, F f) {
 template <class Comm, class Platform>
 void train_with_flags(Comm& comm, typename Platform::device& dev, const config& c, const fashion_mnist& train_set,
                       const fashion_mnist& test_set, report& out) {
-  with_buffer_sync(c.buffer_sync, [&](auto sync) {
-    with_update(c.update, [&](auto update) {
-      with_unused(c.unused_params, [&](auto unused) {
-        with_sampler(c.sampler, [&](auto sampler) {
-          with_optimizer(c.optimizer, [&](auto optimizer) {
-            using trainer_t = ddp::trainer<typename Platform::model, decltype(sync), decltype(update), decltype(unused),
-                                           decltype(sampler), decltype(optimizer), hook_choice, ddp::use_communicator<Comm>,
-                                           ddp::use_device<typename Platform::device>>;
-            train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
+  with_reduction(c, [&](auto reduction, auto hook) {
+    using reduction_t = decltype(reduction);
+    with_buffer_sync(c.buffer_sync, [&](auto sync) {
+      if constexpr (reduction_t::virtual_shards != 0 && std::is_same_v<decltype(sync), ddp::buffer_sync::broadcast_each_forward>) {
+        throw std::invalid_argument("--reduction invariant runs a forward per virtual shard, as many as a rank holds; "
+                                    "--buffer-sync broadcast_each_forward would pair one rank's broadcast with "
+                                    "another's reduction: choose another buffer sync");
+      } else {
+        with_update(c.update, [&](auto update) {
+          with_unused(c.unused_params, [&](auto unused) {
+            with_sampler(reduction_t::virtual_shards != 0 ? std::string("distributed") : c.sampler, [&](auto sampler) {
+              using sampler_t = std::conditional_t<reduction_t::virtual_shards != 0, ddp::sampler::distributed<true, ddp::sampler::tail::pad>,
+                                                   decltype(sampler)>;
+              with_optimizer(c.optimizer, [&](auto optimizer) {
+                using trainer_t =
+                    ddp::trainer<typename Platform::model, reduction_t, decltype(sync), decltype(update),
+                                 decltype(unused), sampler_t, decltype(optimizer), decltype(hook),
+                                 ddp::use_communicator<Comm>, ddp::use_device<typename Platform::device>>;
+                train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
+              });
+            });
           });
         });
-      });
+      }
     });
   });
 }

@@ -3,11 +3,13 @@
 // shards (ddp::sampler::virtual_shards): the in-process and MPI invariance tests share it.
 #include <cstring>
 #include <filesystem>
+#include <type_traits>
 #include <vector>
 
 #include "ddp/ddp.hpp"
 #include "ddp/host/half.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "ddp/nn/batch_norm.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "trainer/test_model.hpp"
@@ -16,8 +18,19 @@ namespace invariance {
 
 inline constexpr std::size_t shards = 8, per_shard = 5, steps = 6;
 
-// Every parameter's values, 16-bit ones widened (exactly).
-inline std::vector<float> parameters_of(test::mlp& m) {
+// A model with batch norm: each virtual shard normalises with its own statistics, and the
+// running statistics take every shard's in shard order.
+using bn_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
+inline bn_mlp make_bn_mlp(std::uint64_t seed) {
+  return bn_mlp(ddp::nn::linear(test::in_features, 16, seed), ddp::nn::batch_norm(16), ddp::nn::relu(),
+                ddp::nn::linear(16, test::classes, seed + 1));
+}
+inline bn_mlp& underlying(bn_mlp& m) { return m; }
+using test::underlying;
+
+// Every parameter's values, 16-bit ones widened (exactly), then every buffer's bytes.
+template <class Model>
+std::vector<float> parameters_of(Model& m) {
   std::vector<float> all;
   for (auto& p : m.parameters()) {
     const auto n = static_cast<std::size_t>(p.value.numel());
@@ -29,6 +42,11 @@ inline std::vector<float> parameters_of(test::mlp& m) {
       for (std::size_t i = 0; i < n; ++i)
         all.push_back(p.value.type == ddp::dtype::bf16 ? ddp::host::from_bf16(h[i]) : ddp::host::from_f16(h[i]));
     }
+  }
+  for (auto& b : m.buffers()) {
+    const std::size_t at = all.size();
+    all.resize(at + (b.value.bytes() + sizeof(float) - 1) / sizeof(float));
+    std::memcpy(all.data() + at, b.value.data, b.value.bytes());
   }
   return all;
 }
@@ -51,9 +69,16 @@ struct run_options {
 template <class Reduction, class Update, class Optimizer, class Comm, class Module = test::mlp>
 std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run = {}) {
   constexpr std::size_t v = Reduction::virtual_shards ? Reduction::virtual_shards : shards;
-  test::mlp mlp = test::make_mlp(run.from ? 99 : 7);  // a resumed run's values come from the checkpoint
-  if (run.precision != ddp::dtype::f32) mlp.cast_parameters(run.precision);
-  Module model(std::move(mlp));
+  const std::uint64_t seed = run.from ? 99 : 7;  // a resumed run's values come from the checkpoint
+  Module model = [&] {
+    if constexpr (std::is_same_v<Module, bn_mlp>) {
+      return make_bn_mlp(seed);
+    } else {
+      test::mlp mlp = test::make_mlp(seed);
+      if (run.precision != ddp::dtype::f32) mlp.cast_parameters(run.precision);
+      return Module(std::move(mlp));
+    }
+  }();
   ddp::host::device dev;
   ddp::trainer<Module, Reduction, Update, Optimizer, ddp::bucket_cap<512>, ddp::use_communicator<Comm>> trainer(
       model, comm, dev, opt);
@@ -70,7 +95,7 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
     }
   }
   if (run.save) trainer.save(run.checkpoint);
-  return parameters_of(test::underlying(model));
+  return parameters_of(underlying(model));
 }
 
 // Every rank's parameters at `world` in-process ranks.

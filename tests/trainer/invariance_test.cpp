@@ -125,3 +125,56 @@ TEST_CASE_TEMPLATE("reduction::invariant: saved at 4 ranks and resumed at 3, 1 o
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE_TEMPLATE("reduction::invariant with batch norm: each shard normalises with its own statistics and the running "
+                   "statistics take every shard's in shard order, the same bits at 1, 2, 3, 5 and 8 ranks",
+                   Update, ddp::update::replicated, ddp::update::sharded) {
+  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f};
+  using invariant = ddp::reduction::invariant<shards>;
+  const auto reference = train<invariant, Update, bn_mlp>(1, opt)[0];
+  // The running statistics moved: every step's 8 shards were counted.
+  bn_mlp fresh = make_bn_mlp(7);
+  CHECK(!bitwise_equal(reference, parameters_of(fresh)));
+  for (int world : {2, 3, 5, 8}) {
+    CAPTURE(world);
+    for (const auto& rank : train<invariant, Update, bn_mlp>(world, opt)) CHECK(bitwise_equal(rank, reference));
+  }
+}
+
+namespace {
+// test::mlp without its deferred buffer updates: tracked_affine's running mean then moves with
+// each forward, which depends on the shards a rank runs.
+class undeferred_mlp {
+ public:
+  using input_type = ddp::nn::matrix;
+  using output_type = ddp::nn::matrix;
+  static constexpr bool reports_gradient_ready = true;
+  explicit undeferred_mlp(test::mlp m) : m_(std::move(m)) {}
+  std::vector<ddp::parameter_ref> parameters() { return m_.parameters(); }
+  std::vector<ddp::buffer_ref> buffers() { return m_.buffers(); }
+  ddp::nn::matrix forward(const ddp::nn::matrix& x) { return m_.forward(x); }
+  void backward(const ddp::nn::matrix& g, const ddp::ready_sink& ready) { m_.backward(g, ready); }
+
+ private:
+  test::mlp m_;
+};
+}  // namespace
+
+TEST_CASE("reduction::invariant: a buffer that a forward changes without deferring it is an error naming the buffer") {
+  const auto errors = ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
+    undeferred_mlp model(test::make_mlp(7));
+    ddp::host::device dev;
+    ddp::trainer<undeferred_mlp, ddp::reduction::invariant<2>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+    const auto b = test::make_batch(4, 1);
+    try {
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  });
+  for (const auto& e : errors) {
+    CHECK(e.find("buffer '1.running_mean' changed during a step on rank 0 under reduction::invariant<2>") != std::string::npos);
+    CHECK(e.find("apply_buffer_updates") != std::string::npos);
+  }
+}

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/random.hpp"
@@ -38,16 +39,28 @@ class tracked_affine {
     for (std::size_t r = 0; r < x.rows; ++r)
       for (std::size_t c = 0; c < f_; ++c) y(r, c) = x(r, c) * g[c] + b[c];
     if (training) {
-      auto rm = running_mean_.write();
+      std::vector<float> mean(f_);
       for (std::size_t c = 0; c < f_; ++c) {
         double s = 0;
         for (std::size_t r = 0; r < x.rows; ++r) s += x(r, c);
-        rm[c] = 0.9f * rm[c] + 0.1f * static_cast<float>(s / static_cast<double>(x.rows));
+        mean[c] = static_cast<float>(s / static_cast<double>(x.rows));
       }
-      ++batches_.write()[0];
+      if (defer_) pending_.insert(pending_.end(), mean.begin(), mean.end());
+      else apply_buffer_updates(mean);
       saved_.push_back(x);
     }
     return y;
+  }
+  // Deferred buffer updates (reduction::invariant): a record is the batch mean.
+  void defer_buffer_updates(bool on) { defer_ = on; }
+  std::size_t buffer_update_size() const { return f_; }
+  std::vector<float> take_buffer_updates() { return std::exchange(pending_, {}); }
+  void apply_buffer_updates(std::span<const float> records) {
+    for (std::size_t k = 0; k < records.size(); k += f_) {
+      auto rm = running_mean_.write();
+      for (std::size_t c = 0; c < f_; ++c) rm[c] = 0.9f * rm[c] + 0.1f * records[k + c];
+      ++batches_.write()[0];
+    }
   }
   ddp::nn::matrix backward(const ddp::nn::matrix& dy, bool need_dx) {
     auto x = ddp::nn::pop_saved(saved_, "tracked_affine");
@@ -76,6 +89,8 @@ class tracked_affine {
   ddp::nn::buffer<float> running_mean_;
   ddp::nn::buffer<std::int64_t> batches_;
   std::vector<ddp::nn::matrix> saved_;
+  bool defer_ = false;
+  std::vector<float> pending_;
 };
 
 using mlp = ddp::nn::sequential<ddp::nn::linear, tracked_affine, ddp::nn::relu, ddp::nn::linear,
@@ -101,6 +116,10 @@ class unbound_mlp {
   std::vector<ddp::buffer_ref> buffers() { return m_.buffers(); }
   ddp::nn::matrix forward(const ddp::nn::matrix& x) { return m_.forward(x); }
   void backward(const ddp::nn::matrix& g, const ddp::ready_sink& ready) { m_.backward(g, ready); }
+  void defer_buffer_updates(bool on) { m_.defer_buffer_updates(on); }
+  std::size_t buffer_update_size() { return m_.buffer_update_size(); }
+  std::vector<float> take_buffer_updates() { return m_.take_buffer_updates(); }
+  void apply_buffer_updates(std::span<const float> records) { m_.apply_buffer_updates(records); }
   mlp& inner() noexcept { return m_; }
 
  private:

@@ -27,11 +27,21 @@
 //   void eval();  void train(bool on = true);  bool training() const;
 //        // evaluation mode: forward saves nothing for a backward and layers such as batch_norm
 //        // use their running statistics; trainer.evaluate() switches to it and back.
+//   void defer_buffer_updates(bool on);  std::size_t buffer_update_size();
+//   std::vector<float> take_buffer_updates();  void apply_buffer_updates(std::span<const float>);
+//        // while on, each training forward records its buffer update (buffer_update_size()
+//        // floats: batch_norm's batch mean and variance) instead of applying it; take returns
+//        // the records since the last take, apply applies records in the order given. Under
+//        // reduction::invariant the trainer applies every virtual shard's record in shard order on
+//        // every rank, so the buffers do not depend on the world size; a module with buffers that
+//        // change in training and without this fails such a step, naming the buffer.
 //
 // Example: ddp::nn::sequential (include/ddp/nn/sequential.hpp) models this concept.
 #include <concepts>
 #include <cstddef>
 #include <ranges>
+#include <span>
+#include <vector>
 
 #include "ddp/core/buffer_version.hpp"
 #include "ddp/core/ready_sink.hpp"
@@ -86,6 +96,14 @@ concept binds_gradient_storage = requires(M& m, std::size_t i, float* p) { m.bin
 
 template <class M>
 concept binds_parameter_storage = requires(M& m, std::size_t i, float* p) { m.bind_parameter(i, p); };
+
+template <class M>
+concept defers_buffer_updates = requires(M& m, bool on, std::span<const float> records) {
+  m.defer_buffer_updates(on);
+  { m.buffer_update_size() } -> std::convertible_to<std::size_t>;
+  { m.take_buffer_updates() } -> std::convertible_to<std::vector<float>>;
+  m.apply_buffer_updates(records);
+};
 
 template <class M>
 consteval bool diagnose_module() {

@@ -12,10 +12,20 @@
 // forward and backward sum their per-feature sums over every rank with `reduce`, so N ranks
 // compute exactly what one process computes on the global batch.
 //   bn.synchronize_statistics(ddp::nn::sum_over_ranks(comm));
+//
+// Deferred running statistics (a trainer under reduction::invariant turns them on): a training
+// forward records its batch's mean and unbiased variance instead of updating the running
+// statistics, and apply_buffer_updates() applies the records later, in the order given. Each
+// forward normalises with its own batch's statistics (ghost batch norm over the virtual shards),
+// and a trainer that applies every shard's record in shard order on every rank gets running
+// statistics that do not depend on how the shards were spread over ranks.
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/nn/layer.hpp"
@@ -40,6 +50,28 @@ class batch_norm {
   // `reduce` sums a vector elementwise over every rank, in place (a blocking collective).
   void synchronize_statistics(std::function<void(std::span<double>)> reduce) { reduce_ = std::move(reduce); }
 
+  // Deferred running statistics: a record of 2 * features floats per training forward (the
+  // batch mean, then the unbiased variance).
+  void defer_buffer_updates(bool on) {
+    if (!on) pending_.clear();
+    defer_ = on;
+  }
+  std::size_t buffer_update_size() const noexcept { return 2 * features_; }
+  std::vector<float> take_buffer_updates() { return std::exchange(pending_, {}); }
+  void apply_buffer_updates(std::span<const float> records) {
+    const std::size_t f = features_;
+    if (records.size() % (2 * f) != 0)
+      throw std::invalid_argument("ddp::nn::batch_norm: " + std::to_string(records.size()) +
+                                  " floats of buffer updates are not whole records of " + std::to_string(2 * f));
+    if (records.empty()) return;
+    auto rm = running_mean_.write();
+    auto rv = running_var_.write();
+    for (std::size_t k = 0; k < records.size(); k += 2 * f) {
+      for (std::size_t c = 0; c < f; ++c) update_running(rm[c], rv[c], records[k + c], records[k + f + c]);
+      ++batches_tracked_.write()[0];
+    }
+  }
+
   matrix forward(const matrix& x, bool training) {
     require_cols(x, features_, "batch_norm");
     const std::size_t n = x.rows, f = features_;
@@ -60,20 +92,31 @@ class batch_norm {
         }
       }
       stats[2 * f] = static_cast<double>(n);
+      if (reduce_ && defer_)
+        throw std::logic_error(
+            "ddp::nn::batch_norm: synchronize_statistics() under deferred running statistics "
+            "(reduction::invariant): statistics summed over the ranks depend on the world size; each "
+            "virtual shard normalises with its own statistics instead, so leave synchronize_statistics off");
       if (reduce_) reduce_(std::span<double>(stats));
       const double count = stats[2 * f];
-      auto rm = running_mean_.write();
-      auto rv = running_var_.write();
+      std::vector<float> unbiased(f);
       for (std::size_t c = 0; c < f; ++c) {
         const double m = stats[c] / count;
         const double var = std::max(0.0, stats[f + c] / count - m * m);
         mean[c] = static_cast<float>(m);
         inv_std[c] = static_cast<float>(1.0 / std::sqrt(var + eps_));
-        rm[c] = (1.0f - momentum_) * rm[c] + momentum_ * mean[c];
-        rv[c] = (1.0f - momentum_) * rv[c] + momentum_ * static_cast<float>(var * count / (count - 1));
+        unbiased[c] = static_cast<float>(var * count / (count - 1));
+      }
+      if (defer_) {
+        pending_.insert(pending_.end(), mean.begin(), mean.end());
+        pending_.insert(pending_.end(), unbiased.begin(), unbiased.end());
+      } else {
+        auto rm = running_mean_.write();
+        auto rv = running_var_.write();
+        for (std::size_t c = 0; c < f; ++c) update_running(rm[c], rv[c], mean[c], unbiased[c]);
+        ++batches_tracked_.write()[0];
       }
       batch_count_.push_back(count);
-      ++batches_tracked_.write()[0];
     } else {  // frozen statistics; backward reads the variance again, checked by its version
       auto rm = running_mean_.read();
       auto rv = training ? running_var_.read_for_backward() : running_var_.read();
@@ -162,6 +205,11 @@ class batch_norm {
   std::int64_t batches_tracked() const noexcept { return batches_tracked_.read()[0]; }
 
  private:
+  void update_running(float& mean, float& var, float batch_mean, float batch_var) const noexcept {
+    mean = (1.0f - momentum_) * mean + momentum_ * batch_mean;
+    var = (1.0f - momentum_) * var + momentum_ * batch_var;
+  }
+
   struct saved {
     matrix xhat;
     std::vector<float> inv_std;  // empty when the forward used running statistics
@@ -175,6 +223,8 @@ class batch_norm {
   std::vector<saved> saved_;
   std::vector<double> batch_count_;  // global batch size of each pending training forward
   std::function<void(std::span<double>)> reduce_;
+  bool defer_ = false;
+  std::vector<float> pending_;  // deferred: the records of the training forwards not yet taken
 };
 
 }  // namespace ddp::nn

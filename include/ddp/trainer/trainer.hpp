@@ -37,6 +37,7 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/sampler/sampler.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
 #include "ddp/trainer/checkpoint.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/trainer_core.hpp"
@@ -238,11 +239,42 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   auto epoch(Loader& loader) {
     if constexpr (diagnose_loader<Loader>()) return epoch_checked(loader);
   }
+  // Under reduction::invariant<V>: this rank's virtual shards of the next epoch, one batch stream
+  // per shard it holds, in shard order (sampler::virtual_shards). The sampler deals the data set
+  // to V virtual ranks as it would to V ranks, so shard s of step t is the same samples at every
+  // world size, and a loader of batch size B / V makes steps of B samples, padding weighing
+  // nothing. Run shard k of a step as micro-batch k: accumulate() for all but the last, step().
+  template <class Loader>
+  auto epoch_shards(Loader& loader) {
+    constexpr std::size_t shards = reduction_policy::virtual_shards;
+    static_assert(shards != 0, "ddp: epoch_shards() deals a step's virtual shards, which reduction::invariant<V> "
+                               "has; under the plain reduction use epoch(loader)");
+    static_assert(loader_requirements::has_shard_batches<Loader>,
+                  "ddp: epoch_shards() needs a loader with batches(ddp::shard) (ddp::data::loader has it)");
+    const auto& comm = this->communicator();
+    const auto mine = sampler::virtual_shards(shards, comm.rank(), comm.size());
+    std::vector<decltype(loader.batches(std::declval<shard>()))> streams;
+    for (std::size_t s = mine.first; s < mine.last; ++s)
+      streams.push_back(loader.batches(sampler::make_shard(current_sampler(), loader.dataset_size(), static_cast<int>(s),
+                                                           static_cast<int>(shards), options_.seed, epoch_)));
+    ++epoch_;
+    epoch_start_ = this->micro_batches_run();
+    epoch_length_ = streams.front().size() * streams.size();
+    if (resume_skip_) {  // micro-batches taken before the checkpoint: whole steps of this world's shards
+      for (auto& stream : streams) skip_taken(stream, static_cast<std::size_t>(*resume_skip_ / streams.size()));
+      epoch_start_ -= *resume_skip_;
+      resume_skip_.reset();
+    }
+    return streams;
+  }
   std::uint64_t epochs_started() const noexcept { return epoch_; }
   // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
-  // batch counts when the sampler visits every sample).
+  // batch counts when the sampler visits every sample); under reduction::invariant<V>, steps of
+  // epoch_shards() with shard batches of `batch`.
   std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const {
-    return sampler::batches_per_epoch(current_sampler(), dataset_size, this->communicator().size(), batch);
+    constexpr std::size_t shards = reduction_policy::virtual_shards;
+    const int world = shards ? static_cast<int>(shards) : this->communicator().size();
+    return sampler::batches_per_epoch(current_sampler(), dataset_size, world, batch);
   }
 
   // Checkpoints: everything this run needs to continue, bitwise as if it had not stopped:

@@ -28,6 +28,7 @@
 #include "ddp/trainer/master_weights.hpp"
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/parameter_table.hpp"
+#include "ddp/trainer/shard_buffers.hpp"
 #include "ddp/trainer/slots.hpp"
 #include "ddp/trainer/state_io.hpp"
 #include "ddp/trainer/step_counts.hpp"
@@ -85,7 +86,8 @@ class trainer_core {
                   binds_gradient_storage<Module>, binds_values()}),
         update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets(),
                 /*exact_norm=*/reduction_part().virtual_shards() != 0),
-        storage_(module, params_, binds_values()) {
+        storage_(module, params_, binds_values()),
+        shard_buffers_(module, comm, dev, buffers_, reduction_part().virtual_shards()) {
     sync_part().prepare(sync_context_);
     params_.broadcast(comm_);
     masters_.copy_from_module();
@@ -261,6 +263,7 @@ class trainer_core {
     {
       auto span = observer_.phase("buffer sync", steps_);
       sync_part().before_forward(sync_context_);
+      if (tape_.forward_index() == 0) shard_buffers_.step_began();
     }
     auto span = observer_.phase("forward", steps_);
     return module_.forward(x);
@@ -297,7 +300,9 @@ class trainer_core {
     }
     reducer_.reduce_all();
     observer_.measure_overlap(reducer_.buckets());
-    finish_update(reducer_.read_control(update_.update_mask()));
+    const float mean_micro_batches = reducer_.read_control(update_.update_mask());
+    shard_buffers_.step_ended();
+    finish_update(mean_micro_batches);
   }
 
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
@@ -343,6 +348,7 @@ class trainer_core {
   detail::gradient_reducer<Comm, Device> reducer_;
   detail::update_stage<Comm, Device> update_;
   detail::storage_return<Module> storage_;  // after the reducer: gives the module its storage back first
+  detail::shard_buffers<Module, Comm, Device> shard_buffers_;
   detail::step_tape tape_{comm_.rank()};
   detail::step_guard<Comm> guard_{comm_};
   detail::buffer_sync_context<Comm, Device> sync_context_{buffers_, steps_, tape_.forward_index()};

@@ -1,0 +1,192 @@
+// ddp-bench invariance: the example's model (784-h-h-10 with batch norm) trained K steps on
+// Fashion-MNIST under reduction::invariant<8> at every world size of a list, replicated and
+// sharded, with SGD-momentum and AdamW; each run's hash of parameters and buffers (FNV-1a over
+// their bytes) is printed, and the exit status is 1 unless every world size of a set-up gives
+// one hash. Every step is 8 virtual shards of --global-batch / 8 samples, dealt by
+// trainer.epoch_shards(). --reduction plain deals the same shards as micro-batches under the
+// plain reduction: its hashes differ between world sizes (the check can fail).
+//
+// In-process ranks by default; --backend mpi runs the world that mpirun started (one hash per
+// set-up, compared with --expect when given).
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddp_bench/commands.hpp"
+#include "ddp/data/fashion_mnist.hpp"
+#include "ddp/data/loader.hpp"
+#include "ddp/ddp.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "model.hpp"
+#if DDP_BENCH_WITH_MPI
+#include "ddp/mpi/communicator.hpp"
+#include "ddp/mpi/environment.hpp"
+#endif
+
+namespace bench {
+namespace {
+
+using ddp::data::fashion_mnist;
+constexpr std::size_t shards = 8;
+using loader_t = ddp::data::loader<fashion_mnist, decltype(&fashion_mnist::collate)>;
+
+std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::string hex(std::uint64_t h) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// The parameters' and buffers' bytes, hashed in the module's order.
+std::uint64_t state_hash(fmnist::model& m) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (auto& p : m.parameters()) h = fnv1a(h, p.value.data, p.value.bytes());
+  for (auto& b : m.buffers()) h = fnv1a(h, b.value.data, b.value.bytes());
+  return h;
+}
+
+// This rank's shard streams of one epoch, as trainer.epoch_shards() deals them; for the plain
+// reduction, which has no epoch_shards(), the same dealing by hand.
+template <class Trainer>
+auto shard_streams(Trainer& t, loader_t& loader, std::uint64_t seed, std::uint64_t epoch) {
+  if constexpr (Trainer::reduction_policy::virtual_shards != 0) {
+    return t.epoch_shards(loader);
+  } else {
+    const auto mine = ddp::sampler::virtual_shards(shards, t.communicator().rank(), t.communicator().size());
+    std::vector<decltype(loader.batches(ddp::shard{}))> streams;
+    for (std::size_t s = mine.first; s < mine.last; ++s)
+      streams.push_back(loader.batches(ddp::sampler::make_shard<typename Trainer::sampler_policy>(
+          loader.dataset_size(), static_cast<int>(s), static_cast<int>(shards), seed, epoch)));
+    return streams;
+  }
+}
+
+// One rank's run: `steps` steps from the example's initial weights; the hash of the result.
+template <class Reduction, class Update, class Optimizer, class Comm>
+std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_mnist& data, Optimizer opt) {
+  auto model = fmnist::make_model(1, p.hidden);
+  ddp::host::device dev;
+  ddp::trainer<fmnist::model, Reduction, Update, Optimizer, ddp::use_communicator<Comm>> t(model, comm, dev, opt);
+  loader_t loader(data, p.global_batch / shards, &fashion_mnist::collate);
+  int done = 0;
+  for (std::uint64_t epoch = 0; done < p.steps; ++epoch) {
+    auto streams = shard_streams(t, loader, 0, epoch);
+    std::vector<decltype(streams.front().begin())> next;
+    for (auto& s : streams) next.push_back(s.begin());
+    for (std::size_t step = 0; step < streams.front().size() && done < p.steps; ++step, ++done)
+      for (std::size_t k = 0; k < next.size(); ++k) {
+        const auto& b = *next[k];
+        auto f = [&](auto& r) {
+          r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+        };
+        if (k + 1 < next.size()) t.accumulate(f);
+        else t.step(f);
+        ++next[k];
+      }
+  }
+  return state_hash(model);
+}
+
+struct setup {
+  std::string update, optimizer;
+};
+
+// Every rank's hash of one set-up on `comm`'s world (they must agree within it too).
+template <class Reduction, class Comm>
+std::uint64_t run_setup(Comm& comm, const invariance_params& p, const fashion_mnist& data, const setup& s) {
+  const ddp::optim::sgd sgd{.lr = 0.05f, .momentum = 0.9f};
+  const ddp::optim::adamw adamw{.lr = 1e-3f, .weight_decay = 1e-2f};
+  if (s.update == "sharded")
+    return s.optimizer == "adamw" ? train_rank<Reduction, ddp::update::sharded>(comm, p, data, adamw)
+                                  : train_rank<Reduction, ddp::update::sharded>(comm, p, data, sgd);
+  return s.optimizer == "adamw" ? train_rank<Reduction, ddp::update::replicated>(comm, p, data, adamw)
+                                : train_rank<Reduction, ddp::update::replicated>(comm, p, data, sgd);
+}
+
+template <class Comm>
+std::uint64_t run_any(Comm& comm, const invariance_params& p, const fashion_mnist& data, const setup& s) {
+  if (p.reduction == "plain") return run_setup<ddp::reduction::plain>(comm, p, data, s);
+  return run_setup<ddp::reduction::invariant<shards>>(comm, p, data, s);
+}
+
+std::vector<setup> setups(const invariance_params& p) {
+  std::vector<setup> all;
+  for (const auto& u : p.updates)
+    for (const auto& o : p.optimizers) all.push_back({u, o});
+  return all;
+}
+
+}  // namespace
+
+int run_invariance(const invariance_params& p) {
+  if (p.global_batch % shards != 0)
+    throw std::invalid_argument("--global-batch " + std::to_string(p.global_batch) + " does not cut into " +
+                                std::to_string(shards) + " virtual shards: choose a multiple of " + std::to_string(shards));
+  const std::string dir = p.data_dir.empty() ? std::string(fashion_mnist::default_directory) : p.data_dir;
+  const auto data = fashion_mnist::load(fashion_mnist::split::train, dir);
+  report out("invariance",
+             "parameters and buffers after " + std::to_string(p.steps) + " steps of the example's model (hidden " +
+                 std::to_string(p.hidden) + ", global batch " + std::to_string(p.global_batch) + " as " +
+                 std::to_string(shards) + " virtual shards), reduction " + p.reduction,
+             {{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10}, {"hash", 17}, {"same", 5}});
+  std::map<std::string, std::string> first;  // per set-up: the first world size's hash
+  bool all_agree = true, lead = true;
+  auto record = [&](int world, const char* backend, const setup& s, const std::vector<std::uint64_t>& hashes) {
+    bool agree = true;
+    for (auto h : hashes) agree = agree && h == hashes[0];  // the ranks of one run
+    const std::string key = s.update + "/" + s.optimizer;
+    const std::string h = hex(hashes[0]);
+    std::string expected = first.count(key) ? first[key] : (p.expect.empty() ? h : p.expect);
+    if (!first.count(key)) first[key] = expected;
+    agree = agree && h == expected;
+    all_agree = all_agree && agree;
+    out.add({static_cast<long long>(world), std::string(backend), s.update, s.optimizer,
+             agree ? h : h + (hashes.size() > 1 && hashes[1] != hashes[0] ? " (ranks differ)" : ""),
+             std::string(agree ? "yes" : "NO")});
+  };
+  if (p.backend == "mpi") {
+#if DDP_BENCH_WITH_MPI
+    if (!ddp::mpi::placement_from_environment())
+      throw std::invalid_argument("--backend mpi runs one rank per process: start it with mpirun -np N");
+    ddp::mpi::environment env;
+    ddp::mpi::communicator comm;
+    lead = comm.rank() == 0;
+    out.begin(lead);
+    for (const auto& s : setups(p)) {
+      const std::uint64_t mine = run_any(comm, p, data, s);
+      // Every rank's hash, to rank 0's table (an all_gather of one integer).
+      std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+      const std::int64_t as_int = static_cast<std::int64_t>(mine);
+      comm.all_gather(ddp::const_buffer{&as_int, 1, ddp::dtype::i64}, ddp::mutable_buffer{all.data(), all.size(), ddp::dtype::i64}).wait();
+      std::vector<std::uint64_t> hashes(all.begin(), all.end());
+      record(comm.size(), "mpi", s, hashes);
+    }
+#else
+    throw std::invalid_argument("--backend mpi: this ddp-bench was built without MPI");
+#endif
+  } else {
+    out.begin(true);
+    for (const auto& s : setups(p))
+      for (int world : p.ranks) {
+        if (world < 1 || static_cast<std::size_t>(world) > shards)
+          throw std::invalid_argument("--ranks " + std::to_string(world) + ": 1 to " + std::to_string(shards) +
+                                      " ranks hold the " + std::to_string(shards) + " virtual shards");
+        const auto hashes =
+            ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) { return run_any(comm, p, data, s); });
+        record(world, "inproc", s, hashes);
+      }
+  }
+  out.note(all_agree ? "every world size gave one hash per set-up" : "the hashes differ between world sizes");
+  if (lead) out.write(p.out);
+  return all_agree ? 0 : 1;
+}
+
+}  // namespace bench
