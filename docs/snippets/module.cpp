@@ -1,9 +1,15 @@
-// The snippets of docs/writing-a-module.md, docs/concepts/module.md and README.md, compiled; the
-// module of writing-a-module.md is also trained for a step, so its members are instantiated.
+// The snippets of docs/writing-a-module.md, docs/concepts/module.md, docs/nn.md and README.md,
+// compiled; the module of writing-a-module.md is also trained for a step, so its members are
+// instantiated.
 #include "common.hpp"
 
+#include <ddp/nn/check_gradients.hpp>
+#include <ddp/nn/embedding.hpp>
+#include <ddp/nn/gelu.hpp>
 #include <ddp/nn/layer.hpp>
+#include <ddp/nn/layer_norm.hpp>
 #include <ddp/nn/parameter.hpp>
+#include <ddp/nn/residual.hpp>
 
 namespace snippets {
 
@@ -105,6 +111,84 @@ void readme(const loader_type& loader, std::uint64_t seed) {
   });
   // [end doc]
 }
+
+// [doc: writing-a-module.md]
+#include <ddp/ddp.hpp>
+#include <ddp/nn/embedding.hpp>
+#include <ddp/nn/linear.hpp>
+#include <ddp/nn/relu.hpp>
+#include <ddp/nn/sequential.hpp>
+
+// Token ids -> rows of a table -> an MLP. Parameter 0 is the table; the MLP's follow.
+class token_classifier {
+ public:
+  using input_type = std::vector<std::int32_t>;           // one token per sample
+  using output_type = ddp::nn::matrix;
+  static constexpr bool reports_gradient_ready = true;
+
+  token_classifier(std::size_t vocabulary, std::uint64_t seed)
+      : embed_(vocabulary, 32, seed),
+        mlp_(ddp::nn::linear(32, 64, seed + 1), ddp::nn::relu(), ddp::nn::linear(64, 4, seed + 2)) {
+    mlp_.compute_input_gradient();                        // the table's gradient needs d loss / d rows
+  }
+
+  std::vector<ddp::parameter_ref> parameters() {
+    std::vector<ddp::parameter_ref> refs{embed_.params()[0].ref("embed.")};
+    for (auto p : mlp_.parameters()) {
+      p.name = "mlp." + p.name;
+      refs.push_back(p);
+    }
+    return refs;
+  }
+  std::vector<ddp::buffer_ref> buffers() { return {}; }
+
+  output_type forward(const input_type& ids) { return mlp_.forward(embed_.forward(ids, mlp_.training())); }
+  void backward(const output_type& g, const ddp::ready_sink& ready) {
+    auto shifted = [&](std::size_t i) { ready(i + 1); };  // the MLP's index i is this module's i + 1
+    embed_.backward(mlp_.backward(g, ddp::ready_sink(shifted)));
+    ready(0);
+  }
+  void train(bool on = true) { mlp_.train(on); }
+  void eval() { mlp_.eval(); }
+  bool training() const { return mlp_.training(); }
+
+  void bind_gradient(std::size_t i, float* storage) {
+    if (i == 0) embed_.params()[0].bind_gradient(storage);
+    else mlp_.bind_gradient(i - 1, storage);
+  }
+
+ private:
+  ddp::nn::embedding embed_;
+  ddp::nn::sequential<ddp::nn::linear, ddp::nn::relu, ddp::nn::linear> mlp_;
+};
+static_assert(ddp::trainable_module<token_classifier>);
+// [end doc]
+
+// [doc: nn.md]
+#include <ddp/nn/check_gradients.hpp>
+#include <ddp/nn/gelu.hpp>
+#include <ddp/nn/layer_norm.hpp>
+#include <ddp/nn/linear.hpp>
+#include <ddp/nn/residual.hpp>
+#include <ddp/nn/sequential.hpp>
+
+// A pre-norm residual MLP: x + W2·gelu(W1·layer_norm(x)) between an input and an output layer.
+inline auto residual_mlp(std::uint64_t seed) {
+  using namespace ddp::nn;
+  return sequential(linear(784, 256, seed),
+                    residual(layer_norm(256), linear(256, 512, seed + 1), gelu(), linear(512, 256, seed + 2)),
+                    layer_norm(256), linear(256, 10, seed + 3));
+}
+
+// Its backward against finite differences on a small batch: 64 elements of each tensor.
+inline void check_residual_mlp() {
+  auto model = residual_mlp(1);
+  ddp::nn::matrix x(4, 784, 0.5f);
+  ddp::nn::gradient_check_options options;
+  options.max_elements = 64;
+  ddp::nn::check_gradients(model, x, options).throw_if_failed();
+}
+// [end doc]
 
 // One step of my_head, so its members compile as the trainer calls them.
 void train_my_head() {

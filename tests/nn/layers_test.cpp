@@ -1,4 +1,5 @@
-// Every reference layer's backward against central finite differences of its forward.
+// Every reference layer's backward against central finite differences of its forward
+// (ddp::nn::check_gradients), and the building blocks: residual, layer_norm, gelu, embedding.
 #include <doctest/doctest.h>
 
 #include <cctype>
@@ -9,10 +10,15 @@
 #include "ddp/core/random.hpp"
 #include "ddp/nn/batch_norm.hpp"
 #include "ddp/nn/blas.hpp"
+#include "ddp/nn/check_gradients.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/dropout.hpp"
+#include "ddp/nn/embedding.hpp"
+#include "ddp/nn/gelu.hpp"
+#include "ddp/nn/layer_norm.hpp"
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/relu.hpp"
+#include "ddp/nn/residual.hpp"
 #include "ddp/nn/sequential.hpp"
 
 namespace {
@@ -24,64 +30,21 @@ ddp::nn::matrix random_matrix(std::size_t r, std::size_t c, std::uint64_t seed, 
   return m;
 }
 
-// loss(x) = sum(w . layer(x)): the analytic gradients from one backward of w are compared with
-// (loss(v + h) - loss(v - h)) / 2h for every input element and every parameter element.
-template <class Layer>
-void check_gradients(Layer& layer, const ddp::nn::matrix& x0, double tolerance = 2e-2) {
-  const auto y0 = layer.forward(x0, true);
-  const auto w = random_matrix(y0.rows, y0.cols, 99);
-  for (auto& p : layer.params()) std::fill(p.grad().begin(), p.grad().end(), 0.0f);
-  const auto dx = layer.backward(w, true);
-  std::vector<std::vector<float>> analytic;
-  for (auto& p : layer.params()) analytic.emplace_back(p.grad().begin(), p.grad().end());
-
-  auto loss = [&](const ddp::nn::matrix& x) {
-    const auto y = layer.forward(x, true);
-    ddp::nn::matrix zero(y.rows, y.cols);
-    auto saved = std::vector<std::vector<float>>{};
-    for (auto& p : layer.params()) saved.emplace_back(p.grad().begin(), p.grad().end());
-    layer.backward(zero, false);  // pops the tape; adds nothing
-    double s = 0;
-    for (std::size_t i = 0; i < y.size(); ++i) s += static_cast<double>(w.data[i]) * y.data[i];
-    return s;
-  };
-  auto close = [&](double numeric, double exact) {
-    return std::abs(numeric - exact) <= tolerance * std::max(1.0, std::abs(exact));
-  };
-  const float h = 1e-2f;
-  auto x = x0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float keep = x.data[i];
-    x.data[i] = keep + h;
-    const double up = loss(x);
-    x.data[i] = keep - h;
-    const double down = loss(x);
-    x.data[i] = keep;
-    CAPTURE(i);
-    CHECK(close((up - down) / (2 * h), dx.data[i]));
-  }
-  std::size_t k = 0;
-  for (auto& p : layer.params()) {
-    auto v = p.value();
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      const float keep = v[i];
-      v[i] = keep + h;
-      const double up = loss(x0);
-      v[i] = keep - h;
-      const double down = loss(x0);
-      v[i] = keep;
-      INFO("parameter ", p.name(), "[", i, "]");
-      CHECK(close((up - down) / (2 * h), analytic[k][i]));
-    }
-    ++k;
-  }
+// Every layer's and module's backward through the library's check: central finite differences of
+// sum(w . forward(x)) for every parameter element and every input element.
+template <class M, class Input>
+void require_gradients(M& m, const Input& x, ddp::nn::gradient_check_options options = {}) {
+  const auto report = ddp::nn::check_gradients(m, x, options);
+  INFO(report.message());
+  CHECK(report.checked > 0);
+  CHECK(report.passed());
 }
 
 }  // namespace
 
 TEST_CASE("linear backward matches finite differences") {
   ddp::nn::linear l(5, 4, 3);
-  check_gradients(l, random_matrix(3, 5, 1));
+  require_gradients(l, random_matrix(3, 5, 1));
 }
 
 TEST_CASE("linear initialises as PyTorch: uniform in +-1/sqrt(in), the same for the same seed") {
@@ -95,17 +58,17 @@ TEST_CASE("relu backward matches finite differences away from the kink") {
   ddp::nn::relu r;
   auto x = random_matrix(3, 6, 2);
   for (auto& v : x.data) v += v > 0 ? 0.1f : -0.1f;
-  check_gradients(r, x);
+  require_gradients(r, x);
 }
 
 TEST_CASE("batch_norm backward matches finite differences, with batch statistics and frozen") {
   ddp::nn::batch_norm bn(4);
   auto g = bn.params()[0].value();
   for (std::size_t c = 0; c < 4; ++c) g[c] = 0.5f + 0.25f * static_cast<float>(c);
-  check_gradients(bn, random_matrix(6, 4, 3, 2.0f));
+  require_gradients(bn, random_matrix(6, 4, 3, 2.0f));
   ddp::nn::batch_norm frozen(4);
   frozen.set_mode(ddp::nn::batch_norm::mode::frozen);
-  check_gradients(frozen, random_matrix(6, 4, 4, 2.0f));
+  require_gradients(frozen, random_matrix(6, 4, 4, 2.0f));
 }
 
 TEST_CASE("batch_norm keeps running statistics as PyTorch: momentum 0.1, unbiased variance, batch count") {
@@ -241,4 +204,161 @@ TEST_CASE("a buffer owns its version: every write bumps it, reads do not, saves 
   CHECK(stat.version().innermost_saved() != stat.version().value());
   stat.release_after_backward();
   CHECK_FALSE(stat.version().innermost_saved());
+}
+
+namespace {
+
+// A linear layer whose backward adds a wrong amount to one weight's gradient.
+struct miscounting_linear : ddp::nn::linear {
+  miscounting_linear() : ddp::nn::linear(3, 2, 4) {}
+  ddp::nn::matrix backward(const ddp::nn::matrix& dy, bool need_dx) {
+    auto dx = ddp::nn::linear::backward(dy, need_dx);
+    params()[0].grad()[4] += 0.5f;  // weight[1, 1]
+    return dx;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("check_gradients names the element that disagrees with both values, samples large tensors, keeps "
+          "accumulated gradients") {
+  miscounting_linear bad;
+  const auto x = random_matrix(4, 3, 11);
+  bad.params()[1].grad()[0] = 7.0f;  // accumulated before the check
+  const auto report = ddp::nn::check_gradients(bad, x);
+  CHECK_FALSE(report);
+  CHECK(report.checked == 12 + 6 + 2);
+  REQUIRE(report.mismatches.size() == 1);
+  CHECK(report.mismatches[0].tensor == "weight");
+  CHECK(report.mismatches[0].where() == "weight[1, 1]");
+  CHECK(report.mismatches[0].analytic - report.mismatches[0].numeric == doctest::Approx(0.5).epsilon(1e-3));
+  CHECK(report.message().find("1 of 20 elements disagree") != std::string::npos);
+  CHECK(bad.params()[1].grad()[0] == 7.0f);
+  CHECK_THROWS_WITH_AS(report.throw_if_failed(), doctest::Contains("weight[1, 1]: analytic"), ddp::error);
+
+  ddp::nn::linear big(40, 30, 5);
+  ddp::nn::gradient_check_options sampled;
+  sampled.max_elements = 10;
+  sampled.check_input = false;
+  const auto some = ddp::nn::check_gradients(big, random_matrix(2, 40, 12), sampled);
+  CHECK(some.passed());
+  CHECK(some.checked == 10 + 10);
+
+  ddp::nn::linear half(3, 2, 6);
+  half.params()[0].cast(ddp::dtype::bf16);
+  CHECK_THROWS_WITH_AS(ddp::nn::check_gradients(half, x), doctest::Contains("cast(ddp::dtype::f32) first"), ddp::error);
+}
+
+TEST_CASE("sequential's backward, input gradient included, matches finite differences") {
+  ddp::nn::sequential m(ddp::nn::linear(5, 6, 1), ddp::nn::relu(), ddp::nn::linear(6, 3, 2));
+  m.eval();
+  ddp::nn::gradient_check_options smaller_step;
+  smaller_step.step = 1e-3;  // the relu's inputs stay on one side of 0
+  require_gradients(m, random_matrix(4, 5, 13), smaller_step);
+  CHECK_FALSE(m.training());  // the check puts the mode back
+}
+
+TEST_CASE("layer_norm normalises each sample over its features, as PyTorch's LayerNorm, and its backward matches "
+          "finite differences") {
+  ddp::nn::layer_norm ln(4);
+  ddp::nn::matrix x(2, 4);
+  x.data = {1, 2, 3, 6, -1, -1, -1, -1};
+  const auto y = ln.forward(x, false);
+  CHECK(y(0, 0) == doctest::Approx((1 - 3) / std::sqrt(3.5 + 1e-5)));
+  CHECK(y(0, 3) == doctest::Approx((6 - 3) / std::sqrt(3.5 + 1e-5)));
+  CHECK(y(1, 2) == 0.0f);  // a constant row: x - mean is 0
+  CHECK(ln.buffer_refs("").empty());
+  auto g = ln.params()[0].value();
+  auto b = ln.params()[1].value();
+  for (std::size_t c = 0; c < 4; ++c) g[c] = 0.5f + 0.25f * static_cast<float>(c), b[c] = 0.1f * static_cast<float>(c);
+  require_gradients(ln, random_matrix(3, 4, 14, 2.0f));
+  CHECK_THROWS_AS(ln.forward(random_matrix(2, 5, 1), false), std::invalid_argument);
+}
+
+TEST_CASE("gelu is the exact (erf) GELU, and its backward matches finite differences") {
+  ddp::nn::gelu act;
+  ddp::nn::matrix x(1, 3);
+  x.data = {1.0f, -1.0f, 0.0f};
+  const auto y = act.forward(x, false);
+  CHECK(y(0, 0) == doctest::Approx(0.8413447460685429));
+  CHECK(y(0, 1) == doctest::Approx(-0.15865525393145707));
+  CHECK(y(0, 2) == 0.0f);
+  require_gradients(act, random_matrix(3, 5, 15, 3.0f));
+}
+
+TEST_CASE("embedding looks rows up by index, adds repeated indices' gradients in order, names a bad index") {
+  ddp::nn::embedding e(5, 3, 21);
+  CHECK(e.params()[0].ref("emb.").name == "emb.weight");
+  CHECK(e.params()[0].ref("").value.shape == ddp::shape_t{5, 3});
+  const std::vector<std::int32_t> ids{4, 1, 4, 0};
+  const auto y = e.forward(ids, true);
+  REQUIRE(y.rows == 4);
+  const auto w = e.params()[0].value();
+  for (std::size_t c = 0; c < 3; ++c) {
+    CHECK(y(0, c) == w[4 * 3 + c]);
+    CHECK(y(2, c) == w[4 * 3 + c]);
+    CHECK(y(1, c) == w[1 * 3 + c]);
+  }
+  ddp::nn::matrix dy(4, 3);
+  for (std::size_t i = 0; i < dy.size(); ++i) dy.data[i] = static_cast<float>(i);
+  e.backward(dy);
+  const auto g = e.params()[0].grad();
+  CHECK(g[4 * 3 + 1] == 1.0f + 7.0f);  // rows 0 and 2
+  CHECK(g[1 * 3 + 2] == 5.0f);
+  CHECK(g[2 * 3 + 0] == 0.0f);  // not looked up
+  CHECK(g[0 * 3 + 0] == 9.0f);
+  std::fill(g.begin(), g.end(), 0.0f);
+  require_gradients(e, ids);
+  CHECK_THROWS_WITH_AS(e.forward(std::vector<std::int32_t>{0, 5}, true),
+                       doctest::Contains("index 5 at position 1 is outside the table's rows [0, 5)"), ddp::error);
+  ddp::nn::embedding same(5, 3, 21);
+  CHECK(std::equal(w.begin(), w.end(), same.params()[0].value().begin()));
+}
+
+TEST_CASE("residual: y = x + f(x) inside a sequential, PyTorch names, ready indices and bound gradients of the "
+          "branch, backward through both paths") {
+  ddp::nn::sequential m(ddp::nn::linear(4, 6, 1),
+                        ddp::nn::residual(ddp::nn::layer_norm(6), ddp::nn::linear(6, 6, 2), ddp::nn::gelu(),
+                                          ddp::nn::linear(6, 6, 3)),
+                        ddp::nn::relu(), ddp::nn::linear(6, 2, 4));
+  const auto params = m.parameters();
+  std::vector<std::string> names;
+  for (const auto& p : params) names.push_back(p.name);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "1.0.weight", "1.0.bias", "1.1.weight", "1.1.bias",
+                                          "1.3.weight", "1.3.bias", "3.weight", "3.bias"});
+  CHECK(m.parameter_count() == 10);
+  std::vector<float> storage(6, 0.0f);
+  m.bind_gradient(7, storage.data());  // 1.3.bias
+  CHECK(m.parameters()[7].grad.data == storage.data());
+  std::vector<std::size_t> order;
+  auto record = [&](std::size_t i) { order.push_back(i); };
+  (void)m.forward(random_matrix(3, 4, 16));
+  m.backward(ddp::nn::matrix(3, 2, 1.0f), ddp::ready_sink(record));
+  CHECK(order == std::vector<std::size_t>{8, 9, 2, 3, 4, 5, 6, 7, 0, 1});
+  CHECK(storage != std::vector<float>(6, 0.0f));
+  m.bind_gradient(7, nullptr);
+
+  // The skip path alone: a branch that outputs zeros leaves y = x and dx = dy.
+  ddp::nn::residual skip(ddp::nn::linear(3, 3, 5));
+  for (auto& p : skip.params()) std::fill(p.target().value().begin(), p.target().value().end(), 0.0f);
+  const auto x = random_matrix(2, 3, 17);
+  CHECK(skip.forward(x, true).data == x.data);
+  const auto dy = random_matrix(2, 3, 18);
+  CHECK(skip.backward(dy, true).data == dy.data);
+
+  ddp::nn::gradient_check_options smaller_step;
+  smaller_step.step = 1e-3;  // the relu's inputs stay on one side of 0
+  require_gradients(m, random_matrix(3, 4, 19), smaller_step);
+}
+
+TEST_CASE("residual: a branch that changes the width is named with the fix, and nested residuals nest their names") {
+  ddp::nn::residual wrong(ddp::nn::linear(4, 3, 1));
+  CHECK_THROWS_WITH_AS(wrong.forward(random_matrix(2, 4, 1), false),
+                       doctest::Contains("the branch maps 2 x 4 to 2 x 3; y = x + f(x) needs f to keep the shape"),
+                       ddp::error);
+  ddp::nn::residual nested(ddp::nn::relu(), ddp::nn::residual(ddp::nn::linear(3, 3, 2)));
+  REQUIRE(nested.params().size() == 2);
+  CHECK(nested.params()[0].ref("0.").name == "0.1.0.weight");
+  CHECK(nested.params()[1].name() == "1.0.bias");
+  require_gradients(nested, random_matrix(2, 3, 20));
 }

@@ -5,7 +5,9 @@
 //   using matrix_type = ...;                           the activations' type
 //   matrix_type forward(const matrix_type& x, bool training);   training: push what backward needs
 //   matrix_type backward(const matrix_type& dy, bool need_dx);  accumulate parameter gradients, pop
-//   std::span<P> params();                             empty for layers without parameters
+//   std::span<P> params();                             empty for layers without parameters; any
+//        range with size() and operator[] of P-like views will do (ddp::nn::residual hands out
+//        nested_parameter views of its branch's parameters)
 //        P: ddp::nn::parameter or ddp::nn::cuda::parameter (any dtype; sequential calls
 //        before_forward() and after_backward() around the layer, which reads value() and
 //        accumulates into grad() in f32)

@@ -169,6 +169,71 @@ __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int
   }
 }
 
+__global__ void add_kernel(float* y, const float* x, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride()) y[i] += x[i];
+}
+
+__global__ void layer_norm_forward_kernel(const float* x, const float* g, const float* b, float eps, float* xhat,
+                                          float* y, float* inv_std, std::size_t rows, std::size_t cols) {
+  for (std::size_t r = first_index(); r < rows; r += stride()) {
+    const float* xr = x + r * cols;
+    double sum = 0.0, sq = 0.0;
+    for (std::size_t c = 0; c < cols; ++c) sum += xr[c];
+    const double mean = sum / static_cast<double>(cols);
+    for (std::size_t c = 0; c < cols; ++c) sq += (xr[c] - mean) * (xr[c] - mean);
+    const double is = 1.0 / sqrt(sq / static_cast<double>(cols) + eps);
+    inv_std[r] = static_cast<float>(is);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float h = static_cast<float>((xr[c] - mean) * is);
+      xhat[r * cols + c] = h;
+      y[r * cols + c] = h * g[c] + b[c];
+    }
+  }
+}
+
+__global__ void layer_norm_backward_input_kernel(const float* dy, const float* xhat, const float* g,
+                                                 const float* inv_std, float* dx, std::size_t rows, std::size_t cols) {
+  for (std::size_t r = first_index(); r < rows; r += stride()) {
+    double mean_dh = 0.0, mean_dh_xhat = 0.0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      const double dh = static_cast<double>(dy[r * cols + c]) * g[c];
+      mean_dh += dh;
+      mean_dh_xhat += dh * xhat[r * cols + c];
+    }
+    mean_dh /= static_cast<double>(cols);
+    mean_dh_xhat /= static_cast<double>(cols);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const double dh = static_cast<double>(dy[r * cols + c]) * g[c];
+      dx[r * cols + c] = static_cast<float>(inv_std[r] * (dh - mean_dh - xhat[r * cols + c] * mean_dh_xhat));
+    }
+  }
+}
+
+__global__ void gelu_forward_kernel(const float* x, float* y, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride())
+    y[i] = static_cast<float>(0.5 * x[i] * (1.0 + erf(x[i] * 0.70710678118654752440)));
+}
+
+__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += stride()) {
+    const double cdf = 0.5 * (1.0 + erf(x[i] * 0.70710678118654752440));
+    const double pdf = 0.39894228040143267794 * exp(-0.5 * static_cast<double>(x[i]) * x[i]);
+    dx[i] = dy[i] * static_cast<float>(cdf + x[i] * pdf);
+  }
+}
+
+__global__ void embedding_forward_kernel(const float* w, const std::int32_t* indices, float* y, std::size_t rows,
+                                         std::size_t dim) {
+  for (std::size_t i = first_index(); i < rows * dim; i += stride())
+    y[i] = w[static_cast<std::size_t>(indices[i / dim]) * dim + i % dim];
+}
+
+__global__ void embedding_backward_kernel(float* grad, const std::int32_t* indices, const float* dy, std::size_t rows,
+                                          std::size_t dim) {
+  for (std::size_t c = first_index(); c < dim; c += stride())
+    for (std::size_t r = 0; r < rows; ++r) grad[static_cast<std::size_t>(indices[r]) * dim + c] += dy[r * dim + c];
+}
+
 }  // namespace device_code
 
 #define DDP_NN_LAUNCH(n, kernel, ...)                                                       \
@@ -226,6 +291,30 @@ cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* label
                                   std::int32_t* correct, std::int32_t* bad_label, cudaStream_t stream) {
   DDP_NN_LAUNCH(rows, softmax_cross_entropy_kernel, logits, labels, weight, inv_divisor, rows, cols, grad, loss,
                 correct, bad_label);
+}
+
+cudaError_t add(float* y, const float* x, std::size_t n, cudaStream_t stream) { DDP_NN_LAUNCH(n, add_kernel, y, x, n); }
+cudaError_t layer_norm_forward(const float* x, const float* gamma, const float* beta, float eps, float* xhat, float* y,
+                               float* inv_std, std::size_t rows, std::size_t cols, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows, layer_norm_forward_kernel, x, gamma, beta, eps, xhat, y, inv_std, rows, cols);
+}
+cudaError_t layer_norm_backward_input(const float* dy, const float* xhat, const float* gamma, const float* inv_std,
+                                      float* dx, std::size_t rows, std::size_t cols, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows, layer_norm_backward_input_kernel, dy, xhat, gamma, inv_std, dx, rows, cols);
+}
+cudaError_t gelu_forward(const float* x, float* y, std::size_t n, cudaStream_t stream) {
+  DDP_NN_LAUNCH(n, gelu_forward_kernel, x, y, n);
+}
+cudaError_t gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, cudaStream_t stream) {
+  DDP_NN_LAUNCH(n, gelu_backward_kernel, x, dy, dx, n);
+}
+cudaError_t embedding_forward(const float* weight, const std::int32_t* indices, float* y, std::size_t rows,
+                              std::size_t dim, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows * dim, embedding_forward_kernel, weight, indices, y, rows, dim);
+}
+cudaError_t embedding_backward(float* grad, const std::int32_t* indices, const float* dy, std::size_t rows,
+                               std::size_t dim, cudaStream_t stream) {
+  DDP_NN_LAUNCH(dim, embedding_backward_kernel, grad, indices, dy, rows, dim);
 }
 
 #undef DDP_NN_LAUNCH

@@ -53,4 +53,28 @@ cudaError_t softmax_cross_entropy(const float* logits, const std::int32_t* label
                                   double inv_divisor, std::size_t rows, std::size_t cols, float* grad, double* loss,
                                   std::int32_t* correct, std::int32_t* bad_label, cudaStream_t);
 
+// y += x, elementwise (a residual's skip path)
+cudaError_t add(float* y, const float* x, std::size_t n, cudaStream_t);
+
+// layer_norm, with the host layer's arithmetic (ddp/nn/layer_norm.hpp), one thread per row: the
+// row's mean and biased variance in double; inv_std[r] = 1/sqrt(var + eps), xhat = (x - mean) * inv_std,
+// y = xhat * gamma + beta
+cudaError_t layer_norm_forward(const float* x, const float* gamma, const float* beta, float eps, float* xhat, float* y,
+                               float* inv_std, std::size_t rows, std::size_t cols, cudaStream_t);
+// dx = inv_std * (dh - mean(dh) - xhat * mean(dh * xhat)) per row, dh = dy * gamma
+cudaError_t layer_norm_backward_input(const float* dy, const float* xhat, const float* gamma, const float* inv_std,
+                                      float* dx, std::size_t rows, std::size_t cols, cudaStream_t);
+
+// The exact (erf) GELU and dx = dy * (Phi(x) + x * phi(x)), in double as the host layer
+cudaError_t gelu_forward(const float* x, float* y, std::size_t n, cudaStream_t);
+cudaError_t gelu_backward(const float* x, const float* dy, float* dx, std::size_t n, cudaStream_t);
+
+// y[r, :] = weight[indices[r], :] (indices checked on the host)
+cudaError_t embedding_forward(const float* weight, const std::int32_t* indices, float* y, std::size_t rows,
+                              std::size_t dim, cudaStream_t);
+// grad[indices[r], :] += dy[r, :] for r in order: one thread per feature walks the rows, so
+// repeated indices sum in the host's order, without atomics
+cudaError_t embedding_backward(float* grad, const std::int32_t* indices, const float* dy, std::size_t rows,
+                               std::size_t dim, cudaStream_t);
+
 }  // namespace ddp::nn::cuda::kernels
