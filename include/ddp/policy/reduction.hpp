@@ -102,7 +102,7 @@ inline constexpr std::size_t block = 64;
 // the floats', above which (0x7f800000: infinity) lie the NaNs, so that the loop vectorises. A
 // NaN gives the block an infinite maximum, not a NaN: a max over ranks keeps an infinity in any
 // order, where a NaN would be dropped by a `x > m ? x : m` that met it second.
-DDP_VECTORIZE inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
+DDP_VECTORIZE DDP_WIDE_VECTORS inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
     std::uint32_t m = std::bit_cast<std::uint32_t>(max[b]) & 0x7fffffffu;
     const std::size_t end = std::min(x.size(), (b + 1) * block);
@@ -130,8 +130,8 @@ inline std::int64_t round_to_integer(double v) noexcept {
 }
 
 // sums[i] += round(x[i] * 2^k(block of i)), exactly.
-DDP_VECTORIZE inline void accumulate(std::span<const float> x, std::span<const float> max,
-                                     std::span<std::int64_t> sums) noexcept {
+DDP_VECTORIZE DDP_WIDE_VECTORS inline void accumulate(std::span<const float> x, std::span<const float> max,
+                                                      std::span<std::int64_t> sums) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
     if (!scalable(max[b])) continue;
     const double scale = std::ldexp(1.0, scale_exponent(max[b]));  // exact: a power of two
@@ -140,12 +140,28 @@ DDP_VECTORIZE inline void accumulate(std::span<const float> x, std::span<const f
   }
 }
 
-// out[i] = sums[first + i] * 2^-k / shards: the integer to double, scaled (exactly), divided in
-// double and rounded to float, a function of the sum alone; a block with an infinity or NaN is
-// NaN, a block of zeros zero.
-inline void to_average(std::span<const std::int64_t> sums, std::size_t first, std::span<const float> max,
-                       std::size_t shards, std::span<float> out) noexcept {
-  const auto divisor = static_cast<double>(shards);
+// sums[i] = sum over k of round(xs[k][i] * 2^k(block of i)) for i < n, exactly: accumulate() over
+// every micro-batch, a block at a time, so that each block's sums stay in cache while the
+// micro-batches are added (one pass over the sums instead of one per micro-batch).
+DDP_VECTORIZE DDP_WIDE_VECTORS inline void sum_blocks(std::span<const float* const> xs, std::size_t n,
+                                                      std::span<const float> max, std::span<std::int64_t> sums) noexcept {
+  for (std::size_t b = 0; b < max.size(); ++b) {
+    const std::size_t begin = b * block, end = std::min(n, (b + 1) * block);
+    for (std::size_t i = begin; i < end; ++i) sums[i] = 0;
+    if (!scalable(max[b])) continue;
+    const double scale = std::ldexp(1.0, scale_exponent(max[b]));  // exact: a power of two
+    for (const float* x : xs)
+      for (std::size_t i = begin; i < end; ++i) sums[i] += round_to_integer(static_cast<double>(x[i]) * scale);
+  }
+}
+
+// out[i] = sums[first + i] * 2^-k / shards: the integer to double, times 2^-k / shards (a power
+// of two, exactly, divided by the shard count in double once per block) and rounded to float, a
+// function of the sum alone; a block with an infinity or NaN is NaN, a block of zeros zero.
+DDP_VECTORIZE DDP_WIDE_VECTORS inline void to_average(std::span<const std::int64_t> sums, std::size_t first,
+                                                      std::span<const float> max, std::size_t shards,
+                                                      std::span<float> out) noexcept {
+  const double per_shard = 1.0 / static_cast<double>(shards);
   for (std::size_t i = 0; i < out.size();) {
     const std::size_t b = (first + i) / block, end = std::min(out.size(), (b + 1) * block - first);
     const float m = max[b];
@@ -153,8 +169,8 @@ inline void to_average(std::span<const std::int64_t> sums, std::size_t first, st
       for (; i < end; ++i) out[i] = m == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
       continue;
     }
-    const double unscale = std::ldexp(1.0, -scale_exponent(m));  // exact: a power of two
-    for (; i < end; ++i) out[i] = static_cast<float>(static_cast<double>(sums[first + i]) * unscale / divisor);
+    const double factor = std::ldexp(per_shard, -scale_exponent(m));
+    for (; i < end; ++i) out[i] = static_cast<float>(static_cast<double>(sums[first + i]) * factor);
   }
 }
 

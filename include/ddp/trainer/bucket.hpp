@@ -119,7 +119,10 @@ class bucket final : public update::bucket_ops {
   }
   // Under an exact sum (reduction::invariant): a micro-batch before the step's last ends; its
   // gradients are set aside in bucket layout (the caller zeroes the module's).
-  void set_aside_micro_batch() { gather_gradients(exact_->set_aside_next(index())); }
+  void set_aside_micro_batch() {
+    gather_gradients(exact_->set_aside_next(index()));
+    exact_->set_aside_done();
+  }
   // The averaged control floats (after complete_reduction).
   void read_control(std::span<float> out) const {
     device_->copy_to_host(out.data(), grads_.data() + padded(), out.size_bytes());

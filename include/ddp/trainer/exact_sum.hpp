@@ -39,18 +39,29 @@ class exact_sum {
                   "under reduction::invariant<" + std::to_string(shards_) + "> a step is " + std::to_string(shards_) +
                       " micro-batches in all, and this rank has run more (bucket " + std::to_string(bucket) +
                       "); run each of the rank's virtual shards once (ddp::sampler::virtual_shards)");
+    if (set_aside_ == 0) std::fill(max_.begin(), max_.end(), 0.0f);  // a new step's maxima
     if (kept_.size() == set_aside_) {
       kept_.emplace_back(*device_, padded_);
       device_->fill_zero(kept_.back().data(), padded_ * sizeof(float));
     }
     return kept_[set_aside_++].data();
   }
+  // The micro-batch set_aside_next() gave storage for is there: on the host, its block maxima are
+  // taken now, while it is fresh in cache.
+  void set_aside_done() {
+    if constexpr (host_memory) reduction::exact::block_max(readable(kept_[set_aside_ - 1].data()), max_);
+  }
 
   // The sum of the set-aside micro-batches and `last` (this rank's last, in bucket layout), as
   // integers laid out as the gradients: reduce them like the gradients with reduce_op::sum.
   mutable_buffer start(const float* last) {
-    std::fill(max_.begin(), max_.end(), 0.0f);
-    each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::block_max(g, max_); });
+    if constexpr (host_memory) {  // the set-aside micro-batches' maxima are in already
+      if (set_aside_ == 0) std::fill(max_.begin(), max_.end(), 0.0f);
+      reduction::exact::block_max(readable(last), max_);
+    } else {
+      std::fill(max_.begin(), max_.end(), 0.0f);
+      each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::block_max(g, max_); });
+    }
     device_->copy_from_host(agreed_max_.data(), max_.data(), max_.size() * sizeof(float));
     const mutable_buffer m{agreed_max_.data(), max_.size(), dtype::f32};
     auto agreed = comm_->all_reduce(m, m, reduce_op::max);
@@ -59,9 +70,16 @@ class exact_sum {
     rethrow_failure(agreed);  // a stream backend's failure, once the host has the values
 
     std::span<std::int64_t> sums(host_memory ? sums_.data() : staged(host_sums_).data(), padded_);
-    std::fill(sums.begin(), sums.end(), std::int64_t{0});
-    each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::accumulate(g, max_, sums); });
-    if constexpr (!host_memory) device_->copy_from_host(sums_.data(), sums.data(), padded_ * sizeof(std::int64_t));
+    if constexpr (host_memory) {
+      std::vector<const float*> all;
+      for (std::size_t k = 0; k < set_aside_; ++k) all.push_back(kept_[k].data());
+      all.push_back(last);
+      reduction::exact::sum_blocks(all, padded_, max_, sums);
+    } else {
+      std::fill(sums.begin(), sums.end(), std::int64_t{0});
+      each_micro_batch(last, [&](std::span<const float> g) { reduction::exact::accumulate(g, max_, sums); });
+      device_->copy_from_host(sums_.data(), sums.data(), padded_ * sizeof(std::int64_t));
+    }
     set_aside_ = 0;
     return {sums_.data(), padded_, dtype::i64};
   }
