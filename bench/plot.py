@@ -2,7 +2,9 @@
 """Plots of ddp-bench's JSON files and of a step timeline (Chrome trace), as PNG.
 
   bench/plot.py collective OUT.png A.json [B.json ...]   busbw against size, one line per file
-                                                          (backend), each with its baseline dashed
+                                                          (labelled by the options its command does
+                                                          not share with the others'), each with its
+                                                          baseline dashed; every command below
   bench/plot.py step OUT.png STEP.json                    each configuration's step, split into
                                                           compute, wait for reductions, update
                                                           and the rest, per world size
@@ -26,29 +28,67 @@ def caption(doc):
     return f"{doc['command']}\n{doc['date']}, {doc['machine']['cpu']}, {doc['machine']['cores']} threads"
 
 
+def options(command):
+    """A ddp-bench command's options as "flag value" groups, without the program and --out."""
+    words = command.split()[1:]
+    groups, i = [], 0
+    while i < len(words):
+        if words[i].startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+            groups.append(f"{words[i]} {words[i + 1]}")
+            i += 2
+        else:
+            groups.append(words[i])
+            i += 1
+    return [g for g in groups if not g.startswith("--out ")]
+
+
+def distinguishing_labels(docs, paths):
+    """Each file's label: the options of its command that not every file's command has (the
+    backend, --bind 1, -n 20, ...); the file's name where the commands do not differ."""
+    groups = [options(d["command"]) for d in docs]
+    common = set.intersection(*(set(g) for g in groups))
+    labels = [" ".join(g for g in gs if g not in common) for gs in groups]
+    if len(docs) == 1:
+        labels = [docs[0]["title"].split(";")[0]]
+    return [lab if lab and labels.count(lab) == 1 else os.path.basename(p) for lab, p in zip(labels, paths)]
+
+
+def shorten(text, limit=60):
+    """text up to its first parenthesis, cut at a word boundary when still over limit."""
+    text = text.split(" (")[0].strip()
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def collective(out, files):
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     docs = []
     for path in files:
         with open(path) as f:
-            doc = json.load(f)
-        docs.append(doc)
+            docs.append(json.load(f))
+    for doc, label in zip(docs, distinguishing_labels(docs, files)):
         rows = doc["rows"]
         # Broadcast has only the in-place form.
         key = "oop_busbw" if any(isinstance(r["oop_busbw"], (int, float)) for r in rows) else "ip_busbw"
         sizes = [r["size(B)"] for r in rows]
-        label = doc["title"].split(";")[0]
         line, = ax.plot(sizes, [r[key] for r in rows], marker="o", label=f"ddp: {label}")
+        base = doc["notes"][0].split(";")[0].removeprefix("base: ")
         ax.plot(sizes, [r["base_bw"] for r in rows], linestyle="--", color=line.get_color(),
-                label="baseline: " + doc["notes"][0].split(";")[0].removeprefix("base: ")[:60])
+                label=f"baseline of {label}: {shorten(base)}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (bytes)")
     ax.set_ylabel("GB/s (busbw; baseline bandwidth dashed)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title("\n".join(caption(d) for d in docs[:2]), fontsize=7)
+    # Beside the axes, where it covers no line.
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    collectives = sorted({d["title"].split(" on ")[0] for d in docs})
+    ax.set_title(f"{', '.join(collectives)}: busbw against size", fontsize=9)
+    # Every file's command, date and machine, under the plot.
+    fig.text(0.01, -0.01, "\n".join(caption(d).replace("\n", "; ") for d in docs), fontsize=6, va="top",
+             ha="left", family="monospace")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
 
 
 def step(out, path):

@@ -2,7 +2,8 @@
 #   ddp::ddp    core: concepts, policies, in-process ranks, host device, trainer, samplers
 #   ddp::nn     reference layers (include/ddp/nn): CBLAS from OpenBLAS
 #   ddp::data   data sets (include/ddp/data): IDX files, gzipped through zlib
-set(ddp_installed_targets ddp)
+# ddp_components lists the ones this build has (the install rules and the package config read it).
+set(ddp_components)
 
 # ddp_component(name deps...): INTERFACE target ddp_<name>, exported as ddp::<name>.
 macro(ddp_component name)
@@ -10,7 +11,7 @@ macro(ddp_component name)
   add_library(ddp::${name} ALIAS ddp_${name})
   set_target_properties(ddp_${name} PROPERTIES EXPORT_NAME ${name})
   target_link_libraries(ddp_${name} INTERFACE ddp ${ARGN})
-  list(APPEND ddp_installed_targets ddp_${name})
+  list(APPEND ddp_components ${name})
 endmacro()
 
 find_package(OpenBLAS CONFIG QUIET)
@@ -68,7 +69,6 @@ if(DDP_WITH_CUDA)
     set_target_properties(ddp_cuda_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
     target_link_libraries(ddp_cuda_kernels PUBLIC CUDA::cudart)
     set_target_properties(ddp_cuda_kernels PROPERTIES EXPORT_NAME cuda_kernels)
-    list(APPEND ddp_installed_targets ddp_cuda_kernels)
     ddp_component(cuda CUDA::cudart CUDA::cublas ddp_cuda_kernels)
     find_library(DDP_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
     find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})

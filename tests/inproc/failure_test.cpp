@@ -75,7 +75,8 @@ TEST_CASE("a rank that throws makes every other rank's collective throw, naming 
   });
   // launch reports every rank's error, the cause first; the cause's own exception is nested.
   CHECK(o.rethrown.starts_with("ddp[inproc] launch on rank 2: loss is NaN on rank 2\n"));
-  for (int r : {0, 1, 3}) CHECK(o.rethrown.find("\n  rank " + std::to_string(r) + ": ") != std::string::npos);
+  // The peers' errors are the same but for their rank: one line names them all.
+  CHECK(o.rethrown.find("\n  ranks 0, 1, 3: ddp[inproc] all_reduce: cannot complete all_reduce #1") != std::string::npos);
   CHECK(o.nested == "loss is NaN on rank 2");
   CHECK(o.cause == 2);
   for (int r : {0, 1, 3}) {
@@ -85,6 +86,26 @@ TEST_CASE("a rank that throws makes every other rank's collective throw, naming 
     CHECK(o.rank_errors[r].find("all_reduce #1") != std::string::npos);
   }
   CHECK(o.seconds < 10.0);
+}
+
+TEST_CASE("an error raised on every rank is reported once, naming the ranks") {
+  auto o = run(3, [](auto& comm) {
+    throw ddp::collective_error("trainer", "save", comm.rank(), "the checkpoint was not written\n  ranks 0, 1, 2: disk full");
+  });
+  CHECK(o.rethrown == "ddp[inproc] launch on rank " + std::to_string(o.cause) +
+                          ": ddp[trainer] save on ranks 0, 1, 2: the checkpoint was not written\n  ranks 0, 1, 2: disk full");
+  // Other text than a ddp::error's, the same on two of three ranks: one line for the two.
+  o = run(3, [](auto& comm) {
+    if (comm.rank() == 1) throw std::runtime_error("bad batch 7");
+    throw std::runtime_error("bad batch");
+  });
+  CAPTURE(o.rethrown);
+  CHECK(o.rethrown.find("ranks 0, 2: bad batch") != std::string::npos);
+  CHECK(o.rethrown.find("rank 1: bad batch 7") != std::string::npos);
+  std::size_t mentions = 0;  // "bad batch" once for ranks 0 and 2, once in rank 1's "bad batch 7"
+  for (auto at = o.rethrown.find("bad batch"); at != std::string::npos; at = o.rethrown.find("bad batch", at + 1))
+    ++mentions;
+  CHECK(mentions == 2);
 }
 
 TEST_CASE("a rank that never arrives times out on every rank, naming collective, sequence and rank") {

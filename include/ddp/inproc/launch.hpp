@@ -1,6 +1,7 @@
 #pragma once
 // Runs a function on N in-process ranks, one thread each, and returns what each returned, or
 // throws a ddp::inproc::launch_error that reports every rank's error.
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -16,9 +17,10 @@
 namespace ddp::inproc {
 
 // What launch throws when ranks failed: the rank at fault and its error first, then every other
-// rank's error, one line each (a peer's is usually "cannot complete ... because rank r failed").
-// The failing rank's own exception is nested in it: std::rethrow_if_nested(e) throws it again
-// with its own type.
+// rank's error (a peer's is usually "cannot complete ... because rank r failed"). Ranks that
+// raised the same error (the same text but for their own rank) share one line that names them all,
+// "ranks 0, 1: ...", so an error raised on every rank is reported once. The failing rank's own
+// exception is nested in it: std::rethrow_if_nested(e) throws it again with its own type.
 class launch_error : public error {
  public:
   launch_error(int origin, std::vector<std::string> rank_errors)
@@ -31,10 +33,51 @@ class launch_error : public error {
   const std::vector<std::string>& rank_errors() const noexcept { return rank_errors_; }
 
  private:
+  // A ddp::error's text without its own rank: "ddp[trainer] step on rank 1: x" -> the head
+  // "ddp[trainer] step" and the rest "x"; any other text is all rest.
+  struct rank_free {
+    std::string head, rest;
+    bool operator==(const rank_free&) const = default;
+  };
+  static rank_free without_rank(const std::string& message, std::size_t rank) {
+    const std::string mark = " on rank " + std::to_string(rank) + ": ";
+    const auto at = message.find(mark);
+    const auto colon = message.find(": ");
+    if (message.starts_with("ddp[") && at != std::string::npos && at + mark.size() - 2 == colon)
+      return {message.substr(0, at), message.substr(at + mark.size())};
+    return {"", message};
+  }
+  static std::string rank_list(const std::vector<std::size_t>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return s;
+  }
   static std::string summary(int origin, const std::vector<std::string>& errors) {
-    std::string s = errors[static_cast<std::size_t>(origin)];
-    for (std::size_t r = 0; r < errors.size(); ++r)
-      if (static_cast<int>(r) != origin && !errors[r].empty()) s += "\n  rank " + std::to_string(r) + ": " + errors[r];
+    // Group the failed ranks by their error without the rank, the origin's group first.
+    std::vector<rank_free> keys;
+    std::vector<std::vector<std::size_t>> groups;
+    auto add = [&](std::size_t r) {
+      if (errors[r].empty()) return;
+      const auto key = without_rank(errors[r], r);
+      std::size_t g = 0;
+      while (g < keys.size() && !(keys[g] == key)) ++g;
+      if (g == keys.size()) keys.push_back(key), groups.emplace_back();
+      if (std::find(groups[g].begin(), groups[g].end(), r) == groups[g].end()) groups[g].push_back(r);
+    };
+    add(static_cast<std::size_t>(origin));
+    for (std::size_t r = 0; r < errors.size(); ++r) add(r);
+    for (auto& g : groups) std::sort(g.begin(), g.end());
+    std::string s;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const auto& [head, rest] = keys[g];
+      const bool one = groups[g].size() == 1;
+      if (g == 0)  // the origin's: "ddp[x] op on ranks 0, 1: ..." when several ranks raised it
+        s = one ? errors[groups[g][0]]
+                : (head.empty() ? rank_list(groups[g]) + ": " : head + " on " + rank_list(groups[g]) + ": ") + rest;
+      else
+        s += "\n  " + rank_list(groups[g]) + ": " +
+             (one ? errors[groups[g][0]] : (head.empty() ? rest : head + ": " + rest));
+    }
     return s;
   }
   int origin_;
