@@ -47,24 +47,38 @@ void mixed_precision(ddp::inproc::communicator& comm, ddp::host::device& dev, co
 }
 
 void invariant_to_world_size(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev,
-                              const fashion_mnist::batch& global) {
+                              const fashion_mnist& train_set, int epochs) {
   // [doc: reduction.md]
+  #include <ddp/data/fashion_mnist.hpp>
+  #include <ddp/data/loader.hpp>
   #include <ddp/ddp.hpp>
   #include <ddp/nn/cross_entropy.hpp>
-  #include <ddp/sampler/virtual_shards.hpp>
 
-  // Each step's global batch is 8 virtual shards: the same bits on 1 to 8 ranks.
+  // Each step's global batch of 128 is 8 virtual shards of 16: the same bits on 1 to 8 ranks.
   ddp::trainer<model, ddp::reduction::invariant<8>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
-  const auto mine = ddp::sampler::virtual_shards(8, comm.rank(), comm.size());
-  for (std::size_t s = mine.first; s < mine.last; ++s) {  // this rank's shards, one micro-batch each
-    const std::size_t begin = mine.begin(s, global.x.rows), end = mine.end(s, global.x.rows);
-    const auto x = ddp::nn::slice_rows(global.x, begin, end);
-    const std::span<const std::int32_t> y(global.y.data() + begin, end - begin);
-    auto f = [&](auto& replica) { replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(x), y).grad); };
-    if (s + 1 < mine.last) trainer.accumulate(f);
-    else trainer.step(f);
+  ddp::data::loader loader(train_set, 128 / 8, &fashion_mnist::collate);  // a batch is one shard
+  ddp::exact_metric loss;  // summed exactly: the same bits at any world size
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    auto shards = trainer.epoch_shards(loader);  // this rank's virtual shards, a batch stream each
+    std::vector<decltype(shards.front().begin())> next;
+    for (auto& s : shards) next.push_back(s.begin());
+    for (std::size_t step = 0; step < shards.front().size(); ++step) {
+      for (std::size_t k = 0; k < next.size(); ++k) {  // the step's shard k is micro-batch k
+        const auto& b = *next[k];
+        auto f = [&](auto& replica) {
+          auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights);
+          replica.backward(ce.grad);
+          loss.add(ce.loss_sum, ce.samples);
+        };
+        if (k + 1 < next.size()) trainer.accumulate(f);
+        else trainer.step(f);
+        ++next[k];
+      }
+    }
   }
+  const ddp::exact_metric global = trainer.reduce(loss);
   // [end doc]
+  (void)global;
 }
 
 void construction(model& module, ddp::inproc::communicator& comm, ddp::host::device& device) {

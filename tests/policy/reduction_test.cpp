@@ -95,3 +95,34 @@ TEST_CASE("exact sum of squares: split over parts, the words add to the whole's,
   with_nan.add(std::vector<float>{1.0f, std::numeric_limits<float>::quiet_NaN()});
   CHECK(std::isnan(with_nan.value()));
 }
+
+TEST_CASE("exact sum of doubles: any order and split gives the same bits, close to the real sum; signs, subnormals, "
+          "huge terms and cancellation") {
+  ddp::splitmix64 rng(17);
+  std::vector<double> x;
+  for (int i = 0; i < 5000; ++i) x.push_back(std::ldexp(rng.uniform(-1.0f, 1.0f), static_cast<int>(rng.below(80)) - 40));
+  x.push_back(4e-320);   // subnormal
+  x.push_back(1e300);    // huge, cancelled below
+  x.push_back(-1e300);
+  x.push_back(-0.0);
+  exact::double_sum whole, first, second, reversed;
+  for (double v : x) whole.add(v);
+  for (std::size_t i = 0; i < x.size(); ++i) (i % 3 == 0 ? first : second).add(x[i]);
+  for (std::size_t i = x.size(); i-- > 0;) reversed.add(x[i]);
+  first.add(second);
+  const double a = whole.value(), b = first.value(), c = reversed.value();
+  CHECK(std::memcmp(&a, &b, sizeof(double)) == 0);
+  CHECK(std::memcmp(&a, &c, sizeof(double)) == 0);
+  long double real = 0;
+  for (std::size_t i = 0; i + 4 < x.size(); ++i) real += static_cast<long double>(x[i]);
+  CHECK(std::fabs(a - static_cast<double>(real)) <= std::fabs(static_cast<double>(real)) * 1e-15);
+
+  exact::double_sum negative;
+  negative.add(-2.5);
+  negative.add(0.25);
+  CHECK(negative.value() == -2.25);
+  exact::double_sum with_inf;
+  with_inf.add(1.0);
+  with_inf.add(std::numeric_limits<double>::infinity());
+  CHECK(std::isnan(with_inf.value()));
+}

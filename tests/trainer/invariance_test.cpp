@@ -7,12 +7,15 @@
 
 #include <unistd.h>
 
+#include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
+#include "ddp/data/loader.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "support/relative_error.hpp"
 #include "trainer/invariance.hpp"
@@ -177,4 +180,62 @@ TEST_CASE("reduction::invariant: a buffer that a forward changes without deferri
     CHECK(e.find("buffer '1.running_mean' changed during a step on rank 0 under reduction::invariant<2>") != std::string::npos);
     CHECK(e.find("apply_buffer_updates") != std::string::npos);
   }
+}
+
+TEST_CASE("reduction::invariant: trainer.evaluate's loss sum is the same bits at 1, 2, 3 and 8 ranks (the plain "
+          "reduction's is not)") {
+  const test::toy_dataset data(203, 11);  // 203 samples: virtual shards of 26 and 25, padded
+  auto evaluate_at = [&]<class Reduction>(int world, Reduction) {
+    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      test::mlp model = test::make_mlp(5);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, Reduction> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+      const ddp::data::loader loader(data, 7, &test::toy_dataset::collate);
+      return trainer.evaluate(loader, [&](const auto& b) {
+        const auto ce = ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y, b.weights);
+        return std::array<ddp::metric, 2>{ddp::metric{ce.loss_sum, ce.samples},
+                                          ddp::metric{static_cast<double>(ce.correct), ce.samples}};
+      });
+    });
+  };
+  auto bits = [](double v) { return std::bit_cast<std::uint64_t>(v); };
+  const auto one = evaluate_at(1, ddp::reduction::invariant<shards>{})[0];
+  CHECK(one[0].count == 203);
+  CHECK(one[1].count == 203);
+  for (int world : {2, 3, 8}) {
+    CAPTURE(world);
+    for (const auto& m : evaluate_at(world, ddp::reduction::invariant<shards>{})) {
+      CHECK(bits(m[0].sum) == bits(one[0].sum));
+      CHECK(m[1].sum == one[1].sum);
+      CHECK(m[0].count == 203);
+    }
+  }
+  bool plain_differs = false;
+  const auto plain_one = evaluate_at(1, ddp::reduction::plain{})[0];
+  for (int world : {2, 3, 8})
+    plain_differs = plain_differs || bits(evaluate_at(world, ddp::reduction::plain{})[0][0].sum) != bits(plain_one[0].sum);
+  CHECK(plain_differs);
+}
+
+TEST_CASE("ddp::exact_metric: trainer.reduce gives the same bits however the terms are spread over 1, 2, 3 or 5 ranks") {
+  std::vector<double> terms;
+  ddp::splitmix64 rng(3);
+  for (int i = 0; i < 300; ++i) terms.push_back(std::ldexp(rng.uniform(0.0f, 1.0f), static_cast<int>(rng.below(30))));
+  std::vector<std::uint64_t> sums;
+  for (int world : {1, 2, 3, 5}) {
+    const auto reduced = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      test::mlp model = test::make_mlp(5);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+      ddp::exact_metric m;
+      for (std::size_t i = static_cast<std::size_t>(comm.rank()); i < terms.size(); i += static_cast<std::size_t>(world))
+        m.add(terms[i], 0.5);
+      return trainer.reduce(m);
+    });
+    for (const auto& m : reduced) {
+      CHECK(m.count() == 150.0);
+      sums.push_back(std::bit_cast<std::uint64_t>(m.sum()));
+    }
+  }
+  for (auto s : sums) CHECK(s == sums[0]);
 }

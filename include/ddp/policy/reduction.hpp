@@ -233,6 +233,73 @@ class square_sum {
   std::size_t since_carry_ = 0;
 };
 
+// An exact sum of doubles (metrics: a loss summed over samples, counts of weights): every finite
+// double is an integer times 2^-1074, kept in 32-bit limbs held in 64-bit words as square_sum
+// keeps squares, negative values subtracted; the limbs' normalised form (every limb but the last
+// in [0, 2^32), the last signed) is unique, so value() is the same bits however the terms were
+// grouped over ranks. Each term changes a word by less than 2^33, so carries go up every 2^29.
+class double_sum {
+ public:
+  static constexpr std::size_t limbs = 68;  // 2^1024 * 2^1074 needs 2098 bits, and headroom for 2^40 terms
+  using words = std::array<std::int64_t, limbs + 1>;  // the limbs, then the count of non-finite terms
+
+  void add(double v) noexcept {
+    if (v == 0.0) return;
+    if (!(std::fabs(v) <= std::numeric_limits<double>::max())) {
+      ++words_[limbs];
+      return;
+    }
+    int e = 0;
+    const double f = std::frexp(std::fabs(v), &e);
+    auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));  // |v| = m * 2^(e - 53), m < 2^53
+    int q = e - 53;
+    if (q < -1074) m >>= (-1074 - q), q = -1074;  // a subnormal's trailing zeros
+    const int shift = q + 1074;                   // |v| = m * 2^(shift - 1074)
+    // m < 2^53 shifted by shift % 32 spans limbs i, i + 1, i + 2 (below 2^85).
+    const unsigned r = static_cast<unsigned>(shift % 32);
+    const std::uint64_t low = (m & 0xffffffffu) << r, high = (m >> 32) << r;
+    const std::size_t i = static_cast<std::size_t>(shift / 32);
+    const std::int64_t sign = v < 0 ? -1 : 1;
+    words_[i] += sign * static_cast<std::int64_t>(low & 0xffffffffu);
+    words_[i + 1] += sign * static_cast<std::int64_t>((low >> 32) + (high & 0xffffffffu));
+    words_[i + 2] += sign * static_cast<std::int64_t>(high >> 32);
+    if (++since_carry_ == (std::size_t{1} << 29)) normalize();
+  }
+  void add(const double_sum& other) noexcept {
+    for (std::size_t i = 0; i <= limbs; ++i) words_[i] += other.words_[i];
+    normalize();
+  }
+  void normalize() noexcept {
+    for (std::size_t i = 0; i + 1 < limbs; ++i) {
+      words_[i + 1] += words_[i] >> 32;  // an arithmetic shift: a negative word borrows
+      words_[i] &= 0xffffffff;
+    }
+    since_carry_ = 0;
+  }
+  words& data() noexcept { return words_; }
+  // The sum, rounded to double from the normalised limbs (top first): a function of the sum alone.
+  double value() const noexcept {
+    double_sum n = *this;
+    n.normalize();
+    if (n.words_[limbs] != 0) return std::numeric_limits<double>::quiet_NaN();
+    // A negative sum borrows up to the top limb: read its magnitude, whose limbs past its own
+    // size are zero (two's complement limbs would add terms beyond a double's range).
+    const bool negative = n.words_[limbs - 1] < 0;
+    if (negative) {
+      for (std::size_t i = 0; i < limbs; ++i) n.words_[i] = -n.words_[i];
+      n.normalize();
+    }
+    double sum = 0.0;
+    for (std::size_t i = limbs; i-- > 0;)
+      sum += std::ldexp(static_cast<double>(n.words_[i]), static_cast<int>(32 * i) - 1074);
+    return negative ? -sum : sum;
+  }
+
+ private:
+  words words_{};
+  std::size_t since_carry_ = 0;
+};
+
 }  // namespace exact
 
 }  // namespace ddp::policy::reduction

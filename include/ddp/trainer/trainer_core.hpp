@@ -137,9 +137,11 @@ class trainer_core {
   }
 
   // Global sums of per-rank metrics: every rank gets the same values. Collective.
-  template <std::size_t N>
-  std::array<metric, N> reduce(std::array<metric, N> local) { return detail::reduce_metrics(comm_, device_, local); }
+  // ddp::exact_metric sums the same bits however the terms were spread over the ranks.
+  template <class Metric, std::size_t N>
+  std::array<Metric, N> reduce(std::array<Metric, N> local) { return detail::reduce_metrics(comm_, device_, local); }
   metric reduce(metric m) { return reduce(std::array<metric, 1>{m})[0]; }
+  exact_metric reduce(exact_metric m) { return reduce(std::array<exact_metric, 1>{m})[0]; }
 
   // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
   // same running statistics (buffer_sync::none leaves each rank's own). Collective.
@@ -152,7 +154,7 @@ class trainer_core {
   // (trainer/evaluation.hpp). Collective.
   template <class Loader, class F>
   auto evaluate(const Loader& loader, F&& per_batch) {
-    return detail::evaluate(*this, module_, loader, std::forward<F>(per_batch));
+    return detail::evaluate(*this, module_, loader, std::forward<F>(per_batch), reduction_part().virtual_shards());
   }
 
   Module& module() noexcept { return module_; }
