@@ -81,7 +81,8 @@ std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_m
     auto streams = shard_streams(t, loader, 0, epoch);
     std::vector<decltype(streams.front().begin())> next;
     for (auto& s : streams) next.push_back(s.begin());
-    for (std::size_t step = 0; step < streams.front().size() && done < p.steps; ++step, ++done)
+    const std::size_t epoch_steps = streams.front().size();  // a stream's size() counts what is left
+    for (std::size_t step = 0; step < epoch_steps && done < p.steps; ++step, ++done)
       for (std::size_t k = 0; k < next.size(); ++k) {
         const auto& b = *next[k];
         auto f = [&](auto& r) {

@@ -62,7 +62,8 @@ void invariant_to_world_size(model& module, ddp::inproc::communicator& comm, ddp
     auto shards = trainer.epoch_shards(loader);  // this rank's virtual shards, a batch stream each
     std::vector<decltype(shards.front().begin())> next;
     for (auto& s : shards) next.push_back(s.begin());
-    for (std::size_t step = 0; step < shards.front().size(); ++step) {
+    const std::size_t steps = shards.front().size();
+    for (std::size_t step = 0; step < steps; ++step) {
       for (std::size_t k = 0; k < next.size(); ++k) {  // the step's shard k is micro-batch k
         const auto& b = *next[k];
         auto f = [&](auto& replica) {

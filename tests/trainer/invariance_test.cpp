@@ -239,3 +239,59 @@ TEST_CASE("ddp::exact_metric: trainer.reduce gives the same bits however the ter
   }
   for (auto s : sums) CHECK(s == sums[0]);
 }
+
+TEST_CASE("reduction::invariant: trainer.epoch_shards over a data set that does not fill its last steps (repeats "
+          "weighing nothing) trains to the same bits at 1, 2, 3 and 8 ranks, through two epochs") {
+  const test::toy_dataset data(203, 13);  // 8 virtual ranks of 26 (one repeat on three of them), batches of 4
+  auto run = [&](int world) {
+    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      test::mlp model = test::make_mlp(7);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::reduction::invariant<shards>> trainer(model, comm, dev,
+                                                                          ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f});
+      const ddp::data::loader loader(data, 4, &test::toy_dataset::collate);
+      std::size_t steps = 0;
+      double weight = 0;
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        auto streams = trainer.epoch_shards(loader);
+        CHECK(streams.front().size() == trainer.steps_per_epoch(data.size(), 4));
+        std::vector<decltype(streams.front().begin())> next;
+        for (auto& s : streams) next.push_back(s.begin());
+        const std::size_t epoch_steps = streams.front().size();  // a stream's size() counts what is left
+        for (std::size_t t = 0; t < epoch_steps; ++t, ++steps)
+          for (std::size_t k = 0; k < next.size(); ++k) {
+            const auto& b = *next[k];
+            weight += b.weights.total();
+            auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); };
+            if (k + 1 < next.size()) trainer.accumulate(f);
+            else trainer.step(f);
+            ++next[k];
+          }
+      }
+      CHECK(steps == 14);  // ceil(26 / 4) per epoch
+      CHECK(trainer.reduce(ddp::metric{0, weight}).count == 2 * 203);  // every sample once per epoch
+      return parameters_of(model);
+    });
+  };
+  const auto one = run(1)[0];
+  for (int world : {2, 3, 8}) {
+    CAPTURE(world);
+    for (const auto& rank : run(world)) CHECK(bitwise_equal(rank, one));
+  }
+}
+
+TEST_CASE("reduction::invariant: join() is refused by name") {
+  std::string what;
+  try {
+    ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
+      test::mlp model(test::make_mlp(7));
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::reduction::invariant<4>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+      trainer.join();
+    });
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  CHECK(what.find("under reduction::invariant<4> every step is its 4 virtual shards") != std::string::npos);
+  CHECK(what.find("trainer.epoch_shards(loader)") != std::string::npos);
+}
