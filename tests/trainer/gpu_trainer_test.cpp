@@ -31,6 +31,7 @@
 #include "ddp/nn/relu.hpp"
 #include "ddp/nn/sequential.hpp"
 #include "ddp/nn/sync.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
 #include "ddp/trainer/trainer.hpp"
 
 namespace {
@@ -76,7 +77,8 @@ std::vector<std::vector<float>> train_on_host(const std::vector<batch>& data, in
 }
 
 // The GPU model's parameters, copied to the host.
-std::vector<std::vector<float>> parameters_on_host(gpu_model& m, ddp::cuda::device& dev) {
+template <class Model>
+std::vector<std::vector<float>> parameters_on_host(Model& m, ddp::cuda::device& dev) {
   std::vector<std::vector<float>> state;
   for (auto& p : m.parameters()) {
     std::vector<float> v(p.value.numel());
@@ -346,6 +348,61 @@ TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3
     CAPTURE(world);
     check_same(train_ranks_on_one_gpu<Update>(data, world), train_ranks_on_host<Update>(data, world));
   }
+}
+
+TEST_CASE_TEMPLATE("reduction::invariant<4> on the GPU: 1, 2, 3 and 4 ranks on one GPU (staged) give the same bits, "
+                   "and the host's to rounding", Update, ddp::update::replicated, ddp::update::sharded) {
+  // Each rank runs its virtual shards of every 16-sample batch as micro-batches of 4; the exact
+  // sum stages the buckets through host memory (block maxima, integers, average).
+  using gpu_mlp = ddp::nn::sequential<g::linear, g::relu, g::linear>;
+  using host_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::relu, ddp::nn::linear>;
+  using invariant = ddp::reduction::invariant<4>;
+  const auto data = make_batches(3);
+  auto on_gpu = [&](int world) {
+    const auto ranks = ddp::inproc::launch(world, [&](ddp::inproc::communicator& host) {
+      ddp::cuda::device dev(0, host.rank());
+      ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
+      gpu_mlp m(g::linear(dev, 6, 8, 1), g::relu(), g::linear(dev, 8, 3, 2));
+      ddp::trainer<gpu_mlp, invariant, Update, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>>
+          t(m, comm, dev, shared_gpu_sgd);
+      const auto mine = ddp::sampler::virtual_shards(4, host.rank(), world);
+      for (const auto& b : data)
+        for (std::size_t s = mine.first; s < mine.last; ++s) {
+          const std::size_t begin = mine.begin(s, b.y.size()), end = mine.end(s, b.y.size());
+          auto x = g::matrix::from_host(dev, ddp::nn::slice_rows(b.x, begin, end));
+          auto y = ddp::cuda::device_vector<std::int32_t>::from_host(
+              dev, std::span<const std::int32_t>(b.y.data() + begin, end - begin));
+          auto f = [&](auto& r) { r.backward(g::softmax_cross_entropy(r.forward(x), y).grad); };
+          if (s + 1 < mine.last) t.accumulate(f);
+          else t.step(f);
+        }
+      return parameters_on_host(m, dev);
+    });
+    for (const auto& r : ranks) CHECK(r == ranks[0]);
+    return ranks[0];
+  };
+  const auto one = on_gpu(1);
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    CHECK(on_gpu(world) == one);
+  }
+  const auto host = ddp::inproc::launch(1, [&](ddp::inproc::communicator& comm) {
+    host_mlp m(ddp::nn::linear(6, 8, 1), ddp::nn::relu(), ddp::nn::linear(8, 3, 2));
+    ddp::host::device dev;
+    ddp::trainer<host_mlp, invariant, Update> t(m, comm, dev, shared_gpu_sgd);
+    for (const auto& b : data)
+      for (std::size_t s = 0; s < 4; ++s) {
+        const auto x = ddp::nn::slice_rows(b.x, s * 4, s * 4 + 4);
+        const std::span<const std::int32_t> y(b.y.data() + s * 4, 4);
+        auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x), y).grad); };
+        if (s + 1 < 4) t.accumulate(f);
+        else t.step(f);
+      }
+    std::vector<std::vector<float>> state;
+    for (auto& p : m.parameters()) state.emplace_back(p.value.as<float>().begin(), p.value.as<float>().end());
+    return state;
+  })[0];
+  check_same(one, host);
 }
 
 TEST_CASE("bf16 parameters on the GPU (nn::cuda, f32 master in the trainer) track bf16 parameters on the host") {
