@@ -1,5 +1,6 @@
 // The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md, docs/benchmarking.md and
 // docs/policies.md (PowerSGD), compiled.
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <functional>
@@ -331,6 +332,53 @@ static_assert(ddp::epoch_loader<packed_windows>);
 
 namespace snippets {
 
+void keeping_checkpoints(trainer_t& trainer, model& module, const loader_type& loader, const fashion_mnist& test_set,
+                         const std::filesystem::path& dir, std::uint64_t epochs) {
+  // [doc: checkpoints.md]
+  #include <algorithm>
+  #include <ddp/ddp.hpp>
+  #include <ddp/data/loader.hpp>
+  #include <ddp/nn/cross_entropy.hpp>
+
+  const ddp::data::loader test_loader(test_set, 500, &fashion_mnist::collate);
+  for (auto epoch = trainer.epochs_started(); epoch < epochs; ++epoch) {
+    for (const auto& b : trainer.epoch(loader))
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); });
+    const ddp::metric test_loss = trainer.evaluate(test_loader, [&](const auto& b) {  // reduced: equal on every rank
+      const auto ce = ddp::nn::softmax_cross_entropy(module.forward(b.x), b.y, b.weights);
+      return ddp::metric{ce.loss_sum, ce.samples};
+    });
+    trainer.save(dir, {.keep_last = 3, .metric = test_loss.mean(), .keep_best = 2, .lower_is_better = true});
+  }
+  // Later, in another run: the best of them.
+  const auto kept = ddp::committed_checkpoints(dir);  // oldest save first; steps, world, metric
+  const auto best = std::ranges::min_element(kept, {}, [](const ddp::checkpoint_info& c) { return *c.metric; });
+  trainer.load(dir, best->steps);
+  // [end doc]
+}
+
+void progress_report(trainer_t& trainer, const loader_type& loader, ddp::inproc::communicator& comm, std::size_t epochs) {
+  // [doc: trainer.md]
+  #include <ddp/ddp.hpp>
+  #include <ddp/data/loader.hpp>
+  #include <ddp/nn/cross_entropy.hpp>
+
+  ddp::progress progress(comm.rank(), {.epochs = epochs,
+                                       .steps_per_epoch = trainer.steps_per_epoch(loader.dataset_size(), 64),
+                                       .samples_per_step = 64 * static_cast<std::size_t>(comm.size()),
+                                       .first_step = trainer.steps()});  // after a trainer.load, where it left off
+  for (std::size_t epoch = trainer.epochs_started(); epoch < epochs; ++epoch)
+    for (const auto& b : trainer.epoch(loader)) {
+      const double loss = trainer.step([&](auto& r) {
+        const auto ce = ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights);
+        r.backward(ce.grad);
+        return ce.loss;
+      });
+      progress.step(loss);  // rank 0: a line redrawn in place on a terminal, a line per quarter epoch elsewhere
+    }
+  // [end doc]
+}
+
 void consume(const std::vector<float>&) {}
 
 void a_stream(std::size_t steps) {
@@ -366,6 +414,8 @@ void instantiate() {
     timeline(trainer, plain);
     using_the_loader(trainer, 1);
     checkpoints(trainer, l, "/tmp/ddp-snippet-checkpoint", 1, 0.1f, ddp::optim::schedule::constant{});
+    keeping_checkpoints(trainer, m, l, test_set, "/tmp/ddp-snippet-checkpoints", 1);
+    progress_report(trainer, l, comm, 1);
     generator g = make_model(2);
     gan(g, make_model(3), comm, dev, ddp::optim::sgd{}, {}, {}, {});
   });

@@ -28,6 +28,7 @@ struct config {
   bool mapped = false;         // memory-map uncompressed IDX files instead of reading the .gz ones
   std::size_t prefetch = 0;    // batches made ahead on a thread per rank (0: on the rank's thread)
   std::string checkpoint;      // a directory: resume from it when it holds one, save after each epoch
+  std::size_t keep_last = 1;   // --checkpoint: the checkpoints kept, the last saved
   std::string trace;           // a file: every step's phases as Chrome trace JSON (Perfetto)
   std::string backend = "inproc";
   std::string device = "cpu";

@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", c.checkpoint,
                  "directory for checkpoints: the run goes on from the one there (same flags), and saves one after "
                  "every epoch");
+  app.add_option("--keep-last", c.keep_last, "--checkpoint keeps the last K checkpoints saved (trainer.load reads the "
+                                             "last; trainer.load(dir, steps) any of them)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1000}))->capture_default_str();
   app.add_option("--trace", c.trace,
                  "write every step's phases (forward, backward, each bucket's reduction, update) of every rank as "
                  "Chrome trace JSON to this file: open it in ui.perfetto.dev or chrome://tracing");

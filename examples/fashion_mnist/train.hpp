@@ -1,7 +1,5 @@
 #pragma once
 // The data-parallel training run of the example, generic over the trainer's policies.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -42,45 +40,6 @@ inline std::function<float(std::size_t)> lr_schedule(const config& c, std::size_
   return ddp::optim::schedule::cosine(total);  // down to zero over the whole run
 }
 
-class progress_line {
- public:
-  explicit progress_line(bool enabled) : enabled_(enabled), terminal_(isatty(STDOUT_FILENO)) {}
-
-  void update(int epoch, int epochs, std::size_t step, std::size_t steps, double loss, double samples_per_s,
-              double eta_s) {
-    if (!enabled_) return;
-    const double fraction = static_cast<double>(step) / static_cast<double>(steps);
-    if (!terminal_) {  // a plain line at each quarter of the epoch
-      const int quarter = static_cast<int>(fraction * 4);
-      if (quarter == last_quarter_ || quarter == 0) return;
-      last_quarter_ = quarter;
-    } else {
-      const auto now = std::chrono::steady_clock::now();
-      if (step != steps && now - last_ < std::chrono::milliseconds(200)) return;
-      last_ = now;
-    }
-    std::printf("%sepoch %d/%d  step %zu/%zu  loss %.4f  %.0f samples/s  ETA %s%s", terminal_ ? "\r\033[2K" : "",
-                epoch, epochs, step, steps, loss, samples_per_s, format_seconds(eta_s).c_str(), terminal_ ? "" : "\n");
-    std::fflush(stdout);
-  }
-  void end_epoch() {
-    if (enabled_ && terminal_) std::printf("\n");
-    last_quarter_ = 0;
-  }
-
-  static std::string format_seconds(double s) {
-    char buf[32];
-    const int t = static_cast<int>(s + 0.5);
-    std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
-    return buf;
-  }
-
- private:
-  bool enabled_, terminal_;
-  int last_quarter_ = 0;
-  std::chrono::steady_clock::time_point last_{};
-};
-
 // Accuracy over the full test set: trainer.evaluate deals each rank its share (in order, padded
 // so every rank has as many images, the padding weighing nothing) and sums the counts over the
 // ranks: exactly the 10,000 images, at any world size, in evaluation mode.
@@ -107,7 +66,7 @@ class trainer_policies {
   virtual std::size_t virtual_shards() const = 0;  // V, or 0 under the plain reduction
   virtual std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const = 0;
   virtual std::uint64_t epochs_started() const = 0;
-  virtual void save(const std::string& dir) = 0;
+  virtual void save(const std::string& dir, const ddp::save_options& options) = 0;
   virtual void load(const std::string& dir) = 0;
   virtual std::string describe() const = 0;
 
@@ -127,7 +86,7 @@ class policies_of final : public trainer_policies {
   std::size_t virtual_shards() const override { return Trainer::reduction_policy::virtual_shards; }
   std::size_t steps_per_epoch(std::size_t n, std::size_t batch) const override { return t_.steps_per_epoch(n, batch); }
   std::uint64_t epochs_started() const override { return t_.epochs_started(); }
-  void save(const std::string& dir) override { t_.save(dir); }
+  void save(const std::string& dir, const ddp::save_options& options) override { t_.save(dir, options); }
   void load(const std::string& dir) override { t_.load(dir); }
   std::string describe() const override { return t_.describe(); }
 
@@ -142,8 +101,8 @@ std::uint64_t host_waits(const Device& dev) {
   else return 0;
 }
 
-// One rank's run: --checkpoint's resume, the epochs, a save after each (with --checkpoint), the
-// report. A template over the trainer's core, not the trainer.
+// One rank's run: --checkpoint's resume, the epochs, a save after each (with --checkpoint; the
+// last --keep-last kept), the report. A template over the trainer's core, not the trainer.
 template <class Platform, class Core>
 void run_rank(Core& trainer, trainer_policies& policies, typename Platform::device& dev, const config& c,
               const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
@@ -169,7 +128,9 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   }
   const int first_epoch = static_cast<int>(policies.epochs_started()) + 1;
   const std::size_t steps_per_epoch = policies.steps_per_epoch(train_set.size(), global_batch / parts);
-  progress_line progress(lead && c.progress);
+  ddp::progress progress(comm.rank(), {.epochs = static_cast<std::size_t>(c.epochs), .steps_per_epoch = steps_per_epoch,
+                                       .samples_per_step = global_batch, .first_step = trainer.steps(),
+                                       .out = c.progress ? stdout : nullptr});
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(c.epochs);
   const auto schedule = lr_schedule(c, total_steps);
   const auto start = std::chrono::steady_clock::now();
@@ -192,13 +153,8 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
       if (last) trainer.step(f);
       else trainer.accumulate(f);
     };
-    std::size_t i = 0;
-    auto after_step = [&](std::size_t steps) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double rate = static_cast<double>((step + 1 - first_step) * global_batch) / elapsed;
-      progress.update(epoch, c.epochs, i + 1, steps, loss.mean(), rate,
-                      elapsed / static_cast<double>(step + 1 - first_step) * static_cast<double>(total_steps - step - 1));
-      ++i;
+    auto after_step = [&] {
+      progress.step(loss.mean());
       ++step;
     };
     if (shards) {  // this rank's virtual shards of each step, in shard order
@@ -214,20 +170,18 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
           ++next[k];
         }
         waits_in_steps += host_waits(dev) - waits_before;
-        after_step(steps);
+        after_step();
       }
     } else {
       auto batches = policies.epoch(loader);
-      const std::size_t steps = batches.size();
       for (const auto& b : batches) {
         trainer.learning_rate() = c.lr * schedule(step);
         const auto waits_before = host_waits(dev);
         micro_batch(b, true);
         waits_in_steps += host_waits(dev) - waits_before;
-        after_step(steps);
+        after_step();
       }
     }
-    progress.end_epoch();
     const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
     const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const ddp::metric test = test_accuracy<Platform>(trainer, dev, test_set);
@@ -241,7 +195,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
       std::fflush(stdout);
       out.epochs.push_back(e);
     }
-    if (!c.checkpoint.empty()) policies.save(c.checkpoint);
+    if (!c.checkpoint.empty()) policies.save(c.checkpoint, {.keep_last = c.keep_last});
   }
   if (!c.trace.empty()) {
     trainer.record_timeline(nullptr);

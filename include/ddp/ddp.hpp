@@ -1,7 +1,7 @@
 #pragma once
 // Everything the embedded default needs, in one include: the trainer with every policy, the
 // in-process ranks (ddp::inproc::launch) and the host device, which are the trainer's default
-// engines, and the blocking collectives.
+// engines, the blocking collectives and the progress report (ddp::progress).
 //
 //   #include <ddp/ddp.hpp>
 //   ddp::inproc::launch(2, [&](ddp::inproc::communicator& comm) {
@@ -17,4 +17,5 @@
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/optim/schedule.hpp"
+#include "ddp/trainer/progress.hpp"
 #include "ddp/trainer/trainer.hpp"

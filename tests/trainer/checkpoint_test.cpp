@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -232,4 +234,157 @@ TEST_CASE("a checkpoint whose sections claim more bytes than the file has is ref
   std::memcpy(wrapped.data() + 8, &huge, 8);
   CHECK_THROWS_WITH_AS(ddp::detail::checkpoint_file::decode(wrapped, "crafted"), doctest::Contains("is truncated"),
                        ddp::error);
+}
+
+namespace {
+// Steps once per entry of `metrics` (epochs of 5 steps at world 2), saving after each step with
+// `options` and that step's metric (NaN: none). Returns this rank's parameters after each step.
+std::vector<std::vector<std::vector<float>>> save_each_step(ddp::inproc::communicator& comm, const fs::path& dir,
+                                                            const std::vector<double>& metrics,
+                                                            ddp::save_options options) {
+  const rows data(40);
+  test::mlp model = test::make_mlp(5);
+  ddp::host::device dev;
+  sgd_trainer trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f}, {.seed = 9});
+  const ddp::data::loader loader(data, 4, &rows::collate);
+  std::vector<std::vector<std::vector<float>>> after;
+  while (after.size() < metrics.size()) {
+    for (const auto& b : trainer.epoch(loader)) {
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); });
+      const double m = metrics[after.size()];
+      options.metric = std::isnan(m) ? std::nullopt : std::optional<double>(m);
+      trainer.save(dir, options);
+      after.push_back(test::parameter_values(model));
+      if (after.size() == metrics.size()) break;
+    }
+  }
+  return after;
+}
+
+// Every rank's parameters after a trainer over a module of another seed loads `dir` (at `steps`).
+std::vector<std::vector<std::vector<float>>> loaded(int world, const fs::path& dir, std::optional<std::uint64_t> steps) {
+  return ddp::inproc::launch(world, [&](ddp::inproc::communicator& c) {
+    test::mlp model = test::make_mlp(77);
+    ddp::host::device dev;
+    sgd_trainer trainer(model, c, dev, ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f});
+    if (steps) trainer.load(dir, *steps);
+    else trainer.load(dir);
+    return test::parameter_values(model);
+  });
+}
+
+std::vector<std::string> step_directories(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_directory()) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::uint64_t> committed_steps(const fs::path& dir) {
+  std::vector<std::uint64_t> steps;
+  for (const auto& c : ddp::committed_checkpoints(dir)) steps.push_back(c.steps);
+  return steps;
+}
+}  // namespace
+
+TEST_CASE("checkpoints kept by save_options: the last k, every n steps, the best k by a metric, and load(dir, steps) reads any") {
+  const auto dir = scratch("retention");
+  const double none = std::nan("");
+  // Steps 1-8. Kept: the last 2 (7, 8), every 3 steps (3, 6), the 2 lowest metrics (4: 0.2, 2: 0.3).
+  const std::vector<double> metrics{0.5, 0.3, 0.6, 0.2, 0.7, 0.4, none, 0.9};
+  const ddp::save_options options{.keep_last = 2, .keep_every_steps = 3, .keep_best = 2};
+  const auto after = ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {
+    return save_each_step(c, dir, metrics, options);
+  });
+  CHECK(committed_steps(dir) == std::vector<std::uint64_t>{2, 3, 4, 6, 7, 8});
+  CHECK(step_directories(dir) == std::vector<std::string>{"step-000000000002", "step-000000000003", "step-000000000004",
+                                                           "step-000000000006", "step-000000000007", "step-000000000008"});
+  const auto listed = ddp::committed_checkpoints(dir);
+  CHECK(listed[0] == ddp::checkpoint_info{2, 2, 0.3});
+  CHECK(listed[4] == ddp::checkpoint_info{7, 2, std::nullopt});  // saved without a metric
+  CHECK(listed[5] == ddp::checkpoint_info{8, 2, 0.9});
+
+  // The latest by default; any kept one by its step count, bitwise the run at that step.
+  CHECK(loaded(2, dir, std::nullopt) == std::vector{after[0][7], after[1][7]});
+  CHECK(loaded(2, dir, 4) == std::vector{after[0][3], after[1][3]});
+  CHECK(loaded(2, dir, 2) == std::vector{after[0][1], after[1][1]});
+  check_every_rank(ddp::inproc::launch(2,
+                                      [&](ddp::inproc::communicator& c) -> std::string {
+                                        test::mlp model = test::make_mlp(77);
+                                        ddp::host::device dev;
+                                        sgd_trainer trainer(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+                                        try {
+                                          trainer.load(dir, 5);
+                                        } catch (const ddp::error& e) {
+                                          return e.what();
+                                        }
+                                        return "";
+                                      }),
+                   "no checkpoint of step 5 in '" + dir.string() + "': its committed checkpoints are of steps 2, 3, 4, 6, 7, 8");
+
+  // A save with the defaults keeps only itself; a step directory no index lists (a save that died
+  // before its commit) goes too.
+  fs::create_directories(dir / "step-000000000099");
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { (void)save_each_step(c, dir, {none}, {}); });
+  CHECK(committed_steps(dir) == std::vector<std::uint64_t>{1});
+  CHECK(step_directories(dir) == std::vector<std::string>{"step-000000000001"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("which checkpoints a save keeps: order, ties, highest is best, a LATEST of one line") {
+  using ddp::checkpoint_info;
+  const std::vector<checkpoint_info> all{{10, 2, 0.8}, {20, 2, 0.9}, {30, 2, std::nullopt}, {40, 2, 0.9}, {50, 2, 0.1}};
+  auto steps = [](const std::vector<checkpoint_info>& kept) {
+    std::vector<std::uint64_t> s;
+    for (const auto& c : kept) s.push_back(c.steps);
+    return s;
+  };
+  CHECK(steps(ddp::detail::retained(all, {})) == std::vector<std::uint64_t>{50});
+  CHECK(steps(ddp::detail::retained(all, {.keep_last = 9})) == std::vector<std::uint64_t>{10, 20, 30, 40, 50});
+  // Highest first; of two equal metrics the earlier save ranks first.
+  CHECK(steps(ddp::detail::retained(all, {.keep_best = 1, .lower_is_better = false})) == std::vector<std::uint64_t>{20, 50});
+  CHECK(steps(ddp::detail::retained(all, {.keep_best = 2})) == std::vector<std::uint64_t>{10, 50});
+  CHECK(steps(ddp::detail::retained(all, {.keep_every_steps = 20})) == std::vector<std::uint64_t>{20, 40, 50});
+
+  // LATEST written by a save before the index (its first line alone) lists that one checkpoint.
+  const auto dir = scratch("one_line");
+  fs::create_directories(dir);
+  std::ofstream(dir / "LATEST") << "step-000000000003 2\n";
+  CHECK(ddp::committed_checkpoints(dir) == std::vector<checkpoint_info>{{3, 2, std::nullopt}});
+  const auto text = ddp::detail::checkpoint_directory::index_text(all);
+  std::ofstream(dir / "LATEST") << text;
+  CHECK(ddp::committed_checkpoints(dir) == all);
+  std::ofstream(dir / "LATEST") << "step-000000000003 2\ncheckpoint step-000000000003 2 zero\n";
+  CHECK_THROWS_WITH_AS(ddp::committed_checkpoints(dir), doctest::Contains("the line 'checkpoint step-000000000003 2 zero' is not"),
+                       ddp::error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint save options that differ across ranks or make no sense: an error on every rank, nothing written") {
+  const auto dir = scratch("options");
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { (void)save_each_step(c, dir, {0.5}, {}); });
+  REQUIRE(committed_steps(dir) == std::vector<std::uint64_t>{1});
+  const auto latest = ddp::detail::read_whole_file(dir / "LATEST");
+  const auto rank_file = ddp::detail::read_whole_file(dir / "step-000000000001" / "rank-0-of-2.ddpckpt");
+  auto errors = [&](auto options_of_rank) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) -> std::string {
+      try {
+        (void)save_each_step(c, dir, {0.25}, options_of_rank(c.rank()));
+      } catch (const ddp::error& e) {
+        return e.what();
+      }
+      return "";
+    });
+  };
+  // save_each_step sets each rank's metric alike; here rank 1 keeps more.
+  check_every_rank(errors([](int rank) { return ddp::save_options{.keep_last = rank == 0 ? 1u : 2u}; }),
+                   "rank 1: its save options (keep_last=2, keep_every_steps=0, metric=0.25, keep_best=0, "
+                   "lower_is_better=true) differ from rank 0's (keep_last=1, ");
+  check_every_rank(errors([](int) { return ddp::save_options{.keep_last = 0}; }), "save_options::keep_last is 0");
+  CHECK(ddp::detail::read_whole_file(dir / "LATEST") == latest);
+  CHECK(ddp::detail::read_whole_file(dir / "step-000000000001" / "rank-0-of-2.ddpckpt") == rank_file);
+  CHECK(step_directories(dir) == std::vector<std::string>{"step-000000000001"});
+  CHECK(ddp::detail::save_options_problem({.metric = std::nan("")}).find("metric is NaN") != std::string::npos);
+  fs::remove_all(dir);
 }

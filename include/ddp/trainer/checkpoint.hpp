@@ -2,14 +2,18 @@
 // Saving and loading a whole run (ddp::trainer::save / load): the core's state (parameters,
 // buffers, optimizer state, counts; trainer/state_io.hpp) and the trainer's position (the
 // sampler's seed and epoch, the batches already taken in it), every rank's file in one step
-// directory, committed by LATEST once every rank's file is on disk (checkpoint_file.hpp).
+// directory, committed by LATEST once every rank's file is on disk (checkpoint_file.hpp); the
+// checkpoints the save's options do not keep (checkpoint_retention.hpp) go after the commit.
 // Written once for every trainer over the same core, whatever the policies.
+#include <array>
+#include <bit>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ddp/trainer/checkpoint_file.hpp"
+#include "ddp/trainer/checkpoint_retention.hpp"
 #include "ddp/trainer/consensus.hpp"
 #include "ddp/trainer/signature.hpp"
 
@@ -39,51 +43,86 @@ struct run_position {
   }
 };
 
+// This rank's problem when its save options differ from rank 0's ("" when they agree). Collective.
+template <communicator C, device D>
+std::string save_options_disagreement(C& comm, D& dev, const save_options& o) {
+  using bits = std::int64_t;  // the communicators' widest integer; the options' values as bit patterns
+  const std::array<bits, 6> mine{std::bit_cast<bits>(std::uint64_t{o.keep_last}), std::bit_cast<bits>(o.keep_every_steps),
+                                 std::bit_cast<bits>(std::uint64_t{o.keep_best}), o.lower_is_better, o.metric.has_value(),
+                                 std::bit_cast<bits>(o.metric.value_or(0.0))};
+  const auto all = comm::host_all_gather(comm, dev, std::span<const bits>(mine));
+  if (std::equal(mine.begin(), mine.end(), all.begin())) return "";
+  save_options first;
+  first.keep_last = static_cast<std::size_t>(std::bit_cast<std::uint64_t>(all[0]));
+  first.keep_every_steps = std::bit_cast<std::uint64_t>(all[1]);
+  first.keep_best = static_cast<std::size_t>(std::bit_cast<std::uint64_t>(all[2]));
+  first.lower_is_better = all[3] != 0;
+  if (all[4]) first.metric = std::bit_cast<double>(all[5]);
+  return "its save options (" + describe(o) + ") differ from rank 0's (" + describe(first) +
+         "): pass the same on every rank (a metric reduced over the ranks: trainer.evaluate or trainer.reduce)";
+}
+
 template <class Core>
-void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& pos) {
+void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& pos,
+                     const save_options& options) {
   auto& comm = core.communicator();
   auto& dev = core.device();
   const checkpoint_directory where{dir};
   const std::string step = checkpoint_directory::step_name(core.steps());
   std::optional<std::string> problem;
-  try {
-    checkpoint_file f;
-    f.set_text("format", "1");
-    f.set_text("world", std::to_string(comm.size()));
-    f.set_text("rank", std::to_string(comm.rank()));
-    f.set_text("policies", pos.policies);
-    f.set_text("seed", std::to_string(pos.seed));
-    f.set_text("epochs_started", std::to_string(pos.epochs_started));
-    f.set_text("batches_in_epoch", std::to_string(pos.batches_in_epoch));
-    f.set_text("epoch_finished", pos.epoch_finished ? "1" : "0");
-    core.checkpoint_state("save").write(f);
-    std::filesystem::create_directories(dir / step);
-    write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
+  std::vector<checkpoint_info> committed;  // rank 0: the directory's index before this save
+  // Every rank compares first (a collective), so options that differ stop every rank alike.
+  if (auto differs = save_options_disagreement(comm, dev, options); !differs.empty()) problem = differs;
+  else if (auto why = save_options_problem(options); !why.empty()) problem = why;
+  if (!problem) try {
+      if (comm.rank() == 0) committed = where.index();
+      checkpoint_file f;
+      f.set_text("format", "1");
+      f.set_text("world", std::to_string(comm.size()));
+      f.set_text("rank", std::to_string(comm.rank()));
+      f.set_text("policies", pos.policies);
+      f.set_text("seed", std::to_string(pos.seed));
+      f.set_text("epochs_started", std::to_string(pos.epochs_started));
+      f.set_text("batches_in_epoch", std::to_string(pos.batches_in_epoch));
+      f.set_text("epoch_finished", pos.epoch_finished ? "1" : "0");
+      core.checkpoint_state("save").write(f);
+      std::filesystem::create_directories(dir / step);
+      write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
   agree_or_throw(comm, dev, problem, "save",
                  "the checkpoint in '" + dir.string() + "' was not written (the one before it, if any, is intact)");
-  // Every rank's file is on disk: commit, then drop the older step directories.
+  // Every rank's file is on disk: commit, then drop the step directories the options do not keep
+  // (and any a save that died left behind).
   problem.reset();
   if (comm.rank() == 0) try {
-      const std::string index = step + " " + std::to_string(comm.size()) + "\n";
+      std::erase_if(committed, [&](const checkpoint_info& c) { return c.steps == core.steps(); });
+      committed.push_back({core.steps(), comm.size(), options.metric});
+      const auto kept = retained(committed, options);
+      const std::string index = checkpoint_directory::index_text(kept);
       write_file_atomically(where.latest(), std::span(reinterpret_cast<const std::uint8_t*>(index.data()), index.size()),
                             0);
-      for (const auto& e : std::filesystem::directory_iterator(dir))
-        if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0 && e.path().filename() != step)
+      std::vector<std::string> names;
+      for (const auto& c : kept) names.push_back(checkpoint_directory::step_name(c.steps));
+      for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        const auto name = e.path().filename().string();
+        if (e.is_directory() && name.rfind("step-", 0) == 0 && std::find(names.begin(), names.end(), name) == names.end())
           std::filesystem::remove_all(e.path());
+      }
     } catch (const std::exception& e) {
       problem = e.what();
     }
   agree_or_throw(comm, dev, problem, "save", "the checkpoint in '" + dir.string() + "' was not committed");
 }
 
-// Loads the checkpoint committed in `dir` into `core`; returns the run's position there. Every
-// check runs before anything changes: a checkpoint that cannot be loaded leaves the trainer as
-// it was, with one error on every rank naming the file and what differs.
+// Loads the checkpoint committed in `dir` (the latest, or the one of step count `steps`) into
+// `core`; returns the run's position there. Every check runs before anything changes: a
+// checkpoint that cannot be loaded leaves the trainer as it was, with one error on every rank
+// naming the file and what differs.
 template <class Core>
-run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& here) {
+run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& here,
+                             std::optional<std::uint64_t> steps = std::nullopt) {
   auto& comm = core.communicator();
   auto& dev = core.device();
   std::optional<std::string> problem;
@@ -92,13 +131,24 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
   run_position saved;
   try {
     const checkpoint_directory where{dir};
-    const auto committed = where.committed();
-    if (!committed)
+    const auto committed = where.index();
+    if (committed.empty())
       throw error("trainer", "load", comm.rank(),
                   "no checkpoint in '" + dir.string() + "' (no LATEST file; trainer.save(dir) writes one)");
-    // Named copies, not structured bindings: a lambda below uses them (Clang before 16 cannot capture bindings).
-    const std::string step = committed->first;
-    const int world = committed->second;
+    auto chosen = committed.end() - 1;
+    if (steps) {
+      chosen = std::find_if(committed.begin(), committed.end(), [&](const auto& c) { return c.steps == *steps; });
+      if (chosen == committed.end()) {
+        std::string listed;
+        for (const auto& c : committed) listed += (listed.empty() ? "" : ", ") + std::to_string(c.steps);
+        throw error("trainer", "load", comm.rank(),
+                    "no checkpoint of step " + std::to_string(*steps) + " in '" + dir.string() +
+                        "': its committed checkpoints are of steps " + listed +
+                        " (ddp::committed_checkpoints(dir) lists them)");
+      }
+    }
+    const std::string step = checkpoint_directory::step_name(chosen->steps);
+    const int world = chosen->world;
     // The same world: this rank's own file. Another: every file (the optimizer state's shards are
     // re-cut), and rank r's buffers come from rank r, or rank 0 where the old world had no rank r.
     auto read = [&](int rank) {

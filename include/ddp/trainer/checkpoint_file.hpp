@@ -7,9 +7,10 @@
 // error naming the file; nothing is read from a file that fails them.
 //
 // Directory: step-<steps>/rank-<r>-of-<world>.ddpckpt for every rank, and LATEST naming the
-// step directory of the last complete checkpoint. Each file is written to a temporary name,
-// flushed to disk and renamed; LATEST is written the same way only after every rank's file is
-// there, so a crash at any point leaves the previous checkpoint whole and LATEST pointing at it.
+// step directory of the last complete checkpoint, then listing every committed one (the index).
+// Each file is written to a temporary name, flushed to disk and renamed; LATEST is written the
+// same way only after every rank's file is there, so a crash at any point leaves the previous
+// checkpoint whole and LATEST pointing at it.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +31,18 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+
+namespace ddp {
+
+// One committed checkpoint of a directory (ddp::committed_checkpoints).
+struct checkpoint_info {
+  std::uint64_t steps = 0;        // the trainer's step count when it was saved: trainer.load(dir, steps)
+  int world = 0;                  // the ranks that saved it
+  std::optional<double> metric{}; // the save's metric (save_options::metric), if it had one
+  bool operator==(const checkpoint_info&) const = default;
+};
+
+}  // namespace ddp
 
 namespace ddp::detail {
 
@@ -210,6 +224,9 @@ inline std::vector<std::uint8_t> read_whole_file(const std::filesystem::path& pa
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// LATEST: "step-N WORLD" (the checkpoint trainer.load(dir) reads), then one line per committed
+// checkpoint, oldest save first, the latest last: "checkpoint step-N WORLD METRIC" (METRIC "-"
+// for none). A LATEST of the first line alone lists only that checkpoint.
 struct checkpoint_directory {
   std::filesystem::path root;
 
@@ -225,14 +242,62 @@ struct checkpoint_directory {
 
   // The committed checkpoint: its step directory and world size; nullopt when there is none.
   std::optional<std::pair<std::string, int>> committed() const {
+    const auto all = index();
+    if (all.empty()) return std::nullopt;
+    return std::make_pair(step_name(all.back().steps), all.back().world);
+  }
+
+  // Every committed checkpoint, oldest save first (the last is the one LATEST names); empty when
+  // there is no LATEST.
+  std::vector<checkpoint_info> index() const {
     std::ifstream in(latest());
-    if (!in) return std::nullopt;
-    std::string step;
-    int world = 0;
-    if (!(in >> step >> world) || world < 1 || step.rfind("step-", 0) != 0)
+    if (!in) return {};
+    std::string line;
+    std::getline(in, line);
+    const auto head = entry(line, false);
+    std::vector<checkpoint_info> all;
+    while (std::getline(in, line))
+      if (!line.empty()) all.push_back(entry(line, true));
+    if (all.empty() || all.back().steps != head.steps || all.back().world != head.world) {
+      if (!all.empty())
+        throw error("trainer", "load", -1,
+                    "'" + latest().string() + "' names " + step_name(head.steps) +
+                        " but does not list it last; the index is damaged: write LATEST's first line as the last "
+                        "'checkpoint' line, or remove those lines");
+      all.push_back(head);
+    }
+    return all;
+  }
+
+  // LATEST's text for `all`, the last of which becomes the one trainer.load(dir) reads.
+  static std::string index_text(const std::vector<checkpoint_info>& all) {
+    std::string out = step_name(all.back().steps) + " " + std::to_string(all.back().world) + "\n";
+    for (const auto& c : all) {
+      char metric[32] = "-";
+      if (c.metric) std::snprintf(metric, sizeof metric, "%.17g", *c.metric);
+      out += "checkpoint " + step_name(c.steps) + " " + std::to_string(c.world) + " " + metric + "\n";
+    }
+    return out;
+  }
+
+ private:
+  // "step-N WORLD", or with `listed` "checkpoint step-N WORLD METRIC".
+  checkpoint_info entry(const std::string& line, bool listed) const {
+    std::istringstream in(line);
+    std::string word, step, metric = "-";
+    checkpoint_info c;
+    const bool read = listed ? (in >> word >> step >> c.world >> metric) && word == "checkpoint"
+                             : static_cast<bool>(in >> step >> c.world);
+    const bool step_ok = step.size() > 5 && step.size() <= 5 + 19 && step.rfind("step-", 0) == 0 &&
+                         step.find_first_not_of("0123456789", 5) == std::string::npos;
+    char* end = nullptr;
+    if (metric != "-") c.metric = std::strtod(metric.c_str(), &end);
+    if (!read || !step_ok || c.world < 1 || (c.metric && *end != '\0'))
       throw error("trainer", "load", -1,
-                  "'" + latest().string() + "' is not a ddp checkpoint index (expected 'step-N WORLD')");
-    return std::make_pair(step, world);
+                  "'" + latest().string() + "' is not a ddp checkpoint index: the line '" + line + "' is not '" +
+                      (listed ? "checkpoint step-N WORLD METRIC" : "step-N WORLD") + "'");
+    c.steps = std::stoull(step.substr(5));
+    return c;
   }
 };
 

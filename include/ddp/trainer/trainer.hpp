@@ -281,25 +281,25 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // parameters, buffers, optimizer state and update counts, the step count, the sampler's seed
   // and epoch, and the batches of the current epoch already taken. Every rank writes its own file
   // (under update::sharded, its shard of the optimizer state) into dir/step-N/; dir/LATEST
-  // commits the checkpoint once every file is on disk, and older step directories go. A crash at
-  // any point leaves the previous checkpoint whole. Collective; between steps. `dir` must be one
-  // directory every rank can reach (a shared file system across hosts). The optimizer's
-  // hyper-parameters, parameter groups and clipping are the program's: set them as before.
-  void save(const std::filesystem::path& dir) { detail::save_checkpoint(core(), dir, position()); }
-  // Loads the checkpoint committed in `dir`. The next epoch(loader) continues the epoch it was
-  // saved in, after the batches already taken (at the same world size), or starts the next one.
+  // commits the checkpoint once every file is on disk; then the checkpoints `options` does not
+  // keep go (by default all but this one: save_options keeps the last k, every n steps, the best
+  // k by a metric). A crash at any point leaves the previous checkpoints whole. Collective;
+  // between steps; the same options on every rank. `dir` must be one directory every rank can
+  // reach (a shared file system across hosts). The optimizer's hyper-parameters, parameter groups
+  // and clipping are the program's: set them as before.
+  void save(const std::filesystem::path& dir, const save_options& options = {}) {
+    detail::save_checkpoint(core(), dir, position(), options);
+  }
+  // Loads the checkpoint committed last in `dir`, or with `steps` the committed one saved at that
+  // step count (ddp::committed_checkpoints lists them). The next epoch(loader) continues the
+  // epoch it was saved in, after the batches already taken (at the same world size), or starts
+  // the next one.
   // Another model, bucket plan, optimizer or policy list, a truncated or corrupt file, or a
   // mid-epoch checkpoint at another world size is an error on every rank naming the file and what
   // differs, and changes nothing. At another world size the optimizer state's shards are re-cut.
   // Collective; between steps.
-  void load(const std::filesystem::path& dir) {
-    const auto saved = detail::load_checkpoint(core(), dir, position());
-    options_.seed = saved.seed;
-    epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
-    resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
-    epoch_start_ = this->micro_batches_run();
-    epoch_length_.reset();
-  }
+  void load(const std::filesystem::path& dir) { load_at(dir, std::nullopt); }
+  void load(const std::filesystem::path& dir, std::uint64_t steps) { load_at(dir, steps); }
 
   // "slot=name, ..." of the policy types.
   static std::string describe_policies() { return holder::describe_types(); }
@@ -307,6 +307,15 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::string describe() const { return holder::describe(/*checkpoint=*/false); }
 
  private:
+  void load_at(const std::filesystem::path& dir, std::optional<std::uint64_t> steps) {
+    const auto saved = detail::load_checkpoint(core(), dir, position(), steps);
+    options_.seed = saved.seed;
+    epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
+    resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
+    epoch_start_ = this->micro_batches_run();
+    epoch_length_.reset();
+  }
+
   core_type& core() noexcept { return *this; }
   const sampler_policy& current_sampler() const noexcept { return holder::template of<sampler::slot>().policy; }
 
@@ -365,6 +374,12 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
 // Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).
 inline bool has_checkpoint(const std::filesystem::path& dir) {
   return detail::checkpoint_directory{dir}.committed().has_value();
+}
+
+// The committed checkpoints in `dir`, oldest save first; the last is the one trainer.load(dir)
+// reads. Empty when there is none.
+inline std::vector<checkpoint_info> committed_checkpoints(const std::filesystem::path& dir) {
+  return detail::checkpoint_directory{dir}.index();
 }
 
 }  // namespace ddp
