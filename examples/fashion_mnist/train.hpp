@@ -141,7 +141,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   if (!c.trace.empty()) trainer.record_timeline(&timeline);
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
-    ddp::metric loss, accuracy;
+    ddp::exact_metric loss, accuracy;  // summed exactly: the same bits at any world size under --reduction invariant
     // One micro-batch: the last of a step steps, the others accumulate.
     auto micro_batch = [&](const auto& b, bool last) {
       auto f = [&](auto& replica) {
@@ -182,12 +182,12 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
         after_step();
       }
     }
-    const auto global = trainer.reduce(std::array<ddp::metric, 2>{loss, accuracy});
+    const auto global = trainer.reduce(std::array<ddp::exact_metric, 2>{loss, accuracy});
     const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const ddp::metric test = test_accuracy<Platform>(trainer, dev, test_set);
     if (lead) {
       epoch_record e{epoch, global[0].mean(), global[1].mean(), test.mean(), epoch_seconds,
-                     global[0].count / epoch_seconds};
+                     global[0].count() / epoch_seconds};
       std::printf("epoch %d/%d: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%% (%.0f images), "
                   "%.1f s, %.0f samples/s\n",
                   epoch, c.epochs, e.train_loss, 100 * e.train_accuracy, 100 * e.test_accuracy, test.count, e.seconds,
