@@ -309,10 +309,13 @@ void train_with_flags(Comm& comm, typename Platform::device& dev, const config& 
   with_reduction(c, [&](auto reduction, auto hook) {
     using reduction_t = decltype(reduction);
     with_buffer_sync(c.buffer_sync, [&](auto sync) {
-      if constexpr (reduction_t::virtual_shards != 0 && std::is_same_v<decltype(sync), ddp::buffer_sync::broadcast_each_forward>) {
-        throw std::invalid_argument("--reduction invariant runs a forward per virtual shard, as many as a rank holds; "
-                                    "--buffer-sync broadcast_each_forward would pair one rank's broadcast with "
-                                    "another's reduction: choose another buffer sync");
+      using sync_t = decltype(sync);
+      if constexpr (reduction_t::virtual_shards != 0 && (std::is_same_v<sync_t, ddp::buffer_sync::broadcast_each_forward> ||
+                                                         std::is_same_v<sync_t, ddp::buffer_sync::average_once_per_step>)) {
+        throw std::invalid_argument("--reduction invariant: --buffer-sync " + c.buffer_sync + " is refused (a broadcast "
+                                    "per forward would pair one rank's broadcast with another's reduction; every rank's "
+                                    "buffers are already the same, and averaging them can change their last bit): "
+                                    "use broadcast_once_per_step or none");
       } else {
         with_update(c.update, [&](auto update) {
           with_unused(c.unused_params, [&](auto unused) {

@@ -124,14 +124,16 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
   static constexpr bool buffer_sync_fits_reduction() {
     if constexpr (valid)
       return get<reduction::slot>::virtual_shards == 0 ||
-             !std::is_same_v<get<buffer_sync::slot>, buffer_sync::broadcast_each_forward>;
+             !(std::is_same_v<get<buffer_sync::slot>, buffer_sync::broadcast_each_forward> ||
+               std::is_same_v<get<buffer_sync::slot>, buffer_sync::average_once_per_step>);
     else return true;
   }
   static_assert(buffer_sync_fits_reduction(),
                 "ddp: under reduction::invariant ranks run as many forwards as they hold shards, which differ "
                 "when the world size does not divide V: a collective per forward (buffer_sync::"
-                "broadcast_each_forward) would pair with another rank's reduction. Use broadcast_once_per_step "
-                "(the default), average_once_per_step or none");
+                "broadcast_each_forward) would pair with another rank's reduction; and every rank's buffers are "
+                "already the same after each step, where an average of N equal floats can change their last bit "
+                "(buffer_sync::average_once_per_step). Use broadcast_once_per_step (the default) or none");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
   template <class Slot>
