@@ -10,6 +10,7 @@
 #include "ddp/host/half.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/nn/batch_norm.hpp"
+#include "ddp/nn/residual.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "trainer/test_model.hpp"
@@ -26,6 +27,16 @@ inline bn_mlp make_bn_mlp(std::uint64_t seed) {
                 ddp::nn::linear(16, test::classes, seed + 1));
 }
 inline bn_mlp& underlying(bn_mlp& m) { return m; }
+// Batch norm inside a residual branch: the branch passes its layers' deferred updates on.
+using residual_bn_mlp =
+    ddp::nn::sequential<ddp::nn::linear, ddp::nn::residual<ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>,
+                        ddp::nn::relu, ddp::nn::linear>;
+inline residual_bn_mlp make_residual_bn_mlp(std::uint64_t seed) {
+  return residual_bn_mlp(ddp::nn::linear(test::in_features, 16, seed),
+                         ddp::nn::residual(ddp::nn::batch_norm(16), ddp::nn::relu(), ddp::nn::linear(16, 16, seed + 1)),
+                         ddp::nn::relu(), ddp::nn::linear(16, test::classes, seed + 2));
+}
+inline residual_bn_mlp& underlying(residual_bn_mlp& m) { return m; }
 using test::underlying;
 
 // Every parameter's values, 16-bit ones widened (exactly), then every buffer's bytes.
@@ -73,6 +84,8 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
   Module model = [&] {
     if constexpr (std::is_same_v<Module, bn_mlp>) {
       return make_bn_mlp(seed);
+    } else if constexpr (std::is_same_v<Module, residual_bn_mlp>) {
+      return make_residual_bn_mlp(seed);
     } else {
       test::mlp mlp = test::make_mlp(seed);
       if (run.precision != ddp::dtype::f32) mlp.cast_parameters(run.precision);

@@ -13,6 +13,7 @@
 // as if the branch's layers stood in its own list; they are reported ready together, once the
 // whole branch is done.
 #include <cstddef>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/nn/deferred_updates.hpp"
 #include "ddp/nn/layer.hpp"
 
 namespace ddp::nn {
@@ -128,6 +130,12 @@ class residual {
     });
     return out;
   }
+
+  // Deferred buffer updates of the branch's layers (reduction::invariant): nn/deferred_updates.hpp.
+  void defer_buffer_updates(bool on) { detail::defer_buffer_updates(branch_, on); }
+  std::size_t buffer_update_size() { return detail::buffer_update_size(branch_); }
+  std::vector<float> take_buffer_updates() { return detail::take_buffer_updates(branch_); }
+  void apply_buffer_updates(std::span<const float> records) { detail::apply_buffer_updates(branch_, records, "residual"); }
 
   template <std::size_t K>
   auto& layer() noexcept { return std::get<K>(branch_); }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ddp/concepts/module.hpp"
+#include "ddp/nn/deferred_updates.hpp"
 #include "ddp/nn/layer.hpp"
 
 namespace ddp::nn {
@@ -108,45 +109,12 @@ class sequential {
     with_parameter(index, [&](auto& p) { p.bind_value(storage); });
   }
 
-  // Deferred buffer updates (reduction::invariant): the layers that keep running statistics
-  // (ddp::nn::batch_norm) record each training forward's update instead of applying it; a record
-  // of this module is its layers' records of one forward, in layer order.
-  void defer_buffer_updates(bool on) {
-    for_each_deferring_layer([&](auto& l) { l.defer_buffer_updates(on); });
-  }
-  std::size_t buffer_update_size() {
-    std::size_t size = 0;
-    for_each_deferring_layer([&](auto& l) { size += l.buffer_update_size(); });
-    return size;
-  }
-  std::vector<float> take_buffer_updates() {
-    std::vector<std::vector<float>> each;
-    std::vector<std::size_t> sizes;
-    for_each_deferring_layer([&](auto& l) {
-      each.push_back(l.take_buffer_updates());
-      sizes.push_back(l.buffer_update_size());
-    });
-    std::vector<float> records;
-    if (each.empty() || sizes[0] == 0) return records;
-    const std::size_t forwards = each[0].size() / sizes[0];
-    for (std::size_t f = 0; f < forwards; ++f)
-      for (std::size_t k = 0; k < each.size(); ++k)
-        records.insert(records.end(), each[k].begin() + static_cast<std::ptrdiff_t>(f * sizes[k]),
-                       each[k].begin() + static_cast<std::ptrdiff_t>((f + 1) * sizes[k]));
-    return records;
-  }
+  // Deferred buffer updates (reduction::invariant): nn/deferred_updates.hpp.
+  void defer_buffer_updates(bool on) { detail::defer_buffer_updates(layers_, on); }
+  std::size_t buffer_update_size() { return detail::buffer_update_size(layers_); }
+  std::vector<float> take_buffer_updates() { return detail::take_buffer_updates(layers_); }
   void apply_buffer_updates(std::span<const float> records) {
-    const std::size_t size = buffer_update_size();
-    if (size == 0 ? !records.empty() : records.size() % size != 0)
-      throw std::invalid_argument("ddp::nn::sequential: " + std::to_string(records.size()) +
-                                  " floats of buffer updates are not whole records of " + std::to_string(size));
-    for (std::size_t at = 0; size != 0 && at < records.size(); at += size) {
-      std::size_t offset = at;
-      for_each_deferring_layer([&](auto& l) {
-        l.apply_buffer_updates(records.subspan(offset, l.buffer_update_size()));
-        offset += l.buffer_update_size();
-      });
-    }
+    detail::apply_buffer_updates(layers_, records, "sequential");
   }
 
   std::size_t parameter_count() const noexcept { return param_count_; }
@@ -172,12 +140,6 @@ class sequential {
   void for_each_layer(F&& f) {
     [&]<std::size_t... K>(std::index_sequence<K...>) { (f(std::get<K>(layers_), K), ...); }
     (std::index_sequence_for<First, Rest...>{});
-  }
-  template <class F>
-  void for_each_deferring_layer(F&& f) {
-    for_each_layer([&](auto& l, std::size_t) {
-      if constexpr (requires { l.defer_buffer_updates(true); }) f(l);
-    });
   }
   template <class F>
   void for_each_layer_reverse(F&& f) {
