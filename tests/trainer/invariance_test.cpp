@@ -308,3 +308,46 @@ TEST_CASE("reduction::invariant: join() is refused by name") {
   CHECK(what.find("under reduction::invariant<4> every step is its 4 virtual shards") != std::string::npos);
   CHECK(what.find("trainer.epoch_shards(loader)") != std::string::npos);
 }
+
+TEST_CASE_TEMPLATE("reduction::invariant: a checkpoint saved in the middle of an epoch_shards() epoch at 4 ranks resumes "
+                   "at 3, 1 and 8, bitwise the run that never stopped", Update, ddp::update::replicated,
+                   ddp::update::sharded) {
+  const test::toy_dataset data(203, 17);
+  const auto dir = std::filesystem::temp_directory_path() / ("ddp_invariance_epoch_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  constexpr std::size_t total = 14;  // two epochs of 7 steps
+  // Steps [from, to) of the run; saved at `to` when asked, loaded first when `from` > 0.
+  auto run = [&](int world, std::size_t from, std::size_t to, bool save) {
+    return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
+      test::mlp model = test::make_mlp(from ? 99 : 7);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::reduction::invariant<shards>, Update, ddp::optim::adamw> trainer(
+          model, comm, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 5});
+      if (from) trainer.load(dir);
+      const ddp::data::loader loader(data, 4, &test::toy_dataset::collate);
+      std::size_t step = from;
+      while (step < to) {
+        auto streams = trainer.epoch_shards(loader);
+        std::vector<decltype(streams.front().begin())> next;
+        for (auto& s : streams) next.push_back(s.begin());
+        for (std::size_t t = 0, n = streams.front().size(); t < n && step < to; ++t, ++step)
+          for (std::size_t k = 0; k < next.size(); ++k) {
+            const auto& b = *next[k];
+            auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); };
+            if (k + 1 < next.size()) trainer.accumulate(f);
+            else trainer.step(f);
+            ++next[k];
+          }
+      }
+      if (save) trainer.save(dir);
+      return parameters_of(model);
+    });
+  };
+  const auto whole = run(4, 0, total, false)[0];
+  run(4, 0, 3, true);  // three of the first epoch's seven steps
+  for (int world : {3, 1, 8}) {
+    CAPTURE(world);
+    for (const auto& rank : run(world, 3, total, false)) CHECK(bitwise_equal(rank, whole));
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -26,6 +26,7 @@ struct run_position {
   std::uint64_t epochs_started = 0;
   std::uint64_t batches_in_epoch = 0;  // of the epoch started last, already taken
   bool epoch_finished = true;          // every batch of that epoch taken (or none started)
+  bool any_world = false;              // the epoch's order does not depend on the world size (not saved)
 
   // The first slot whose policy differs, "" when none.
   static std::string first_difference(const std::string& saved, const std::string& here) {
@@ -173,7 +174,7 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
       throw error("trainer", "load", comm.rank(),
                   "'" + f.path() + "' was written by a trainer with other policies: " + d +
                       "; build the trainer with the checkpoint's policies");
-    if (world != comm.size() && !saved.epoch_finished)
+    if (world != comm.size() && !saved.epoch_finished && !here.any_world)
       throw error("trainer", "load", comm.rank(),
                   "'" + f.path() + "' was saved in the middle of an epoch at world size " + std::to_string(world) +
                       ", and this run has " + std::to_string(comm.size()) +

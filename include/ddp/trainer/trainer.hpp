@@ -260,10 +260,10 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       streams.push_back(loader.batches(sampler::make_shard(current_sampler(), loader.dataset_size(), static_cast<int>(s),
                                                            static_cast<int>(shards), options_.seed, epoch_)));
     ++epoch_;
-    epoch_start_ = this->micro_batches_run();
-    epoch_length_ = streams.front().size() * streams.size();
-    if (resume_skip_) {  // micro-batches taken before the checkpoint: whole steps of this world's shards
-      for (auto& stream : streams) skip_taken(stream, static_cast<std::size_t>(*resume_skip_ / streams.size()));
+    epoch_start_ = position_count();
+    epoch_length_ = streams.front().size();
+    if (resume_skip_) {  // the steps taken before the checkpoint, at whatever world size it was saved
+      for (auto& stream : streams) skip_taken(stream, static_cast<std::size_t>(*resume_skip_));
       epoch_start_ -= *resume_skip_;
       resume_skip_.reset();
     }
@@ -314,7 +314,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     options_.seed = saved.seed;
     epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
     resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
-    epoch_start_ = this->micro_batches_run();
+    epoch_start_ = position_count();
     epoch_length_.reset();
   }
 
@@ -324,10 +324,16 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // A checkpoint must match every slot but the communicator (a run saved in-process may go on
   // under mpirun).
   std::string checkpoint_policies() const { return holder::describe(/*checkpoint=*/true); }
+  // Where the run is in its epoch: micro-batches taken, or under reduction::invariant steps of
+  // epoch_shards(), which are the same at every world size (a checkpoint saved in the middle of
+  // an epoch then resumes at another).
+  std::uint64_t position_count() const noexcept {
+    return reduction_policy::virtual_shards ? this->steps() : this->micro_batches_run();
+  }
   detail::run_position position() const {
-    const std::uint64_t taken = this->micro_batches_run() - epoch_start_;
+    const std::uint64_t taken = position_count() - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,
-            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_)};
+            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), reduction_policy::virtual_shards != 0};
   }
 
   template <class Loader>
@@ -342,7 +348,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       else
         return loader.batches(next_epoch_indices(loader.dataset_size()));
     }();
-    epoch_start_ = this->micro_batches_run();
+    epoch_start_ = position_count();
     epoch_length_.reset();
     if constexpr (std::ranges::sized_range<decltype(batches)>) epoch_length_ = std::ranges::size(batches);
     if (resume_skip_) {  // a checkpoint's epoch: its first batches were taken before it was saved
@@ -368,7 +374,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
 
   trainer_options options_;
   std::uint64_t epoch_ = 0;
-  std::uint64_t epoch_start_ = 0;            // micro_batches_run() when the current epoch began
+  std::uint64_t epoch_start_ = 0;            // position_count() when the current epoch began
   std::optional<std::size_t> epoch_length_;  // its batches, when the loader's range says
   std::optional<std::uint64_t> resume_skip_;  // batches of the next epoch() a loaded checkpoint took
 };
