@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs the GPU checks for a GPU machine that has the NVIDIA driver, CUDA 13 and NCCL libraries
-# but no compiler toolchain for ddp's dependencies and no network (this project's lent H200):
+# but no compiler toolchain for ddp's dependencies and no network (an H200 host, say):
 # builds the ddp_gpu targets here (MPI off: that machine has no OpenMPI), then writes
 # .gpu-bundle/ddp-gpu.tar.xz with the GPU binaries, the non-CUDA shared libraries they need
 # (OpenBLAS and its Fortran runtime), the Fashion-MNIST files, scripts/gpu-run-bundle.sh and

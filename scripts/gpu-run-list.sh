@@ -52,7 +52,7 @@ run() {  # run NAME BOUND [--writes FILE] COMMAND...
 }
 # Every check is bounded. With gpu-run-bundle.sh's preflight, the bounds add up to 300 s
 # (gpu-run-bundle.sh checks the sum, docs/testing.md lists them): the whole run fits well inside
-# the 10 minutes a lent GPU machine gives one command.
+# 10 minutes for one command.
 start=$EPOCHREALTIME
 if [ -z "${DDP_GPUS:-}" ]; then
   total=$((total + 10))

@@ -1,4 +1,4 @@
-// Mixed-precision parameters (issue 19, item 2): a module that holds bf16 or f16 parameters is
+// Mixed-precision parameters: a module that holds bf16 or f16 parameters is
 // trained through the trainer's f32 master copy. N ranks stay within bf16's rounding of one
 // process on the global batch; updates too small for bf16 are kept by the master; a checkpoint
 // resumes bitwise (it holds the master); sharded equals replicated; what cannot work is an error

@@ -32,8 +32,8 @@ inline std::optional<std::string> suited_core() {
 }
 
 // OpenBLAS before 0.3.25 falls back to its Prescott (SSE3) kernels on an x86 CPU newer than it
-// knows (OpenBLAS issue #4267): Debian 12's 0.3.21 does so on this project's Xeon (family 6,
-// model 207), where SGEMM then runs about 4x slower. OpenBLAS picks its kernels once, when it
+// knows (OpenBLAS issue #4267): Debian 12's 0.3.21 does so on a Xeon of family 6,
+// model 207, where SGEMM then runs about 4x slower. OpenBLAS picks its kernels once, when it
 // loads, so the fix is OPENBLAS_CORETYPE in the environment of the process. Returns what to
 // tell the user when that fallback happened and the user did not ask for it; nothing otherwise.
 inline std::optional<std::string> kernel_warning() {
