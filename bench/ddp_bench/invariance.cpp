@@ -53,10 +53,10 @@ std::uint64_t state_hash(fmnist::model& m) {
   return h;
 }
 
-// This rank's shard streams of one epoch, as trainer.epoch_shards() deals them; for the plain
-// reduction, which has no epoch_shards(), the same dealing by hand.
+// This rank's shards of each step of one epoch, as trainer.epoch_shards() deals them; for the
+// plain reduction, which has no epoch_shards(), the same dealing by hand.
 template <class Trainer>
-auto shard_streams(Trainer& t, loader_t& loader, std::uint64_t seed, std::uint64_t epoch) {
+auto epoch_steps(Trainer& t, loader_t& loader, std::uint64_t seed, std::uint64_t epoch) {
   if constexpr (Trainer::reduction_policy::virtual_shards != 0) {
     return t.epoch_shards(loader);
   } else {
@@ -65,7 +65,7 @@ auto shard_streams(Trainer& t, loader_t& loader, std::uint64_t seed, std::uint64
     for (std::size_t s = mine.first; s < mine.last; ++s)
       streams.push_back(loader.batches(ddp::sampler::make_shard<typename Trainer::sampler_policy>(
           loader.dataset_size(), static_cast<int>(s), static_cast<int>(shards), seed, epoch)));
-    return streams;
+    return ddp::data::shard_steps(std::move(streams));
   }
 }
 
@@ -78,20 +78,12 @@ std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_m
   loader_t loader(data, p.global_batch / shards, &fashion_mnist::collate);
   int done = 0;
   for (std::uint64_t epoch = 0; done < p.steps; ++epoch) {
-    auto streams = shard_streams(t, loader, 0, epoch);
-    std::vector<decltype(streams.front().begin())> next;
-    for (auto& s : streams) next.push_back(s.begin());
-    const std::size_t epoch_steps = streams.front().size();  // a stream's size() counts what is left
-    for (std::size_t step = 0; step < epoch_steps && done < p.steps; ++step, ++done)
-      for (std::size_t k = 0; k < next.size(); ++k) {
-        const auto& b = *next[k];
-        auto f = [&](auto& r) {
-          r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
-        };
-        if (k + 1 < next.size()) t.accumulate(f);
-        else t.step(f);
-        ++next[k];
-      }
+    for (const auto& step : epoch_steps(t, loader, 0, epoch)) {
+      t.step(step, [](auto& r, const auto& b) {
+        r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+      });
+      if (++done == p.steps) break;
+    }
   }
   return state_hash(model);
 }

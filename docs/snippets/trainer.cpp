@@ -59,25 +59,13 @@ void invariant_to_world_size(model& module, ddp::inproc::communicator& comm, ddp
   ddp::trainer<model, ddp::reduction::invariant<8>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
   ddp::data::loader loader(train_set, 128 / 8, &fashion_mnist::collate);  // a batch is one shard
   ddp::exact_metric loss;  // summed exactly: the same bits at any world size
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    auto shards = trainer.epoch_shards(loader);  // this rank's virtual shards, a batch stream each
-    std::vector<decltype(shards.front().begin())> next;
-    for (auto& s : shards) next.push_back(s.begin());
-    const std::size_t steps = shards.front().size();
-    for (std::size_t step = 0; step < steps; ++step) {
-      for (std::size_t k = 0; k < next.size(); ++k) {  // the step's shard k is micro-batch k
-        const auto& b = *next[k];
-        auto f = [&](auto& replica) {
-          auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights);
-          replica.backward(ce.grad);
-          loss.add(ce.loss_sum, ce.samples);
-        };
-        if (k + 1 < next.size()) trainer.accumulate(f);
-        else trainer.step(f);
-        ++next[k];
-      }
-    }
-  }
+  for (int epoch = 0; epoch < epochs; ++epoch)
+    for (const auto& shards : trainer.epoch_shards(loader))  // each step: this rank's virtual shards
+      trainer.step(shards, [&](auto& replica, const auto& b) {  // one micro-batch per shard
+        auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights);
+        replica.backward(ce.grad);
+        loss.add(ce.loss_sum, ce.samples);
+      });
   const ddp::exact_metric global = trainer.reduce(loss);
   // [end doc]
   (void)global;

@@ -62,7 +62,7 @@ class trainer_policies {
  public:
   virtual train_batches epoch(train_loader&) = 0;  // this rank's batches of the next epoch (P4)
   // Under reduction::invariant<V>: this rank's virtual shards of the next epoch, one stream each.
-  virtual std::vector<train_batches> epoch_shards(train_loader&) = 0;
+  virtual ddp::data::shard_steps<train_batches> epoch_shards(train_loader&) = 0;
   virtual std::size_t virtual_shards() const = 0;  // V, or 0 under the plain reduction
   virtual std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const = 0;
   virtual std::uint64_t epochs_started() const = 0;
@@ -79,7 +79,7 @@ class policies_of final : public trainer_policies {
  public:
   explicit policies_of(Trainer& t) : t_(t) {}
   train_batches epoch(train_loader& loader) override { return t_.epoch(loader); }
-  std::vector<train_batches> epoch_shards(train_loader& loader) override {
+  ddp::data::shard_steps<train_batches> epoch_shards(train_loader& loader) override {
     if constexpr (Trainer::reduction_policy::virtual_shards != 0) return t_.epoch_shards(loader);
     else throw std::logic_error("epoch_shards() under the plain reduction");
   }
@@ -158,17 +158,10 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
       ++step;
     };
     if (shards) {  // this rank's virtual shards of each step, in shard order
-      auto streams = policies.epoch_shards(loader);
-      const std::size_t steps = streams.front().size();
-      std::vector<decltype(streams.front().begin())> next;
-      for (auto& stream : streams) next.push_back(stream.begin());
-      for (std::size_t t = 0; t < steps; ++t) {
+      for (const auto& batches : policies.epoch_shards(loader)) {
         trainer.learning_rate() = c.lr * schedule(step);
         const auto waits_before = host_waits(dev);
-        for (std::size_t k = 0; k < next.size(); ++k) {
-          micro_batch(*next[k], k + 1 == next.size());
-          ++next[k];
-        }
+        for (std::size_t k = 0; k < batches.size(); ++k) micro_batch(batches[k], k + 1 == batches.size());
         waits_in_steps += host_waits(dev) - waits_before;
         after_step();
       }

@@ -266,20 +266,15 @@ TEST_CASE("reduction::invariant: trainer.epoch_shards over a data set that does 
       std::size_t steps = 0;
       double weight = 0;
       for (int epoch = 0; epoch < 2; ++epoch) {
-        auto streams = trainer.epoch_shards(loader);
-        CHECK(streams.front().size() == trainer.steps_per_epoch(data.size(), 4));
-        std::vector<decltype(streams.front().begin())> next;
-        for (auto& s : streams) next.push_back(s.begin());
-        const std::size_t epoch_steps = streams.front().size();  // a stream's size() counts what is left
-        for (std::size_t t = 0; t < epoch_steps; ++t, ++steps)
-          for (std::size_t k = 0; k < next.size(); ++k) {
-            const auto& b = *next[k];
+        auto epoch_steps = trainer.epoch_shards(loader);
+        CHECK(epoch_steps.size() == trainer.steps_per_epoch(data.size(), 4));
+        for (const auto& shards : epoch_steps) {
+          trainer.step(shards, [&](auto& r, const auto& b) {
             weight += b.weights.total();
-            auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); };
-            if (k + 1 < next.size()) trainer.accumulate(f);
-            else trainer.step(f);
-            ++next[k];
-          }
+            r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+          });
+          ++steps;
+        }
       }
       CHECK(steps == 14);  // ceil(26 / 4) per epoch
       CHECK(trainer.reduce(ddp::metric{0, weight}).count == 2 * 203);  // every sample once per epoch
@@ -326,19 +321,13 @@ TEST_CASE_TEMPLATE("reduction::invariant: a checkpoint saved in the middle of an
       if (from) trainer.load(dir);
       const ddp::data::loader loader(data, 4, &test::toy_dataset::collate);
       std::size_t step = from;
-      while (step < to) {
-        auto streams = trainer.epoch_shards(loader);
-        std::vector<decltype(streams.front().begin())> next;
-        for (auto& s : streams) next.push_back(s.begin());
-        for (std::size_t t = 0, n = streams.front().size(); t < n && step < to; ++t, ++step)
-          for (std::size_t k = 0; k < next.size(); ++k) {
-            const auto& b = *next[k];
-            auto f = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); };
-            if (k + 1 < next.size()) trainer.accumulate(f);
-            else trainer.step(f);
-            ++next[k];
-          }
-      }
+      while (step < to)
+        for (const auto& shards : trainer.epoch_shards(loader)) {
+          trainer.step(shards, [](auto& r, const auto& b) {
+            r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+          });
+          if (++step == to) break;
+        }
       if (save) trainer.save(dir);
       return parameters_of(model);
     });

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ddp/concepts/loader.hpp"
+#include "ddp/data/shard_steps.hpp"
 #include "ddp/optim/external.hpp"
 #include "ddp/optim/optimizer.hpp"
 #include "ddp/policy/bucket_cap.hpp"
@@ -241,11 +242,11 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   auto epoch(Loader& loader) {
     if constexpr (diagnose_loader<Loader>()) return epoch_checked(loader);
   }
-  // Under reduction::invariant<V>: this rank's virtual shards of the next epoch, one batch stream
-  // per shard it holds, in shard order (sampler::virtual_shards). The sampler deals the data set
-  // to V virtual ranks as it would to V ranks, so shard s of step t is the same samples at every
-  // world size, and a loader of batch size B / V makes steps of B samples, padding weighing
-  // nothing. Run shard k of a step as micro-batch k: accumulate() for all but the last, step().
+  // Under reduction::invariant<V>: the steps of the next epoch, each this rank's virtual shards of
+  // it in shard order (sampler::virtual_shards; data/shard_steps.hpp). The sampler deals the data
+  // set to V virtual ranks as it would to V ranks, so shard s of step t is the same samples at
+  // every world size, and a loader of batch size B / V makes steps of B samples, padding weighing
+  // nothing. Run a step with step(shards, f).
   template <class Loader>
   auto epoch_shards(Loader& loader) {
     constexpr std::size_t shards = reduction_policy::virtual_shards;
@@ -267,8 +268,20 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       epoch_start_ -= *resume_skip_;
       resume_skip_.reset();
     }
-    return streams;
+    return data::shard_steps(std::move(streams));
   }
+  // One step of epoch_shards(): f(replica, batch) for each of this rank's shards, in shard order,
+  // as micro-batches: accumulate() for all but the last, step() for it.
+  template <class Shards, class F>
+    requires requires(const Shards& s) { s.size(); s[0]; }
+  void step(const Shards& shards, F&& f) {
+    for (std::size_t k = 0; k < shards.size(); ++k) {
+      auto one = [&](auto& replica) { f(replica, shards[k]); };
+      if (k + 1 < shards.size()) this->accumulate(one);
+      else core_type::step(one);
+    }
+  }
+  using core_type::step;
   std::uint64_t epochs_started() const noexcept { return epoch_; }
   // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
   // batch counts when the sampler visits every sample); under reduction::invariant<V>, steps of
