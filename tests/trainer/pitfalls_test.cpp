@@ -2,7 +2,11 @@
 // (P4, the sampler's epoch, in tests/sampler/sampler_test.cpp).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <string>
 
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
@@ -306,6 +310,41 @@ TEST_CASE("P5: ranks with different models fail on every rank, naming the first 
     CHECK(contains(e, "rank 2: entry 0 is parameter '0.weight' f32 [17,6], but on rank 0 it is parameter "
                       "'0.weight' f32 [16,6]"));
   }
+}
+
+namespace {
+// What `f` writes to stderr (file descriptor 2), every thread's.
+template <class F>
+std::string stderr_of(F&& f) {
+  std::fflush(stderr);
+  std::FILE* file = std::tmpfile();
+  const int saved = ::dup(2);
+  ::dup2(::fileno(file), 2);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string text;
+  std::rewind(file);
+  for (int c; (c = std::fgetc(file)) != EOF;) text.push_back(static_cast<char>(c));
+  std::fclose(file);
+  return text;
+}
+}  // namespace
+
+TEST_CASE("P6: ranks built from other seeds are told, once, on rank 0; ranks built alike are not") {
+  auto build = [](bool same_seed) {
+    ddp::inproc::launch(3, [&](auto& comm) {
+      auto model = test::make_mlp(same_seed ? 100 : 100 + static_cast<std::uint64_t>(comm.rank()));
+      ddp::host::device dev;
+      ddp::trainer<test::mlp> trainer(model, comm, dev, sgd);
+    });
+  };
+  const std::string told = stderr_of([&] { build(false); });
+  CHECK(told == "ddp: rank(s) 1, 2 built the model with other parameter values than rank 0; every rank now starts "
+                "from rank 0's (pitfall P6). Build it from the same seed on every rank to start from the same values "
+                "knowingly.\n");
+  CHECK(stderr_of([&] { build(true); }).empty());
 }
 
 TEST_CASE("P6: rank 0's weights reach every rank at construction, metrics are global") {

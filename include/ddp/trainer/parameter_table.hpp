@@ -8,11 +8,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/module.hpp"
@@ -107,14 +110,34 @@ class parameter_table {
   }
   std::vector<signature_entry> signature() const { return signature_of(refs_, buffer_refs_); }
 
-  // Collective: every parameter takes rank 0's value (a 16-bit one in its own dtype).
-  template <communicator Comm>
-  void broadcast(Comm& comm) {
+  // Collective: every parameter takes rank 0's value (a 16-bit one in its own dtype). When a
+  // rank held other values (built from another seed), rank 0 says so in one line on stderr: the
+  // broadcast makes the run right (pitfall P6), but a user who meant different initial values
+  // should know they are gone.
+  template <communicator Comm, device Device>
+  void broadcast(Comm& comm, Device& dev) {
+    std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over every parameter's bytes
+    for (auto& p : params_) {
+      std::vector<unsigned char> bytes(p.numel * size_of(p.type));
+      dev.copy_to_host(bytes.data(), p.type == dtype::f32 ? p.value : p.module_value, bytes.size());
+      for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
+    }
+    const auto mine = static_cast<std::int64_t>(hash);
+    const auto hashes = comm::host_all_gather(comm, dev, std::span<const std::int64_t>(&mine, 1));
     for (auto& p : params_)
       comm.broadcast(p.type == dtype::f32 ? mutable_buffer{p.value, p.numel, dtype::f32}
                                           : mutable_buffer{p.module_value, p.numel, p.type},
                      0)
           .wait();
+    std::string differing;
+    for (std::size_t r = 1; r < hashes.size(); ++r)
+      if (hashes[r] != hashes[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+    if (comm.rank() == 0 && !differing.empty())
+      std::fprintf(stderr,
+                   "ddp: rank(s) %s built the model with other parameter values than rank 0; every rank now starts "
+                   "from rank 0's (pitfall P6). Build it from the same seed on every rank to start from the same "
+                   "values knowingly.\n",
+                   differing.c_str());
   }
 
   // ---- checkpoint sections: "signature" and "parameter/<name>" (the f32 values) ---------

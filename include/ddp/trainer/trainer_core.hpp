@@ -89,7 +89,7 @@ class trainer_core {
         storage_(module, params_, binds_values()),
         shard_buffers_(module, comm, dev, buffers_, reduction_part().virtual_shards()) {
     sync_part().prepare(sync_context_);
-    params_.broadcast(comm_);
+    params_.broadcast(comm_, dev);
     masters_.copy_from_module();
     buffers_.broadcast(0);
     reducer_.stage_values();
