@@ -96,7 +96,7 @@ TEST_CASE("exact sum of squares: split over parts, the words add to the whole's,
   CHECK(std::isnan(with_nan.value()));
 }
 
-TEST_CASE("exact sum of doubles: any order and split gives the same bits, close to the real sum; signs, subnormals, "
+TEST_CASE("exact sum of doubles: any order and split gives the same bits, close to the real sum, with signs, subnormals, "
           "huge terms and cancellation") {
   ddp::splitmix64 rng(17);
   std::vector<double> x;

@@ -629,7 +629,7 @@ TEST_CASE("replays wait for nothing on the host, and the graph holds every launc
 // The pool keeps what a step freed, so the next step's temporaries cost no mapping (the release
 // threshold the device sets); trim_memory() gives it back, and so does a device's destructor, so
 // a one-off peak (the NCCL timeout test's 32 GiB) is not kept for the rest of the process.
-TEST_CASE("the memory pool keeps freed temporaries for the next step; trim_memory and the destructor give them back") {
+TEST_CASE("the memory pool keeps freed temporaries for the next step, and trim_memory and the destructor give them back") {
   const std::size_t bytes = std::size_t{1} << 30;
   ddp::cuda::device dev(0);
   dev.trim_memory();

@@ -332,7 +332,7 @@ std::string stderr_of(F&& f) {
 }
 }  // namespace
 
-TEST_CASE("P6: ranks built from other seeds are told, once, on rank 0; ranks built alike are not") {
+TEST_CASE("P6: ranks built from other seeds are told, once, on rank 0, and ranks built alike are not") {
   auto build = [](bool same_seed) {
     ddp::inproc::launch(3, [&](auto& comm) {
       auto model = test::make_mlp(same_seed ? 100 : 100 + static_cast<std::uint64_t>(comm.rank()));
