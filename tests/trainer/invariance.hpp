@@ -37,6 +37,17 @@ inline residual_bn_mlp make_residual_bn_mlp(std::uint64_t seed) {
                          ddp::nn::relu(), ddp::nn::linear(16, test::classes, seed + 2));
 }
 inline residual_bn_mlp& underlying(residual_bn_mlp& m) { return m; }
+// Two batch norms, the first frozen (fine-tuning): it records nothing, the second its statistics.
+using frozen_bn_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear,
+                                          ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
+inline frozen_bn_mlp make_frozen_bn_mlp(std::uint64_t seed) {
+  frozen_bn_mlp m(ddp::nn::linear(test::in_features, 16, seed), ddp::nn::batch_norm(16), ddp::nn::relu(),
+                  ddp::nn::linear(16, 16, seed + 1), ddp::nn::batch_norm(16), ddp::nn::relu(),
+                  ddp::nn::linear(16, test::classes, seed + 2));
+  m.layer<1>().set_mode(ddp::nn::batch_norm::mode::frozen);
+  return m;
+}
+inline frozen_bn_mlp& underlying(frozen_bn_mlp& m) { return m; }
 using test::underlying;
 
 // Every parameter's values, 16-bit ones widened (exactly), then every buffer's bytes.
@@ -86,6 +97,8 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
       return make_bn_mlp(seed);
     } else if constexpr (std::is_same_v<Module, residual_bn_mlp>) {
       return make_residual_bn_mlp(seed);
+    } else if constexpr (std::is_same_v<Module, frozen_bn_mlp>) {
+      return make_frozen_bn_mlp(seed);
     } else {
       test::mlp mlp = test::make_mlp(seed);
       if (run.precision != ddp::dtype::f32) mlp.cast_parameters(run.precision);

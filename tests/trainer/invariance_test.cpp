@@ -144,6 +144,20 @@ TEST_CASE_TEMPLATE("reduction::invariant with batch norm: each shard normalises 
   }
 }
 
+TEST_CASE("reduction::invariant with a frozen batch norm before a training one: the frozen one records nothing, the "
+          "same bits at 1, 3 and 8 ranks") {
+  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f};
+  using invariant = ddp::reduction::invariant<shards>;
+  const auto reference = train<invariant, ddp::update::replicated, frozen_bn_mlp>(1, opt)[0];
+  frozen_bn_mlp fresh = make_frozen_bn_mlp(7);
+  CHECK(!bitwise_equal(reference, parameters_of(fresh)));
+  for (int world : {3, 8}) {
+    CAPTURE(world);
+    for (const auto& rank : train<invariant, ddp::update::replicated, frozen_bn_mlp>(world, opt))
+      CHECK(bitwise_equal(rank, reference));
+  }
+}
+
 TEST_CASE("reduction::invariant with batch norm inside a residual branch: the same bits at 1, 3 and 8 ranks") {
   const ddp::optim::adamw opt{.lr = 0.01f};
   using invariant = ddp::reduction::invariant<shards>;

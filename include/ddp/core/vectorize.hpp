@@ -15,8 +15,12 @@
 
 // A hot loop compiled also for AVX2 and AVX-512, the one the CPU runs chosen when the program
 // starts (GCC's function multi-versioning), so a portable build still uses the wide vectors:
-// GCC on x86-64 only (Clang 14 defines an inline function's resolver in every translation unit).
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && defined(__ELF__)
+// GCC on x86-64 with glibc's ifunc only (Clang 14 defines an inline function's resolver in every
+// translation unit).
+#include <cstdint>  // on glibc, defines __GLIBC__
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && defined(__ELF__) && \
+    defined(__GLIBC__)
 #define DDP_WIDE_VECTORS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DDP_WIDE_VECTORS

@@ -56,7 +56,8 @@ class batch_norm {
     if (!on) pending_.clear();
     defer_ = on;
   }
-  std::size_t buffer_update_size() const noexcept { return 2 * features_; }
+  // Frozen, a training forward records nothing (it does not change the running statistics).
+  std::size_t buffer_update_size() const noexcept { return mode_ == mode::frozen ? 0 : 2 * features_; }
   std::vector<float> take_buffer_updates() { return std::exchange(pending_, {}); }
   void apply_buffer_updates(std::span<const float> records) {
     const std::size_t f = features_;

@@ -49,6 +49,12 @@ std::vector<float> take_buffer_updates(Tuple& layers) {
   std::size_t forwards = 0;  // from any layer that records something (a residual without batch norm does not)
   for (std::size_t k = 0; k < each.size(); ++k)
     if (sizes[k] != 0) forwards = each[k].size() / sizes[k];
+  for (std::size_t k = 0; k < each.size(); ++k)
+    if (each[k].size() != forwards * sizes[k])
+      throw std::logic_error("ddp::nn: layer " + std::to_string(k) + " of those that defer buffer updates holds " +
+                             std::to_string(each[k].size()) + " floats of records, not " + std::to_string(forwards) +
+                             " forwards of " + std::to_string(sizes[k]) +
+                             ": its buffer_update_size() must be what each training forward records (0 for none)");
   for (std::size_t f = 0; f < forwards; ++f)
     for (std::size_t k = 0; k < each.size(); ++k)
       if (sizes[k] != 0)

@@ -176,8 +176,9 @@ DDP_VECTORIZE DDP_WIDE_VECTORS inline void to_average(std::span<const std::int64
 
 // An exact sum of squares of floats, for the gradient norm under an exact sum: every square is
 // an integer times 2^-298 (a float is an integer times 2^-149), kept in 32-bit limbs held in
-// 64-bit words (the upper half absorbs carries), and rounded to double once, from its unique
-// normalised form: the same bits however the elements are split over ranks and summed. Each
+// 64-bit words (the upper half absorbs carries), and turned into a double from its unique
+// normalised form (within an ulp of the exact sum, not always the nearest double): the same bits
+// however the elements are split over ranks and summed. Each
 // element adds below 2^33 to a word, so carries go up every 2^29 elements.
 class square_sum {
  public:
@@ -219,7 +220,7 @@ class square_sum {
   }
   // The words to add over ranks (after normalize), and the sum's words back.
   words& data() noexcept { return words_; }
-  // The sum, rounded to double (normalises first).
+  // The sum as a double, a function of the normalised limbs alone (normalises first).
   double value() noexcept {
     normalize();
     if (words_[limbs] != 0) return std::numeric_limits<double>::quiet_NaN();
@@ -277,7 +278,8 @@ class double_sum {
     since_carry_ = 0;
   }
   words& data() noexcept { return words_; }
-  // The sum, rounded to double from the normalised limbs (top first): a function of the sum alone.
+  // The sum as a double, from the normalised limbs (added top first, so within an ulp of the
+  // exact sum, not always the nearest double): a function of the sum alone.
   double value() const noexcept {
     double_sum n = *this;
     n.normalize();

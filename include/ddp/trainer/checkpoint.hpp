@@ -26,7 +26,8 @@ struct run_position {
   std::uint64_t epochs_started = 0;
   std::uint64_t batches_in_epoch = 0;  // of the epoch started last, already taken
   bool epoch_finished = true;          // every batch of that epoch taken (or none started)
-  bool any_world = false;              // the epoch's order does not depend on the world size (not saved)
+  bool in_shard_steps = false;         // the epoch came from epoch_shards(): batches_in_epoch counts its steps,
+                                       // which are the same at every world size
 
   // The first slot whose policy differs, "" when none.
   static std::string first_difference(const std::string& saved, const std::string& here) {
@@ -86,6 +87,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
       f.set_text("epochs_started", std::to_string(pos.epochs_started));
       f.set_text("batches_in_epoch", std::to_string(pos.batches_in_epoch));
       f.set_text("epoch_finished", pos.epoch_finished ? "1" : "0");
+      f.set_text("epoch_in_shard_steps", pos.in_shard_steps ? "1" : "0");
       core.checkpoint_state("save").write(f);
       std::filesystem::create_directories(dir / step);
       write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
@@ -170,11 +172,12 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
     saved.epochs_started = f.number("epochs_started");
     saved.batches_in_epoch = f.number("batches_in_epoch");
     saved.epoch_finished = f.text("epoch_finished") == "1";
+    saved.in_shard_steps = f.has("meta/epoch_in_shard_steps") && f.text("epoch_in_shard_steps") == "1";
     if (const auto d = run_position::first_difference(saved.policies, here.policies); !d.empty())
       throw error("trainer", "load", comm.rank(),
                   "'" + f.path() + "' was written by a trainer with other policies: " + d +
                       "; build the trainer with the checkpoint's policies");
-    if (world != comm.size() && !saved.epoch_finished && !here.any_world)
+    if (world != comm.size() && !saved.epoch_finished && !saved.in_shard_steps)
       throw error("trainer", "load", comm.rank(),
                   "'" + f.path() + "' was saved in the middle of an epoch at world size " + std::to_string(world) +
                       ", and this run has " + std::to_string(comm.size()) +

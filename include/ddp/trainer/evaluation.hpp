@@ -65,6 +65,7 @@ auto evaluate(Core& core, Module& module, const Loader& loader, F&& per_batch, s
                 "padding's weights (ddp::data::loader has it)");
   const auto& comm = core.communicator();
   const auto shard = sampler::evaluation_shard(loader.dataset_size(), comm.rank(), comm.size());
+  const auto mine = shards ? sampler::virtual_shards(shards, comm.rank(), comm.size()) : sampler::shard_range{};
   core.synchronize_buffers();
   constexpr bool has_modes = requires { module.eval(); module.train(true); };
   bool was_training = true;
@@ -74,7 +75,6 @@ auto evaluate(Core& core, Module& module, const Loader& loader, F&& per_batch, s
   using result_type = std::remove_cvref_t<std::invoke_result_t<F&, batch_reference>>;
   result_type total{};
   std::vector<shard_total<result_type>> per_shard(shards);
-  const auto mine = shards ? sampler::virtual_shards(shards, comm.rank(), comm.size()) : sampler::shard_range{};
   try {
     if (shards == 0) {
       for (const auto& b : loader.batches(shard)) add_metrics(total, per_batch(b));

@@ -43,7 +43,8 @@ class exact_metric {
     const double c = count();
     return c > 0 ? sum() / c : 0.0;
   }
-  operator metric() const noexcept { return {sum(), count()}; }
+  // Explicit: reducing the converted metric would sum rounded doubles, not the exact words.
+  explicit operator metric() const noexcept { return {sum(), count()}; }
 
   // The exact words, for the reduction over ranks (summed as integers, then normalised).
   policy::reduction::exact::double_sum& sum_words() noexcept { return sum_; }

@@ -68,7 +68,7 @@ class shard_buffers {
   // any, then applies every rank's deferred updates in shard order. Collective (two small
   // all_gathers) when the module has buffers.
   void step_ended() {
-    if (!shards_ || buffers_.entries().empty()) return;
+    if (!shards_ || (!defers && buffers_.entries().empty())) return;
     std::vector<float> mine;
     if constexpr (defers) mine = module_.take_buffer_updates();
     // Per rank: its records' length, and 1 + the index of a buffer it saw change (0: none).

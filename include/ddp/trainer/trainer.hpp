@@ -261,6 +261,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       streams.push_back(loader.batches(sampler::make_shard(current_sampler(), loader.dataset_size(), static_cast<int>(s),
                                                            static_cast<int>(shards), options_.seed, epoch_)));
     ++epoch_;
+    in_shard_steps_ = true;
     epoch_start_ = position_count();
     epoch_length_ = streams.front().size();
     if (resume_skip_) {  // the steps taken before the checkpoint, at whatever world size it was saved
@@ -275,6 +276,9 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   template <class Shards, class F>
     requires requires(const Shards& s) { s.size(); s[0]; }
   void step(const Shards& shards, F&& f) {
+    if (shards.size() == 0)
+      throw error("trainer", "step", this->communicator().rank(),
+                  "step(shards, f) with no shard: every rank holds one virtual shard at least in every step");
     for (std::size_t k = 0; k < shards.size(); ++k) {
       auto one = [&](auto& replica) { f(replica, shards[k]); };
       if (k + 1 < shards.size()) this->accumulate(one);
@@ -327,6 +331,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     options_.seed = saved.seed;
     epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
     resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
+    in_shard_steps_ = saved.in_shard_steps;
     epoch_start_ = position_count();
     epoch_length_.reset();
   }
@@ -340,13 +345,11 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // Where the run is in its epoch: micro-batches taken, or under reduction::invariant steps of
   // epoch_shards(), which are the same at every world size (a checkpoint saved in the middle of
   // an epoch then resumes at another).
-  std::uint64_t position_count() const noexcept {
-    return reduction_policy::virtual_shards ? this->steps() : this->micro_batches_run();
-  }
+  std::uint64_t position_count() const noexcept { return in_shard_steps_ ? this->steps() : this->micro_batches_run(); }
   detail::run_position position() const {
     const std::uint64_t taken = position_count() - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,
-            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), reduction_policy::virtual_shards != 0};
+            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), in_shard_steps_};
   }
 
   template <class Loader>
@@ -361,6 +364,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       else
         return loader.batches(next_epoch_indices(loader.dataset_size()));
     }();
+    in_shard_steps_ = false;
     epoch_start_ = position_count();
     epoch_length_.reset();
     if constexpr (std::ranges::sized_range<decltype(batches)>) epoch_length_ = std::ranges::size(batches);
@@ -388,6 +392,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   trainer_options options_;
   std::uint64_t epoch_ = 0;
   std::uint64_t epoch_start_ = 0;            // position_count() when the current epoch began
+  bool in_shard_steps_ = false;              // the current epoch came from epoch_shards()
   std::optional<std::size_t> epoch_length_;  // its batches, when the loader's range says
   std::optional<std::uint64_t> resume_skip_;  // batches of the next epoch() a loaded checkpoint took
 };
