@@ -174,42 +174,33 @@ DDP_VECTORIZE DDP_WIDE_VECTORS inline void to_average(std::span<const std::int64
   }
 }
 
-// An exact sum of squares of floats, for the gradient norm under an exact sum: every square is
-// an integer times 2^-298 (a float is an integer times 2^-149), kept in 32-bit limbs held in
-// 64-bit words (the upper half absorbs carries), and turned into a double from its unique
-// normalised form (within an ulp of the exact sum, not always the nearest double): the same bits
-// however the elements are split over ranks and summed. Each
-// element adds below 2^33 to a word, so carries go up every 2^29 elements.
-class square_sum {
+// An exact sum of integers times 2^-Bottom, in Limbs 32-bit limbs held in 64-bit words (the
+// upper half absorbs carries), with a count of non-finite terms beside them (any makes the sum
+// NaN). Its normalised form (every limb but the last in [0, 2^32), the last signed) is unique, so
+// value() is the same bits however the terms were split over ranks and grouped. A term changes a
+// word by less than 2^33, so carries go up every 2^29 terms.
+template <std::size_t Limbs, int Bottom>
+class fixed_point_sum {
  public:
-  static constexpr std::size_t limbs = 19;  // 2^554 (the largest square) times 2^40 terms
-  // The limbs, then the count of elements that were not finite (any makes the norm NaN).
-  using words = std::array<std::int64_t, limbs + 1>;
+  static constexpr std::size_t limbs = Limbs;
+  using words = std::array<std::int64_t, limbs + 1>;  // the limbs, then the count of non-finite terms
 
-  void add(std::span<const float> x) noexcept {
-    for (const float v : x) {
-      if (v == 0.0f) continue;
-      if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
-        ++words_[limbs];
-        continue;
-      }
-      int e = 0;
-      const float f = std::frexp(std::fabs(v), &e);
-      auto m = static_cast<std::uint64_t>(std::ldexp(f, 24));  // v = m * 2^(e - 24), m < 2^24
-      int q = e - 24;
-      if (q < -149) m >>= (-149 - q), q = -149;  // a subnormal's trailing zeros
-      const int shift = 2 * q + 298;             // v^2 = m^2 * 2^(shift - 298), 0 <= shift <= 506
-      // m^2 < 2^48 is a * 2^32 + b; shifted by shift % 32 it spans limbs i, i + 1, i + 2.
-      const std::uint64_t square = m * m, low = (square & 0xffffffffu) << (shift % 32),
-                          high = (square >> 32) << (shift % 32);
-      const std::size_t i = static_cast<std::size_t>(shift / 32);
-      words_[i] += static_cast<std::int64_t>(low & 0xffffffffu);
-      words_[i + 1] += static_cast<std::int64_t>((low >> 32) + (high & 0xffffffffu));
-      words_[i + 2] += static_cast<std::int64_t>(high >> 32);
-      if (++since_carry_ == (std::size_t{1} << 29)) normalize();
-    }
+  // Adds sign * m * 2^(shift - Bottom), m < 2^53: m shifted by shift % 32 spans limbs i, i + 1, i + 2.
+  void add_shifted(std::uint64_t m, int shift, std::int64_t sign) noexcept {
+    const unsigned r = static_cast<unsigned>(shift % 32);
+    const std::uint64_t low = (m & 0xffffffffu) << r, high = (m >> 32) << r;
+    const std::size_t i = static_cast<std::size_t>(shift / 32);
+    words_[i] += sign * static_cast<std::int64_t>(low & 0xffffffffu);
+    words_[i + 1] += sign * static_cast<std::int64_t>((low >> 32) + (high & 0xffffffffu));
+    words_[i + 2] += sign * static_cast<std::int64_t>(high >> 32);
+    if (++since_carry_ == (std::size_t{1} << 29)) normalize();
   }
-  // Carries up, so that every limb but the last is below 2^32: the form two ranks add, and the
+  void add_non_finite() noexcept { ++words_[limbs]; }
+  void add(const fixed_point_sum& other) noexcept {
+    for (std::size_t i = 0; i <= limbs; ++i) words_[i] += other.words_[i];
+    normalize();
+  }
+  // Carries up (an arithmetic shift: a negative word borrows): the form two ranks add, and the
   // unique one value() reads.
   void normalize() noexcept {
     for (std::size_t i = 0; i + 1 < limbs; ++i) {
@@ -220,68 +211,10 @@ class square_sum {
   }
   // The words to add over ranks (after normalize), and the sum's words back.
   words& data() noexcept { return words_; }
-  // The sum as a double, a function of the normalised limbs alone (normalises first).
-  double value() noexcept {
-    normalize();
-    if (words_[limbs] != 0) return std::numeric_limits<double>::quiet_NaN();
-    double sum = 0.0;
-    for (std::size_t i = limbs; i-- > 0;) sum += std::ldexp(static_cast<double>(words_[i]), static_cast<int>(32 * i) - 298);
-    return sum;
-  }
-
- private:
-  words words_{};
-  std::size_t since_carry_ = 0;
-};
-
-// An exact sum of doubles (metrics: a loss summed over samples, counts of weights): every finite
-// double is an integer times 2^-1074, kept in 32-bit limbs held in 64-bit words as square_sum
-// keeps squares, negative values subtracted; the limbs' normalised form (every limb but the last
-// in [0, 2^32), the last signed) is unique, so value() is the same bits however the terms were
-// grouped over ranks. Each term changes a word by less than 2^33, so carries go up every 2^29.
-class double_sum {
- public:
-  static constexpr std::size_t limbs = 68;  // 2^1024 * 2^1074 needs 2098 bits, and headroom for 2^40 terms
-  using words = std::array<std::int64_t, limbs + 1>;  // the limbs, then the count of non-finite terms
-
-  void add(double v) noexcept {
-    if (v == 0.0) return;
-    if (!(std::fabs(v) <= std::numeric_limits<double>::max())) {
-      ++words_[limbs];
-      return;
-    }
-    int e = 0;
-    const double f = std::frexp(std::fabs(v), &e);
-    auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));  // |v| = m * 2^(e - 53), m < 2^53
-    int q = e - 53;
-    if (q < -1074) m >>= (-1074 - q), q = -1074;  // a subnormal's trailing zeros
-    const int shift = q + 1074;                   // |v| = m * 2^(shift - 1074)
-    // m < 2^53 shifted by shift % 32 spans limbs i, i + 1, i + 2 (below 2^85).
-    const unsigned r = static_cast<unsigned>(shift % 32);
-    const std::uint64_t low = (m & 0xffffffffu) << r, high = (m >> 32) << r;
-    const std::size_t i = static_cast<std::size_t>(shift / 32);
-    const std::int64_t sign = v < 0 ? -1 : 1;
-    words_[i] += sign * static_cast<std::int64_t>(low & 0xffffffffu);
-    words_[i + 1] += sign * static_cast<std::int64_t>((low >> 32) + (high & 0xffffffffu));
-    words_[i + 2] += sign * static_cast<std::int64_t>(high >> 32);
-    if (++since_carry_ == (std::size_t{1} << 29)) normalize();
-  }
-  void add(const double_sum& other) noexcept {
-    for (std::size_t i = 0; i <= limbs; ++i) words_[i] += other.words_[i];
-    normalize();
-  }
-  void normalize() noexcept {
-    for (std::size_t i = 0; i + 1 < limbs; ++i) {
-      words_[i + 1] += words_[i] >> 32;  // an arithmetic shift: a negative word borrows
-      words_[i] &= 0xffffffff;
-    }
-    since_carry_ = 0;
-  }
-  words& data() noexcept { return words_; }
   // The sum as a double, from the normalised limbs (added top first, so within an ulp of the
   // exact sum, not always the nearest double): a function of the sum alone.
   double value() const noexcept {
-    double_sum n = *this;
+    fixed_point_sum n = *this;
     n.normalize();
     if (n.words_[limbs] != 0) return std::numeric_limits<double>::quiet_NaN();
     // A negative sum borrows up to the top limb: read its magnitude, whose limbs past its own
@@ -293,13 +226,53 @@ class double_sum {
     }
     double sum = 0.0;
     for (std::size_t i = limbs; i-- > 0;)
-      sum += std::ldexp(static_cast<double>(n.words_[i]), static_cast<int>(32 * i) - 1074);
+      sum += std::ldexp(static_cast<double>(n.words_[i]), static_cast<int>(32 * i) - Bottom);
     return negative ? -sum : sum;
   }
 
  private:
   words words_{};
   std::size_t since_carry_ = 0;
+};
+
+// An exact sum of squares of floats, for the gradient norm under an exact sum: every square is
+// an integer times 2^-298 (a float is an integer times 2^-149), 19 limbs for 2^554 (the largest
+// square) times 2^40 terms.
+class square_sum : public fixed_point_sum<19, 298> {
+ public:
+  void add(std::span<const float> x) noexcept {
+    for (const float v : x) {
+      if (v == 0.0f) continue;
+      if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+        add_non_finite();
+        continue;
+      }
+      int e = 0;
+      const float f = std::frexp(std::fabs(v), &e);
+      auto m = static_cast<std::uint64_t>(std::ldexp(f, 24));  // v = m * 2^(e - 24), m < 2^24
+      int q = e - 24;
+      if (q < -149) m >>= (-149 - q), q = -149;  // a subnormal's trailing zeros
+      add_shifted(m * m, 2 * q + 298, 1);         // v^2 = m^2 * 2^(2q), 0 <= 2q + 298 <= 506
+    }
+  }
+};
+
+// An exact sum of doubles (metrics: a loss summed over samples, counts of weights): every finite
+// double is an integer times 2^-1074, negative ones subtracted; 68 limbs for 2^1024 * 2^1074
+// (2098 bits) and headroom for 2^40 terms.
+class double_sum : public fixed_point_sum<68, 1074> {
+ public:
+  using fixed_point_sum::add;
+  void add(double v) noexcept {
+    if (v == 0.0) return;
+    if (!(std::fabs(v) <= std::numeric_limits<double>::max())) return add_non_finite();
+    int e = 0;
+    const double f = std::frexp(std::fabs(v), &e);
+    auto m = static_cast<std::uint64_t>(std::ldexp(f, 53));  // |v| = m * 2^(e - 53), m < 2^53
+    int q = e - 53;
+    if (q < -1074) m >>= (-1074 - q), q = -1074;  // a subnormal's trailing zeros
+    add_shifted(m, q + 1074, v < 0 ? -1 : 1);
+  }
 };
 
 }  // namespace exact
