@@ -181,8 +181,8 @@ class gradient_reducer {
                   std::to_string(micro_batches_) + " accumulate() micro-batch(es) have no step(); finish them with "
                   "step() before " + operation + "(), between steps");
   }
-  // join(): a joined rank shadows the others' steps, but under an exact sum a step is the V
-  // virtual shards, whatever the ranks hold.
+  // join(): between steps; and a joined rank shadows the others' steps, but under an exact sum a
+  // step is the V virtual shards, whatever the ranks hold.
   void require_joinable() const {
     if (const std::size_t v = w_.reduction.virtual_shards())
       throw error("trainer", "join", comm_.rank(),
@@ -190,6 +190,7 @@ class gradient_reducer {
                       " virtual shards, so no rank runs out of batches before the others: deal the data with "
                       "trainer.epoch_shards(loader), whose shards have as many batches each (repeats weighing "
                       "nothing), and leave join() out");
+    require_no_micro_batches("join");
   }
 
   // A captured step reads nothing on the host, so the control floats neither go nor come back:

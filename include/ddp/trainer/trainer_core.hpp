@@ -114,10 +114,7 @@ class trainer_core {
   // collectives, zero gradients, the same update). Returns, on every rank in the same step, how
   // many steps this rank shadowed. Collective.
   std::size_t join() {
-    guard_.run("join", [&] {
-      reducer_.require_joinable();
-      reducer_.require_no_micro_batches("join");
-    });
+    guard_.run("join", [&] { reducer_.require_joinable(); });
     std::size_t shadowed = 0;
     while (shadow_step()) ++shadowed;
     return shadowed;
