@@ -3,6 +3,7 @@
 // failure wins (which rank is at fault, what happened, whether it was a timeout), and every
 // later collective on this rank throws it as ddp::peer_error or ddp::timeout_error.
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@ struct failure {
   int origin = -1;     // the rank at fault (-1: unknown)
   std::string what;    // what happened, as every rank reports it
   bool timed_out = false;
+  std::chrono::steady_clock::time_point at{};  // when it was recorded
 };
 
 class failure_latch {
@@ -25,6 +27,7 @@ class failure_latch {
     std::lock_guard lock(mutex_);
     if (failure_) return false;
     failure_ = std::move(f);
+    failure_->at = std::chrono::steady_clock::now();
     failed_.store(true, std::memory_order_release);
     return true;
   }

@@ -90,6 +90,9 @@ class communicator {
 
   void abort(const std::string& reason) { world_->fail(rank_, reason); }
 
+  // This rank's part of elastic training's hand-over (empty unless launched by launch_elastic).
+  elastic::rank_handoff handoff() const noexcept { return {world_->handoff(), rank_}; }
+
   template <issue_mode How = asynchronous_t>
   auto barrier(How how = How{}) {
     return issue(how, "barrier", 0, dtype::u8, reduce_op::sum, 0, nullptr, nullptr,

@@ -84,18 +84,67 @@ class launch_error : public error {
   std::vector<std::string> rank_errors_;
 };
 
-// fn(communicator&) runs on every rank. When a rank throws, every other rank's pending and
-// later collectives throw ddp::peer_error; launch then throws a launch_error naming every
-// rank's error, with the failing rank's own exception nested.
-template <class F>
-auto launch(int world_size, F&& fn, options opts = {}) {
-  using result = std::invoke_result_t<F&, communicator&>;
-  auto w = std::make_shared<world>(world_size, opts);
-  std::vector<std::exception_ptr> failures(world_size);
-  std::mutex order_mutex;
+namespace launch_detail {
+
+// What each rank of one run of fn did: its result, or its exception (and the order they failed in).
+template <class Result>
+struct rank_outcomes {
+  using stored = std::conditional_t<std::is_void_v<Result>, char, std::optional<Result>>;
+  std::shared_ptr<inproc::world> world;
+  std::vector<std::exception_ptr> failures;
   std::vector<int> failure_order;
-  using stored = std::conditional_t<std::is_void_v<result>, char, std::optional<result>>;
-  std::vector<stored> results(world_size);
+  std::vector<stored> results;
+
+  bool failed() const noexcept { return !failure_order.empty(); }
+  // The root cause: the rank the world blames, else the first to fail (a failure's origin may be
+  // unknown, -1).
+  int origin() const {
+    int o = world->failed_rank().value_or(failure_order.front());
+    if (o < 0 || o >= world->size() || !failures[static_cast<std::size_t>(o)]) o = failure_order.front();
+    return o;
+  }
+  std::string message_of(int rank) const {
+    if (!failures[static_cast<std::size_t>(rank)]) return "";
+    try {
+      std::rethrow_exception(failures[static_cast<std::size_t>(rank)]);
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "unknown exception";
+    }
+  }
+  [[noreturn]] void throw_launch_error() const {
+    const int o = origin();
+    std::vector<std::string> messages(failures.size());
+    for (std::size_t r = 0; r < failures.size(); ++r) messages[r] = message_of(static_cast<int>(r));
+    try {
+      std::rethrow_exception(failures[static_cast<std::size_t>(o)]);
+    } catch (...) {
+      std::throw_with_nested(launch_error(o, std::move(messages)));
+    }
+  }
+  auto take_results() {
+    if constexpr (!std::is_void_v<Result>) {
+      std::vector<Result> out;
+      out.reserve(results.size());
+      for (auto& r : results) out.push_back(std::move(*r));
+      return out;
+    }
+  }
+};
+
+// Runs fn(communicator&) on every rank of a new world (with `handoff` attached) and reports what
+// each did; throws nothing of the ranks'.
+template <class F>
+auto run_ranks(int world_size, F& fn, const options& opts, elastic::handoff* handoff = nullptr) {
+  using result = std::invoke_result_t<F&, communicator&>;
+  rank_outcomes<result> out;
+  out.world = std::make_shared<world>(world_size, opts);
+  out.world->set_handoff(handoff);
+  out.failures.resize(static_cast<std::size_t>(world_size));
+  out.results.resize(static_cast<std::size_t>(world_size));
+  auto& w = out.world;
+  std::mutex order_mutex;
 
   const std::vector<int> cpus = opts.bind_to_cores ? detail::usable_cpus() : std::vector<int>{};
   auto body = [&](int rank) {
@@ -111,7 +160,7 @@ auto launch(int world_size, F&& fn, options opts = {}) {
         if constexpr (std::is_void_v<result>) {
           fn(comm);
         } else {
-          results[rank] = fn(comm);
+          out.results[static_cast<std::size_t>(rank)] = fn(comm);
         }
         comm.barrier().wait();  // finish pending collectives; peers' failures surface here
       } catch (const std::exception& e) {
@@ -122,46 +171,30 @@ auto launch(int world_size, F&& fn, options opts = {}) {
         throw;
       }
     } catch (...) {
-      failures[rank] = std::current_exception();
+      out.failures[static_cast<std::size_t>(rank)] = std::current_exception();
       std::lock_guard lock(order_mutex);
-      failure_order.push_back(rank);
+      out.failure_order.push_back(rank);
     }
     w->leave(rank);
   };
 
   std::vector<std::thread> threads;
-  threads.reserve(world_size);
+  threads.reserve(static_cast<std::size_t>(world_size));
   for (int r = 0; r < world_size; ++r) threads.emplace_back(body, r);
   for (auto& t : threads) t.join();
+  return out;
+}
 
-  if (!failure_order.empty()) {
-    // The root cause: the rank the world blames, else the first to fail.
-    // (A failure's origin may be unknown, -1.)
-    int origin = w->failed_rank().value_or(failure_order.front());
-    if (origin < 0 || origin >= world_size || !failures[static_cast<std::size_t>(origin)]) origin = failure_order.front();
-    std::vector<std::string> messages(static_cast<std::size_t>(world_size));
-    for (int r = 0; r < world_size; ++r) {
-      if (!failures[static_cast<std::size_t>(r)]) continue;
-      try {
-        std::rethrow_exception(failures[static_cast<std::size_t>(r)]);
-      } catch (const std::exception& e) {
-        messages[static_cast<std::size_t>(r)] = e.what();
-      } catch (...) {
-        messages[static_cast<std::size_t>(r)] = "unknown exception";
-      }
-    }
-    try {
-      std::rethrow_exception(failures[static_cast<std::size_t>(origin)]);
-    } catch (...) {
-      std::throw_with_nested(launch_error(origin, std::move(messages)));
-    }
-  }
-  if constexpr (!std::is_void_v<result>) {
-    std::vector<result> out;
-    out.reserve(world_size);
-    for (auto& r : results) out.push_back(std::move(*r));
-    return out;
-  }
+}  // namespace launch_detail
+
+// fn(communicator&) runs on every rank. When a rank throws, every other rank's pending and
+// later collectives throw ddp::peer_error; launch then throws a launch_error naming every
+// rank's error, with the failing rank's own exception nested.
+template <class F>
+auto launch(int world_size, F&& fn, options opts = {}) {
+  auto out = launch_detail::run_ranks(world_size, fn, opts);
+  if (out.failed()) out.throw_launch_error();
+  return out.take_results();
 }
 
 }  // namespace ddp::inproc

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "ddp/comm/failure.hpp"
+#include "ddp/comm/handoff.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/spin_wait.hpp"
@@ -181,6 +182,17 @@ class world {
     return std::pair{f->origin, f->what};
   }
 
+  // When the world failed, once it did.
+  std::optional<std::chrono::steady_clock::time_point> failed_at() const {
+    const auto f = failure_.get();
+    if (!f) return std::nullopt;
+    return f->at;
+  }
+
+  // Elastic training's hand-over (launch_elastic sets it; null otherwise).
+  void set_handoff(elastic::handoff* h) noexcept { handoff_ = h; }
+  elastic::handoff* handoff() const noexcept { return handoff_; }
+
   std::optional<int> failed_rank() const {
     const auto f = failure_.get();
     if (!f) return std::nullopt;
@@ -267,6 +279,7 @@ class world {
   std::vector<std::atomic<std::uint64_t>> arrived_at_;  // entry generation + 1 a rank last arrived at
   std::vector<std::atomic<bool>> left_;
   comm::failure_latch failure_;
+  elastic::handoff* handoff_ = nullptr;
 };
 
 }  // namespace ddp::inproc

@@ -23,6 +23,12 @@
 //   std::size_t real_count(std::size_t n, int rank, int world) const;
 //        // how many of the rank's indices are samples; the rest, at the end of its list, padding
 //   static constexpr bool visits_every_sample = true;   // loaders keep a last partial batch
+// and, to continue an epoch at another world size (a checkpoint saved in the middle of one, a
+// membership that lost a rank: docs/elastic.md), also
+//   std::vector<std::size_t> remaining_indices(std::size_t n, std::size_t taken, int rank, int world,
+//                                              std::uint64_t seed, std::uint64_t epoch) const;
+//        // the epoch's order after the `taken` positions that ranks of any world size took first
+//        // (a prefix of it, as round-robin dealing takes), dealt to `world` ranks
 // The functions may be static, or members of a sampler that carries state (a stratified
 // sampler's labels, a weighted one's weights): the trainer keeps the sampler as a value
 // (trainer.policy<ddp::sampler::slot>()), and calls it through that object.
@@ -99,12 +105,21 @@ struct distributed {
 
   static std::vector<std::size_t> indices(std::size_t n, int rank, int world, std::uint64_t seed,
                                           std::uint64_t epoch) {
+    return remaining_indices(n, 0, rank, world, seed, epoch);
+  }
+
+  // Whatever the world size, the ranks' first k batches of B take the order's first world * k * B
+  // positions: the rest of the epoch is the order after them, dealt to the new world as a whole
+  // order is.
+  static std::vector<std::size_t> remaining_indices(std::size_t n, std::size_t taken, int rank, int world,
+                                                    std::uint64_t seed, std::uint64_t epoch) {
     check_placement("distributed", rank, world);
-    if (n == 0) return {};
+    taken = std::min(taken, n);
+    if (taken == n) return {};
     auto order = Shuffle ? permutation(n, seed, epoch)
                          : ranges::views::iota(std::size_t{0}, n) | ranges::to<std::vector>();
-    const std::size_t total = per_rank(n, world) * static_cast<std::size_t>(world);
-    return order | ranges::views::cycle | ranges::views::take(total) |
+    const std::size_t total = per_rank(n - taken, world) * static_cast<std::size_t>(world);
+    return order | ranges::views::drop(taken) | ranges::views::cycle | ranges::views::take(total) |
            ranges::views::drop(static_cast<std::size_t>(rank)) |
            ranges::views::stride(static_cast<std::ptrdiff_t>(world)) | ranges::to<std::vector>();
   }
@@ -174,6 +189,22 @@ ddp::shard make_shard(const P& p, std::size_t n, int rank, int world, std::uint6
 template <policy P>
 ddp::shard make_shard(std::size_t n, int rank, int world, std::uint64_t seed, std::uint64_t epoch) {
   return make_shard(P{}, n, rank, world, seed, epoch);
+}
+
+// Whether sampler `P` can continue an epoch at another world size (remaining_indices).
+template <class P>
+concept recuts_epochs = requires(const P& p, std::size_t n, int r, std::uint64_t u) {
+  { p.remaining_indices(n, n, r, r, u, u) } -> std::convertible_to<std::vector<std::size_t>>;
+};
+
+// This rank's share of the rest of an epoch after its order's first `taken` positions.
+template <recuts_epochs P>
+ddp::shard remaining_shard(const P& p, std::size_t n, std::size_t taken, int rank, int world, std::uint64_t seed,
+                           std::uint64_t epoch) {
+  const std::size_t rest = n - std::min(n, taken);
+  ddp::shard s{p.remaining_indices(n, taken, rank, world, seed, epoch), {}, rank, visits_every_sample<P>()};
+  for (int r = 0; r < world; ++r) s.real_counts.push_back(real_count(p, rest, r, world));
+  return s;
 }
 
 // A whole data set in order, every sample counted once at any world size: rank r's share as

@@ -28,6 +28,35 @@ struct run_position {
   bool epoch_finished = true;          // every batch of that epoch taken (or none started)
   bool in_shard_steps = false;         // the epoch came from epoch_shards(): batches_in_epoch counts its steps,
                                        // which are the same at every world size
+  int world = 0;                       // the world size batches_in_epoch were taken at
+  std::uint64_t order_offset = 0;      // positions of the epoch's order taken before those batches (an epoch
+                                       // re-cut for another world size: sampler::remaining_shard)
+
+  // Writes the position into a rank's checkpoint file.
+  void write(checkpoint_file& f, int rank) const {
+    f.set_text("format", "1");
+    f.set_text("world", std::to_string(world));
+    f.set_text("rank", std::to_string(rank));
+    f.set_text("policies", policies);
+    f.set_text("seed", std::to_string(seed));
+    f.set_text("epochs_started", std::to_string(epochs_started));
+    f.set_text("batches_in_epoch", std::to_string(batches_in_epoch));
+    f.set_text("epoch_finished", epoch_finished ? "1" : "0");
+    f.set_text("epoch_in_shard_steps", in_shard_steps ? "1" : "0");
+    f.set_text("epoch_order_offset", std::to_string(order_offset));
+  }
+  static run_position read(const checkpoint_file& f) {
+    run_position p;
+    p.policies = f.text("policies");
+    p.seed = f.number("seed");
+    p.epochs_started = f.number("epochs_started");
+    p.batches_in_epoch = f.number("batches_in_epoch");
+    p.epoch_finished = f.text("epoch_finished") == "1";
+    p.in_shard_steps = f.has("meta/epoch_in_shard_steps") && f.text("epoch_in_shard_steps") == "1";
+    p.world = static_cast<int>(f.number("world"));
+    p.order_offset = f.has("meta/epoch_order_offset") ? f.number("epoch_order_offset") : 0;
+    return p;
+  }
 
   // The first slot whose policy differs, "" when none.
   static std::string first_difference(const std::string& saved, const std::string& here) {
@@ -79,15 +108,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
   if (!problem) try {
       if (comm.rank() == 0) committed = where.index();
       checkpoint_file f;
-      f.set_text("format", "1");
-      f.set_text("world", std::to_string(comm.size()));
-      f.set_text("rank", std::to_string(comm.rank()));
-      f.set_text("policies", pos.policies);
-      f.set_text("seed", std::to_string(pos.seed));
-      f.set_text("epochs_started", std::to_string(pos.epochs_started));
-      f.set_text("batches_in_epoch", std::to_string(pos.batches_in_epoch));
-      f.set_text("epoch_finished", pos.epoch_finished ? "1" : "0");
-      f.set_text("epoch_in_shard_steps", pos.in_shard_steps ? "1" : "0");
+      pos.write(f, comm.rank());
       core.checkpoint_state("save").write(f);
       std::filesystem::create_directories(dir / step);
       write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
@@ -119,19 +140,53 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
   agree_or_throw(comm, dev, problem, "save", "the checkpoint in '" + dir.string() + "' was not committed");
 }
 
+// Checks that a checkpoint's `files` (every rank's at its world size, or only this rank's own)
+// can be loaded into `core` (`here`: this trainer's position, `recuts`: its sampler can re-cut
+// an epoch for another world size), then loads them on every rank, or throws on every rank
+// (`where` names the checkpoint) and changes nothing. Returns the saved position.
+template <class Core>
+run_position load_files(Core& core, const std::vector<checkpoint_file>& files, std::size_t own,
+                        const run_position& here, bool recuts, std::optional<std::string> problem,
+                        const std::string& where) {
+  auto& comm = core.communicator();
+  run_position saved;
+  if (!problem) try {
+      const auto& f = files.at(own);
+      if (f.text("format") != "1")
+        throw error("trainer", "load", comm.rank(), "'" + f.path() + "' has format " + f.text("format") + "; this ddp reads 1");
+      saved = run_position::read(f);
+      if (const auto d = run_position::first_difference(saved.policies, here.policies); !d.empty())
+        throw error("trainer", "load", comm.rank(),
+                    "'" + f.path() + "' was written by a trainer with other policies: " + d +
+                        "; build the trainer with the checkpoint's policies");
+      if (saved.world != comm.size() && !saved.epoch_finished && !saved.in_shard_steps && !recuts)
+        throw error("trainer", "load", comm.rank(),
+                    "'" + f.path() + "' was saved in the middle of an epoch at world size " + std::to_string(saved.world) +
+                        ", and this run has " + std::to_string(comm.size()) +
+                        " ranks: the rest of that epoch's order is cut for the old world, and this trainer's sampler "
+                        "cannot re-cut it (sampler::distributed can). Resume at world size " +
+                        std::to_string(saved.world) + ", or save at the end of an epoch to change the world size");
+      for (const auto& file : files)
+        if (auto why = core.checkpoint_state("load").check(file)) throw error("trainer", "load", comm.rank(), *why);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  agree_or_throw(comm, core.device(), problem, "load", where + " cannot be loaded; the trainer is unchanged");
+  core.checkpoint_state("load").read(files, own);
+  return saved;
+}
+
 // Loads the checkpoint committed in `dir` (the latest, or the one of step count `steps`) into
 // `core`; returns the run's position there. Every check runs before anything changes: a
 // checkpoint that cannot be loaded leaves the trainer as it was, with one error on every rank
 // naming the file and what differs.
 template <class Core>
-run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& here,
+run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& here, bool recuts,
                              std::optional<std::uint64_t> steps = std::nullopt) {
   auto& comm = core.communicator();
-  auto& dev = core.device();
   std::optional<std::string> problem;
   std::vector<checkpoint_file> files;
   std::size_t own = 0;
-  run_position saved;
   try {
     const checkpoint_directory where{dir};
     const auto committed = where.index();
@@ -164,34 +219,10 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
       for (int r = 0; r < world; ++r) read(r);
       own = comm.rank() < world ? static_cast<std::size_t>(comm.rank()) : 0;
     }
-    const auto& f = files[own];
-    if (f.text("format") != "1")
-      throw error("trainer", "load", comm.rank(), "'" + f.path() + "' has format " + f.text("format") + "; this ddp reads 1");
-    saved.policies = f.text("policies");
-    saved.seed = f.number("seed");
-    saved.epochs_started = f.number("epochs_started");
-    saved.batches_in_epoch = f.number("batches_in_epoch");
-    saved.epoch_finished = f.text("epoch_finished") == "1";
-    saved.in_shard_steps = f.has("meta/epoch_in_shard_steps") && f.text("epoch_in_shard_steps") == "1";
-    if (const auto d = run_position::first_difference(saved.policies, here.policies); !d.empty())
-      throw error("trainer", "load", comm.rank(),
-                  "'" + f.path() + "' was written by a trainer with other policies: " + d +
-                      "; build the trainer with the checkpoint's policies");
-    if (world != comm.size() && !saved.epoch_finished && !saved.in_shard_steps)
-      throw error("trainer", "load", comm.rank(),
-                  "'" + f.path() + "' was saved in the middle of an epoch at world size " + std::to_string(world) +
-                      ", and this run has " + std::to_string(comm.size()) +
-                      " ranks: the rest of that epoch's order is cut for the old world. Resume at world size " +
-                      std::to_string(world) + ", or save at the end of an epoch to change the world size");
-    for (const auto& file : files)
-      if (auto why = core.checkpoint_state("load").check(file)) throw error("trainer", "load", comm.rank(), *why);
   } catch (const std::exception& e) {
     problem = e.what();
   }
-  agree_or_throw(comm, dev, problem, "load",
-                 "the checkpoint in '" + dir.string() + "' cannot be loaded; the trainer is unchanged");
-  core.checkpoint_state("load").read(files, own);
-  return saved;
+  return load_files(core, files, own, here, recuts, problem, "the checkpoint in '" + dir.string() + "'");
 }
 
 }  // namespace ddp::detail

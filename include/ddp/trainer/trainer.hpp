@@ -38,6 +38,7 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/sampler/sampler.hpp"
+#include "ddp/trainer/handoff.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "ddp/trainer/checkpoint.hpp"
 #include "ddp/trainer/parts.hpp"
@@ -210,7 +211,14 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
 
   trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
           trainer_options options = {})
-      : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), options_(options) {}
+      : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), options_(options) {
+    resume_handed_over();
+  }
+  // In an elastic run (inproc::launch_elastic), a trainer that an exception destroys leaves the
+  // state of its last completed step for the ranks that go on.
+  ~trainer() {
+    if (handoff_.unwinding()) leave_state();
+  }
 
   // The optimizer's hyper-parameters; changes apply from the next step (schedules).
   optimizer_type& optimizer() noexcept { return policy<optim::slot>(); }
@@ -262,6 +270,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                                                            static_cast<int>(shards), options_.seed, epoch_)));
     ++epoch_;
     in_shard_steps_ = true;
+    order_offset_ = 0;
+    resume_recut_.reset();
     epoch_start_ = position_count();
     epoch_length_ = streams.front().size();
     if (resume_skip_) {  // the steps taken before the checkpoint, at whatever world size it was saved
@@ -326,14 +336,59 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::string describe() const { return holder::describe(/*checkpoint=*/false); }
 
  private:
+  static constexpr bool sampler_recuts = sampler::recuts_epochs<sampler_policy>;
+  // What of the next epoch() was taken before a checkpoint or a failure, when that epoch continues
+  // at another world size (re-cut): positions of its order at earlier world sizes, then batches
+  // of the last world's ranks (each rank's batch count x ranks).
+  struct epoch_cut {
+    std::uint64_t positions = 0, batches = 0;
+  };
+
   void load_at(const std::filesystem::path& dir, std::optional<std::uint64_t> steps) {
-    const auto saved = detail::load_checkpoint(core(), dir, position(), steps);
+    continue_from(detail::load_checkpoint(core(), dir, position(), sampler_recuts, steps));
+  }
+  void continue_from(const detail::run_position& saved) {
     options_.seed = saved.seed;
     epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
     resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
+    resume_recut_.reset();
+    if (!saved.epoch_finished && !saved.in_shard_steps &&
+        (saved.world != this->communicator().size() || saved.order_offset != 0))
+      resume_recut_ = epoch_cut{saved.order_offset, static_cast<std::uint64_t>(saved.world) * saved.batches_in_epoch};
     in_shard_steps_ = saved.in_shard_steps;
     epoch_start_ = position_count();
     epoch_length_.reset();
+  }
+
+  // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
+
+  void resume_handed_over() {
+    const auto* handed = handoff_.resume_files();
+    if (!handed) return;
+    const auto& comm = this->communicator();
+    std::vector<detail::checkpoint_file> files;
+    std::optional<std::string> problem;
+    try {
+      if (handed->size() != static_cast<std::size_t>(comm.size()))
+        throw error("trainer", "resume", comm.rank(),
+                    std::to_string(handed->size()) + " ranks handed over their state, and this membership has " +
+                        std::to_string(comm.size()));
+      for (std::size_t r = 0; r < handed->size(); ++r)
+        files.push_back(detail::checkpoint_file::decode((*handed)[r], "the state rank " + std::to_string(r) + " handed over"));
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    continue_from(detail::load_files(core(), files, static_cast<std::size_t>(comm.rank()), position(), sampler_recuts,
+                                     problem, "the state the ranks that remain handed over"));
+  }
+  void leave_state() noexcept {
+    try {
+      detail::checkpoint_file f;
+      position_at(completed_position_count()).write(f, this->communicator().rank());
+      core().last_step_state().write(f);
+      handoff_.leave(f.encode(), !update_policy::gathers_parameters, this->steps());
+    } catch (...) {  // nothing handed over: the launcher says the state of this rank is unknown
+    }
   }
 
   core_type& core() noexcept { return *this; }
@@ -346,10 +401,16 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // epoch_shards(), which are the same at every world size (a checkpoint saved in the middle of
   // an epoch then resumes at another).
   std::uint64_t position_count() const noexcept { return in_shard_steps_ ? this->steps() : this->micro_batches_run(); }
-  detail::run_position position() const {
-    const std::uint64_t taken = position_count() - epoch_start_;
+  // The same at the end of the last completed step.
+  std::uint64_t completed_position_count() const noexcept {
+    return in_shard_steps_ ? this->steps() : this->micro_batches_completed();
+  }
+  detail::run_position position() const { return position_at(position_count()); }
+  detail::run_position position_at(std::uint64_t count) const {
+    const std::uint64_t taken = count - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,
-            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), in_shard_steps_};
+            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), in_shard_steps_,
+            this->communicator().size(), order_offset_};
   }
 
   template <class Loader>
@@ -358,12 +419,19 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                   "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
                   "already orders the data per epoch (pitfall P4); use a loader without a "
                   "shuffle of its own (ddp::data::loader<Dataset, Collate>), or sampler::contiguous");
+    const auto recut = std::exchange(resume_recut_, std::nullopt);
+    order_offset_ = 0;
     auto batches = [&] {
       if constexpr (loader_requirements::has_shard_batches<Loader>)
-        return loader.batches(next_epoch_shard(loader.dataset_size()));
+        return loader.batches(recut ? rest_of_epoch_shard(loader, *recut) : next_epoch_shard(loader.dataset_size()));
+      else if (recut)
+        throw error("trainer", "epoch", this->communicator().rank(),
+                    "continuing an epoch at another world size re-cuts it, which needs a loader with "
+                    "batches(ddp::shard) (ddp::data::loader has it)");
       else
         return loader.batches(next_epoch_indices(loader.dataset_size()));
     }();
+    if (recut) resume_skip_.reset();  // the re-cut shard holds only what was not taken
     in_shard_steps_ = false;
     epoch_start_ = position_count();
     epoch_length_.reset();
@@ -374,6 +442,20 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       resume_skip_.reset();
     }
     return batches;
+  }
+  // This rank's share of the rest of the interrupted epoch.
+  template <class Loader>
+  shard rest_of_epoch_shard(const Loader& loader, const epoch_cut& taken) {
+    const auto& comm = this->communicator();
+    if constexpr (sampler_recuts && requires { loader.batch_size(); }) {
+      order_offset_ = taken.positions + taken.batches * loader.batch_size();
+      return sampler::remaining_shard(current_sampler(), loader.dataset_size(), order_offset_, comm.rank(), comm.size(),
+                                      options_.seed, epoch_++);
+    } else {
+      throw error("trainer", "epoch", comm.rank(),
+                  "continuing an epoch at another world size re-cuts it, which needs a sampler with remaining_indices() "
+                  "(sampler::distributed) and a loader with batch_size()");
+    }
   }
   template <class Range>
   void skip_taken(Range& batches, std::size_t n) {
@@ -395,6 +477,9 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   bool in_shard_steps_ = false;              // the current epoch came from epoch_shards()
   std::optional<std::size_t> epoch_length_;  // its batches, when the loader's range says
   std::optional<std::uint64_t> resume_skip_;  // batches of the next epoch() a loaded checkpoint took
+  std::optional<epoch_cut> resume_recut_;
+  std::uint64_t order_offset_ = 0;  // positions of the current epoch's order taken at earlier world sizes
+  detail::trainer_handoff<communicator_type> handoff_{this->communicator()};
 };
 
 // Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).

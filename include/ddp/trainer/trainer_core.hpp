@@ -172,8 +172,10 @@ class trainer_core {
   void record_timeline(timeline* t) noexcept { observer_.record_into(t); }
   // Parameters the last step left to the optimizer unchanged because no rank used them.
   std::vector<std::string> skipped_parameters() const { return update_.skipped_parameters(); }
-  // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch.
+  // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch; those
+  // of the steps that completed.
   std::uint64_t micro_batches_run() const noexcept { return micro_batches_run_; }
+  std::uint64_t micro_batches_completed() const noexcept { return micro_batches_completed_; }
 
   // ---- a step captured into a CUDA graph (ddp::cuda::step_graph) ----------------------------
 
@@ -210,6 +212,12 @@ class trainer_core {
   // between steps.
   detail::trainer_state<Comm, Device> checkpoint_state(const char* operation) {
     between_steps(operation);
+    return last_step_state();
+  }
+  // The state of the last completed step, also when one failed half-way (the reductions still in
+  // flight settled first): what a rank hands over when its world fails (trainer/handoff.hpp).
+  detail::trainer_state<Comm, Device> last_step_state() {
+    reducer_.drain();
     return {device_, params_, masters_, buffers_, reducer_, update_, steps_};
   }
 
@@ -218,7 +226,7 @@ class trainer_core {
 
   detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
   void set_counts(detail::step_counts c) {
-    steps_ = c.steps, micro_batches_run_ = c.micro_batches;
+    steps_ = c.steps, micro_batches_run_ = micro_batches_completed_ = c.micro_batches;
     update_.set_update_counts(std::move(c.update_counts));
   }
 
@@ -335,6 +343,7 @@ class trainer_core {
   void end_step() {
     reducer_.end_step();
     tape_.end_step();
+    micro_batches_completed_ = micro_batches_run_;
   }
 
   Module& module_;
@@ -343,6 +352,7 @@ class trainer_core {
   parts_type parts_;
   std::uint64_t steps_ = 0;
   std::uint64_t micro_batches_run_ = 0;
+  std::uint64_t micro_batches_completed_ = 0;
   detail::step_observer observer_;
   detail::parameter_table params_;
   detail::master_weights<Device> masters_;

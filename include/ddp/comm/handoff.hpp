@@ -1,0 +1,118 @@
+#pragma once
+// Elastic training's hand-over (docs/elastic.md): when a membership fails, each rank's trainers
+// leave here the state of their last completed step, as checkpoint files held in memory; the
+// launcher keeps the survivors' files, and the trainers of the next, smaller membership start
+// from them. A rank's trainers are told apart by the order they were built in.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::elastic {
+
+// One trainer's state of its last completed step: a checkpoint file's bytes.
+struct left_state {
+  std::vector<std::uint8_t> file;
+  // It holds the whole optimizer state (a replicated update), not one rank's shard of it.
+  bool whole = false;
+  std::uint64_t steps = 0;
+};
+
+class handoff {
+ public:
+  explicit handoff(int world) : left_(static_cast<std::size_t>(world)), next_index_(static_cast<std::size_t>(world), 0) {}
+
+  // ---- the ranks of the running membership ------------------------------------------------
+
+  // The index of the next trainer built on `rank` in this membership (0, 1, ... in build order).
+  std::size_t next_trainer(int rank) {
+    std::lock_guard lock(mutex_);
+    return next_index_.at(static_cast<std::size_t>(rank))++;
+  }
+  // What trainer `trainer` of `rank` leaves behind as its world fails.
+  void leave(int rank, std::size_t trainer, left_state state) {
+    std::lock_guard lock(mutex_);
+    auto& mine = left_.at(static_cast<std::size_t>(rank));
+    if (mine.size() <= trainer) mine.resize(trainer + 1);
+    mine[trainer] = std::move(state);
+  }
+  // The files trainer `trainer` of a restarted membership starts from, one per survivor in the
+  // new rank order; null on the first membership (and for a trainer the failed one did not have).
+  const std::vector<std::vector<std::uint8_t>>* resume_files(std::size_t trainer) const {
+    return trainer < resume_.size() && !resume_[trainer].empty() ? &resume_[trainer] : nullptr;
+  }
+  // How many times the membership changed.
+  int restarts() const noexcept { return restarts_; }
+
+  // ---- the launcher, between memberships --------------------------------------------------
+
+  // The survivors' (old ranks, in order) states become the next membership's start: returns why
+  // the run cannot go on without the failed ranks, or nothing.
+  std::optional<std::string> carry_over(const std::vector<int>& survivors) {
+    std::lock_guard lock(mutex_);
+    std::size_t trainers = 0;
+    for (const auto& l : left_) trainers = std::max(trainers, l.size());
+    for (int r : survivors)
+      if (left_[static_cast<std::size_t>(r)].size() != trainers || missing_state(r))
+        return "rank " + std::to_string(r) + " failed outside a trainer, or before its trainer held a completed step's "
+               "state: its state of the last completed step is unknown";
+    std::vector<std::vector<std::vector<std::uint8_t>>> next(trainers);
+    for (std::size_t t = 0; t < trainers; ++t) {
+      const auto& first = left_[static_cast<std::size_t>(survivors.front())][t];
+      if (!first.whole && survivors.size() != left_.size())
+        return "trainer " + std::to_string(t) + " has a sharded update: the optimizer state's shard of each failed "
+               "rank went with it. Use update::replicated for a run that continues on the ranks that remain, or "
+               "resume from the last checkpoint";
+      for (int r : survivors) {
+        auto& s = left_[static_cast<std::size_t>(r)][t];
+        if (s.steps != first.steps)
+          return "the survivors hold different steps (" + std::to_string(first.steps) + " and " +
+                 std::to_string(s.steps) + ")";
+        next[t].push_back(std::move(s.file));
+      }
+    }
+    resume_ = std::move(next);
+    left_.assign(survivors.size(), {});
+    next_index_.assign(survivors.size(), 0);
+    ++restarts_;
+    return std::nullopt;
+  }
+  // The step count the survivors hold (of the first trainer), for the report.
+  std::uint64_t steps_left(int rank) const {
+    std::lock_guard lock(mutex_);
+    const auto& l = left_.at(static_cast<std::size_t>(rank));
+    return l.empty() ? 0 : l.front().steps;
+  }
+
+ private:
+  bool missing_state(int rank) const {
+    for (const auto& s : left_[static_cast<std::size_t>(rank)])
+      if (s.file.empty()) return true;
+    return false;
+  }
+
+  mutable std::mutex mutex_;
+  std::vector<std::vector<left_state>> left_;  // [rank][trainer]
+  std::vector<std::size_t> next_index_;        // [rank]
+  std::vector<std::vector<std::vector<std::uint8_t>>> resume_;  // [trainer][new rank]
+  int restarts_ = 0;
+};
+
+// A communicator's view of the hand-over: its own rank's part (no hand-over: elastic training is off).
+class rank_handoff {
+ public:
+  rank_handoff() = default;
+  rank_handoff(handoff* h, int rank) : handoff_(h), rank_(rank) {}
+  explicit operator bool() const noexcept { return handoff_ != nullptr; }
+  handoff& shared() const noexcept { return *handoff_; }
+  int rank() const noexcept { return rank_; }
+
+ private:
+  handoff* handoff_ = nullptr;
+  int rank_ = 0;
+};
+
+}  // namespace ddp::elastic

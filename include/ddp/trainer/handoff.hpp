@@ -1,0 +1,45 @@
+#pragma once
+// A trainer's part in elastic training (docs/elastic.md). Over a communicator with a hand-over
+// (inproc::launch_elastic), a trainer destroyed by an exception leaves the state of its last
+// completed step there (its world failed, or is about to), and a trainer built on the membership
+// that goes on starts from the survivors' states.
+#include <concepts>
+#include <cstdint>
+#include <exception>
+#include <vector>
+
+#include "ddp/comm/handoff.hpp"
+
+namespace ddp::detail {
+
+template <class Comm>
+concept hands_over = requires(const Comm& c) {
+  { c.handoff() } -> std::same_as<elastic::rank_handoff>;
+};
+
+template <class Comm>
+class trainer_handoff {
+ public:
+  explicit trainer_handoff(const Comm& comm) {
+    if constexpr (hands_over<Comm>) {
+      handoff_ = comm.handoff();
+      if (handoff_) index_ = handoff_.shared().next_trainer(handoff_.rank());
+    }
+  }
+  // The states to start from, one per rank of this membership; null when there are none.
+  const std::vector<std::vector<std::uint8_t>>* resume_files() const {
+    return handoff_ ? handoff_.shared().resume_files(index_) : nullptr;
+  }
+  // Destroyed by an exception thrown after this trainer was built, in an elastic run.
+  bool unwinding() const noexcept { return handoff_ && std::uncaught_exceptions() > uncaught_; }
+  void leave(std::vector<std::uint8_t> file, bool whole, std::uint64_t steps) {
+    handoff_.shared().leave(handoff_.rank(), index_, {std::move(file), whole, steps});
+  }
+
+ private:
+  elastic::rank_handoff handoff_;
+  std::size_t index_ = 0;
+  int uncaught_ = std::uncaught_exceptions();
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,295 @@
+// Elastic in-process ranks (ddp::inproc::launch_elastic): a rank throws at a chosen step and
+// micro-batch, the ranks that remain continue from the last completed step without restarting
+// the process, every sample of the epoch is taken exactly once across the memberships, and
+// under reduction::invariant the final parameters are bitwise those of an uninterrupted run.
+// A checkpoint saved in the middle of an epoch continues at another world size the same way.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "ddp/data/loader.hpp"
+#include "ddp/inproc/elastic.hpp"
+#include "trainer/invariance.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using invariance::bitwise_equal;
+using invariance::parameters_of;
+
+// The toy problem, each example knowing its index.
+struct indexed_rows {
+  struct example {
+    const float* x;
+    std::int32_t y;
+    std::size_t index;
+  };
+  using example_type = example;
+  struct batch {
+    ddp::nn::matrix x;
+    std::vector<std::int32_t> y;
+    std::vector<std::size_t> index;
+  };
+  test::batch all;
+  explicit indexed_rows(std::size_t n) : all(test::make_batch(n, 31)) {}
+  std::size_t size() const { return all.y.size(); }
+  example get(std::size_t i) const { return {all.x.row(i), all.y[i], i}; }
+  static batch collate(std::span<const example> xs) {
+    batch b{ddp::nn::matrix(xs.size(), test::in_features), {}, {}};
+    for (std::size_t r = 0; r < xs.size(); ++r) {
+      std::copy(xs[r].x, xs[r].x + test::in_features, b.x.row(r));
+      b.y.push_back(xs[r].y);
+      b.index.push_back(xs[r].index);
+    }
+    return b;
+  }
+};
+
+// Where a rank throws: its rank in the first membership, the step and the micro-batch of it.
+struct fault {
+  int rank = -1;
+  std::uint64_t step = 0;
+  std::size_t micro_batch = 0;
+  int membership = 0;  // the membership it strikes in (0: the first)
+};
+
+// The samples of every completed step, per epoch (weight-0 padding left out).
+struct taken_samples {
+  std::mutex mutex;
+  std::map<std::uint64_t, std::multiset<std::size_t>> by_epoch;
+  void add(std::uint64_t epoch, const std::vector<std::size_t>& samples) {
+    std::lock_guard lock(mutex);
+    by_epoch[epoch].insert(samples.begin(), samples.end());
+  }
+  // Each epoch took every sample exactly once.
+  bool each_once(std::size_t n, std::uint64_t epochs) {
+    std::multiset<std::size_t> all;
+    for (std::size_t i = 0; i < n; ++i) all.insert(i);
+    if (by_epoch.size() != epochs) return false;
+    for (const auto& [epoch, samples] : by_epoch)
+      if (samples != all) return false;
+    return true;
+  }
+};
+
+struct run_result {
+  std::vector<std::vector<float>> params;  // by rank of the last membership
+  std::mutex mutex;
+};
+
+// Which membership this rank runs in (0: the first; launch() has only that one).
+int membership_of(const ddp::inproc::communicator& comm) {
+  const auto h = comm.handoff();
+  return h ? h.shared().restarts() : 0;
+}
+
+template <class Batch>
+std::vector<std::size_t> real_samples(const Batch& b) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < b.index.size(); ++i)
+    if (b.weights.per_sample[i] > 0.0f) out.push_back(b.index[i]);
+  return out;
+}
+
+constexpr std::size_t rows = 96, epochs = 2;
+
+// Two epochs of `data` under reduction::invariant<8> (epoch_shards, shard batches of 3: 24 samples
+// a step, 4 steps an epoch), restarted where a fault strikes. The loop is the one any run that
+// resumes from a checkpoint has: it goes on from the trainer's epoch and step.
+template <class Update, class Model, class Optimizer>
+void invariant_rank(ddp::inproc::communicator& comm, const indexed_rows& data, Optimizer opt,
+                    const std::vector<fault>& faults, taken_samples& taken, run_result& result) {
+  Model model = [] {
+    if constexpr (std::is_same_v<Model, invariance::bn_mlp>) return invariance::make_bn_mlp(7);
+    else return test::make_mlp(7);
+  }();
+  ddp::host::device dev;
+  ddp::trainer<Model, ddp::reduction::invariant<8>, Update, Optimizer, ddp::bucket_cap<512>> trainer(model, comm, dev,
+                                                                                                     opt, {.seed = 4});
+  ddp::data::loader loader(data, 3, &indexed_rows::collate);
+  const int membership = membership_of(comm);
+  while (trainer.epochs_started() < epochs) {
+    const std::uint64_t epoch = trainer.epochs_started();
+    for (const auto& shards : trainer.epoch_shards(loader)) {
+      std::size_t micro = 0;
+      std::vector<std::size_t> mine;
+      trainer.step(shards, [&](auto& replica, const auto& b) {
+        for (const auto& f : faults)
+          if (f.membership == membership && f.rank == comm.rank() && f.step == trainer.steps() && f.micro_batch == micro)
+            throw std::runtime_error("injected fault");
+        ++micro;
+        const auto r = real_samples(b);
+        mine.insert(mine.end(), r.begin(), r.end());
+        auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights);
+        replica.backward(ce.grad);
+      });
+      taken.add(epoch, mine);
+    }
+  }
+  std::lock_guard lock(result.mutex);
+  result.params.resize(static_cast<std::size_t>(comm.size()));
+  result.params[static_cast<std::size_t>(comm.rank())] = parameters_of(invariance::underlying(model));
+}
+
+template <class Update, class Model, class Optimizer>
+void check_invariant_elastic(Optimizer opt) {
+  const indexed_rows data(rows);
+  // The uninterrupted run, at one rank.
+  run_result reference;
+  taken_samples reference_taken;
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    invariant_rank<ddp::update::replicated, Model>(c, data, opt, {}, reference_taken, reference);
+  });
+  REQUIRE(reference_taken.each_once(rows, epochs));
+
+  // 4 ranks; rank 2 throws in its second micro-batch of step 5 (the second epoch), then the new
+  // rank 0 in its first micro-batch of step 6: the run ends at 2 ranks.
+  run_result elastic;
+  taken_samples taken;
+  const std::vector<fault> faults{{2, 5, 1, 0}, {0, 6, 0, 1}};
+  const auto report = ddp::inproc::launch_elastic(4, [&](ddp::inproc::communicator& c) {
+    invariant_rank<Update, Model>(c, data, opt, faults, taken, elastic);
+  });
+  CHECK(report.world_size == 2);
+  REQUIRE(report.changes.size() == 2);
+  CHECK(report.changes[0].failed_rank == 2);
+  CHECK(report.changes[0].steps == 5);
+  CHECK(report.changes[0].old_world == 4);
+  CHECK(report.changes[0].new_world == 3);
+  CHECK(report.changes[0].survivors == std::vector<int>{0, 1, 3});
+  CHECK(report.changes[0].cause.find("injected fault") != std::string::npos);
+  CHECK(report.changes[1].failed_rank == 0);
+  CHECK(report.changes[1].steps == 6);
+  CHECK(report.changes[1].new_world == 2);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(elastic.params.size() == 2);
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference.params[0]));
+}
+
+// The plain reduction with the distributed sampler: the interrupted epoch is re-cut for the
+// ranks that remain, and every sample is still taken once.
+void plain_rank(ddp::inproc::communicator& comm, const indexed_rows& data, const std::vector<fault>& faults,
+                taken_samples& taken, run_result& result) {
+  test::mlp model = test::make_mlp(3);
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, ddp::bucket_cap<512>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f},
+                                                         {.seed = 8});
+  ddp::data::loader loader(data, 4, &indexed_rows::collate);
+  const int membership = membership_of(comm);
+  while (trainer.epochs_started() < epochs) {
+    const std::uint64_t epoch = trainer.epochs_started();
+    for (const auto& b : trainer.epoch(loader)) {
+      for (const auto& f : faults)
+        if (f.membership == membership && f.rank == comm.rank() && f.step == trainer.steps())
+          throw std::runtime_error("injected fault");
+      trainer.step([&](auto& replica) {
+        replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
+      });
+      taken.add(epoch, real_samples(b));
+    }
+  }
+  std::lock_guard lock(result.mutex);
+  result.params.resize(static_cast<std::size_t>(comm.size()));
+  // The parameters (each rank's buffers are its own statistics under the plain reduction).
+  for (const auto& p : test::parameter_values(model))
+    result.params[static_cast<std::size_t>(comm.rank())].insert(result.params[static_cast<std::size_t>(comm.rank())].end(),
+                                                                 p.begin(), p.end());
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("launch_elastic under reduction::invariant: two ranks lost mid-step, every sample once, the "
+                   "uninterrupted run's bits",
+                   Model, test::mlp, invariance::bn_mlp) {
+  SUBCASE("sgd with momentum") {
+    check_invariant_elastic<ddp::update::replicated, Model>(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f});
+  }
+  SUBCASE("adamw") { check_invariant_elastic<ddp::update::replicated, Model>(ddp::optim::adamw{.lr = 0.01f}); }
+}
+
+TEST_CASE("launch_elastic under the plain reduction: the interrupted epoch is re-cut for the ranks that remain") {
+  const indexed_rows data(rows);  // 3 ranks x 4: 8 steps an epoch; then 2 ranks x 4 for the rest
+  run_result result;
+  taken_samples taken;
+  const auto report = ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
+    plain_rank(c, data, {{1, 11, 0, 0}}, taken, result);
+  });
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].steps == 11);
+  CHECK(report.world_size == 2);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(result.params.size() == 2);
+  CHECK(result.params[0] == result.params[1]);
+}
+
+TEST_CASE("launch_elastic: a sharded update cannot lose a rank (its optimizer state's shard went with it), nor can a "
+          "run go on past max_restarts") {
+  const indexed_rows data(rows);
+  taken_samples taken;
+  run_result result;
+  try {
+    ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
+      invariant_rank<ddp::update::sharded, test::mlp>(c, data, ddp::optim::sgd{.lr = 0.1f}, {{1, 2, 0, 0}}, taken, result);
+    });
+    FAIL("the run went on without the sharded state of rank 1");
+  } catch (const ddp::error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("cannot go on without rank 1") != std::string::npos);
+    CHECK(what.find("sharded update") != std::string::npos);
+    CHECK(what.find("injected fault") != std::string::npos);
+  }
+  // Rank 0 fails in every membership: after one restart the second failure ends the run.
+  try {
+    ddp::inproc::launch_elastic(
+        3,
+        [&](ddp::inproc::communicator& c) {
+          plain_rank(c, data, {{0, 1, 0, 0}, {0, 3, 0, 1}}, taken, result);
+        },
+        {.max_restarts = 1});
+    FAIL("the run went on past max_restarts");
+  } catch (const ddp::inproc::launch_error& e) {
+    CHECK(e.origin_rank() == 0);
+    CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+  }
+}
+
+TEST_CASE("a checkpoint saved in the middle of an epoch continues at another world size: the rest of the epoch is "
+          "re-cut, every sample once") {
+  const indexed_rows data(rows);
+  const auto dir = fs::temp_directory_path() / ("ddp_elastic_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  taken_samples taken;
+  using trainer_t = ddp::trainer<test::mlp, ddp::bucket_cap<512>>;
+  auto part = [&](ddp::inproc::communicator& comm, std::size_t steps, bool resume) {
+    test::mlp model = test::make_mlp(3);
+    ddp::host::device dev;
+    trainer_t trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f}, {.seed = 8});
+    if (resume) trainer.load(dir);
+    ddp::data::loader loader(data, 4, &indexed_rows::collate);
+    std::size_t done = 0;
+    while (trainer.epochs_started() < epochs) {
+      const auto epoch = trainer.epochs_started();
+      for (const auto& b : trainer.epoch(loader)) {
+        trainer.step([&](auto& replica) {
+          replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
+        });
+        taken.add(epoch, real_samples(b));
+        if (++done == steps) return trainer.save(dir);
+      }
+    }
+  };
+  // 2 ranks take 5 of the first epoch's 12 steps and save; 3 ranks take the rest and the second;
+  // 4 ranks after a save in the middle of the second epoch at 3 (an epoch re-cut twice).
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { part(c, 5, false); });
+  ddp::inproc::launch(3, [&](ddp::inproc::communicator& c) { part(c, 5 + 3, true); });
+  ddp::inproc::launch(4, [&](ddp::inproc::communicator& c) { part(c, 1000, true); });
+  CHECK(taken.each_once(rows, epochs));
+  fs::remove_all(dir);
+}
