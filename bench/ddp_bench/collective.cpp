@@ -2,12 +2,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
 
 #include "conformance/expected.hpp"
 #include "ddp_bench/commands.hpp"
+#include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
 #if DDP_BENCH_WITH_MPI
 #include "ddp/mpi/communicator.hpp"
@@ -80,12 +82,26 @@ double bus_factor(collective_kind k, int ranks) {
   return 1.0;
 }
 
-std::vector<column> collective_columns() {
-  return {{"size(B)", 12, 0},      {"count", 11, 0},       {"type", 6, 0},          {"redop", 5, 0},
-          {"root", 4, 0},          {"oop_time(us)", 12, 2}, {"oop_algbw", 9, 2},     {"oop_busbw", 9, 2},
-          {"oop_#wrong", 10, 0},   {"ip_time(us)", 11, 2},  {"ip_algbw", 8, 2},      {"ip_busbw", 8, 2},
-          {"ip_#wrong", 9, 0},     {"base_time(us)", 13, 2}, {"base_bw", 8, 2},       {"busbw/base", 10, 2},
-          {"async_time(us)", 14, 2}, {"async/base", 10, 2}};
+std::vector<column> collective_columns(const collective_params& p) {
+  std::vector<column> c{{"size(B)", 12, 0},      {"count", 11, 0},       {"type", 6, 0},          {"redop", 5, 0},
+                        {"root", 4, 0},          {"oop_time(us)", 12, 2}, {"oop_algbw", 9, 2},     {"oop_busbw", 9, 2},
+                        {"oop_#wrong", 10, 0},   {"ip_time(us)", 11, 2},  {"ip_algbw", 8, 2},      {"ip_busbw", 8, 2},
+                        {"ip_#wrong", 9, 0},     {"base_time(us)", 13, 2}, {"base_bw", 8, 2},       {"busbw/base", 10, 2},
+                        {"async_time(us)", 14, 2}, {"async/base", 10, 2},
+                        {"p50(us)", 9, 2},       {"p90(us)", 9, 2},       {"p99(us)", 9, 2},       {"max(us)", 9, 2},
+                        {"cycle", 5, 0}};
+  if (p.overlap)
+    c.insert(c.end(), {{"ovl_comm(us)", 12, 2}, {"ovl_compute(us)", 15, 2}, {"ovl_total(us)", 13, 2},
+                       {"overlap(%)", 10, 1}});
+  if (p.memory) c.insert(c.end(), {{"host_hwm(MiB)", 13, 1}, {"dev_used(MiB)", 13, 1}});
+  return c;
+}
+
+double host_rss_peak_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.starts_with("VmHWM:")) return std::stod(line.substr(6)) * 1024;  // "VmHWM:   12345 kB"
+  return 0;
 }
 
 call_shape shape_of(collective_kind k, std::size_t bytes, ddp::dtype t, int ranks) {
@@ -156,14 +172,32 @@ void add_notes(report& out, const collective_params& p, int ranks) {
   out.note(baseline_note(p.backend));
   out.note("oop/ip: the blocking form (ddp::comm::all_reduce(comm, ...) and its siblings); async: the asynchronous member, "
            "its handle waited for (out of place; broadcast in place); async/base = its busbw / the baseline's");
+  if (p.cuda_graph > 0)
+    out.note("-G " + std::to_string(p.cuda_graph) + ": each batch of -n calls is one CUDA graph, launched " +
+             std::to_string(p.cuda_graph) + " times; time = the launches' time / (-n x -G); p50..max read n/a");
+  else if (p.blocking)
+    out.note("-z 1: each call waited for before the next; p50/p90/p99/max: the times of single calls of the time "
+             "column's form (out of place; broadcast in place), all " + std::to_string(p.repeats * p.iters) +
+             " of every batch, across ranks as -a says");
+  else
+    out.note("-z 0: a batch of -n calls issued back to back and waited for once (the asynchronous form: every handle "
+             "after the last call); p50..max read n/a");
+  if (p.overlap)
+    out.note("overlap: ovl_comm = the asynchronous form alone, ovl_compute = a busy loop of about that length alone, "
+             "ovl_total = the collective started, the loop run, the collective waited for; overlap(%) = 100 (1 - "
+             "(ovl_total - ovl_compute) / ovl_comm), within [0, 100]");
+  if (p.memory)
+    out.note("host_hwm: the largest resident-set high-water mark (VmHWM) of the ranks' processes so far; dev_used: the "
+             "device memory in use on the busiest rank's GPU (n/a on host backends)");
   if (ranks == 1) out.note(one_rank_note(p.collective));
 }
 
 report make_report(const collective_params& p, int ranks) {
   const std::string title = p.collective + " on " + p.backend + ", " + std::to_string(ranks) + " rank(s); time = best of " +
-                            std::to_string(p.repeats) + " x " + std::to_string(p.iters) + " iterations, " +
+                            std::to_string(p.repeats) + " x " + std::to_string(p.iters) + " iterations" +
+                            (p.cycles > 1 ? " (" + std::to_string(p.cycles) + " cycles)" : std::string()) + ", " +
                             (p.average == 0 ? "rank 0's" : p.average == 1 ? "mean over ranks" : p.average == 2 ? "min over ranks" : "max over ranks");
-  return report("collective", title, collective_columns());
+  return report("collective", title, collective_columns(p));
 }
 
 // Seconds per memcpy of `bytes` on one thread; with `threads` > 1, each thread copying buffers of
@@ -226,18 +260,19 @@ int run_inproc(const collective_params& p) {
   }
   ddp::inproc::options options;
   options.bind_to_cores = p.bind;
-  long long wrong = 0;
+  options.timeout = communicator_timeout(p, options.timeout);
+  sweep_result found;
   ddp::inproc::launch(
       p.ranks,
       [&](ddp::inproc::communicator& comm) {
         host_memory mem;
-        const long long found = run_sweep(comm, comm, mem, p, baseline, out);  // the same on every rank
-        if (comm.rank() == 0) wrong = found;
+        const sweep_result mine = run_sweep(comm, comm, mem, p, baseline, out);  // the same on every rank
+        if (comm.rank() == 0) found = mine;
       },
       options);
   add_notes(out, p, p.ranks);
   if (!ceiling.empty()) out.note(ceiling);
-  const int status = sweep_exit_status(wrong, out, true);
+  const int status = sweep_exit_status(found, out, true);
   out.write(p.out);
   return status;
 }
@@ -249,7 +284,9 @@ int run_mpi(const collective_params& p) {
   if (!ddp::mpi::placement_from_environment())
     throw std::invalid_argument("--backend mpi runs one rank per process: start it with mpirun -np N (or srun)");
   ddp::mpi::environment env;
-  ddp::mpi::communicator comm;
+  ddp::mpi::options options;
+  options.timeout = communicator_timeout(p, options.timeout);
+  ddp::mpi::communicator comm(MPI_COMM_WORLD, options);
   report out = make_report(p, comm.size());
   out.begin(comm.rank() == 0);
   const baseline_fn baseline = [&](collective_kind k, ddp::dtype type, ddp::reduce_op op, call_shape shape, void* send,
@@ -276,17 +313,96 @@ int run_mpi(const collective_params& p) {
     }};
   };
   host_memory mem;
-  const long long wrong = run_sweep(comm, comm, mem, p, baseline, out);  // every process fails alike
+  const sweep_result found = run_sweep(comm, comm, mem, p, baseline, out);  // every process fails alike
   if (comm.rank() == 0) add_notes(out, p, comm.size());
-  const int status = sweep_exit_status(wrong, out, comm.rank() == 0);
+  const int status = sweep_exit_status(found, out, comm.rank() == 0);
   if (comm.rank() == 0) out.write(p.out);
   return status;
 }
 #endif
 
+std::vector<column> bits_columns() {
+  return {{"backend", 8, 0},   {"ranks", 5, 0}, {"reduction", 9, 0},   {"shards", 6, 0},
+          {"elements", 10, 0}, {"hash", 16, 0}, {"ranks_agree", 11, 0}, {"same", 4, 0}};
+}
+
+std::string hex(std::uint64_t h) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// The verdict under the table: whether every row holds the same bits, and what that means under
+// the reduction chosen. Returns the exit status.
+int bits_verdict(const collective_params& p, const std::vector<bits_row>& rows, report& out) {
+  std::vector<std::uint64_t> distinct;
+  bool agree = true;
+  std::string runs;  // "mpi at 2, inproc at 1, 2, 3"
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    if (std::find(distinct.begin(), distinct.end(), r.hash) == distinct.end()) distinct.push_back(r.hash);
+    agree = agree && r.ranks_agree;
+    const bool same_backend = i > 0 && rows[i - 1].backend == r.backend;
+    runs += (i == 0 ? "" : ", ") + (same_backend ? std::string() : r.backend + " at ") + std::to_string(r.ranks);
+  }
+  const bool plain = p.reduction == "plain";
+  if (distinct.size() == 1 && agree) {
+    out.note("bits: identical: all " + std::to_string(rows.size()) + " results (" + runs + " ranks) read " +
+             hex(distinct.front()) +
+             (plain ? "; the plain reduction does not promise this (its sums happened to round alike here)" : ""));
+    return 0;
+  }
+  std::string text = "bits: DIFFER: " + std::to_string(rows.size()) + " results (" + runs + " ranks) give " +
+                     std::to_string(distinct.size()) + " distinct hashes" +
+                     (agree ? "" : ", and the ranks of a run disagree (ranks_agree no)");
+  text += plain ? "; expected under --reduction plain: a floating-point sum's bits depend on how the shards are spread "
+                  "over the ranks and on the backend's order (--reduction invariant sums them exactly)"
+                : "; reduction::invariant must give the same bits at every world size and over every backend";
+  out.note(text);
+  std::fprintf(stderr, "ddp-bench: FAILED: %s\n", text.c_str());
+  return 1;
+}
+
+// The rows this process computes (in-process at every world size of --ranks; NCCL's in the GPU
+// build), after `earlier` (MPI's), printed as they come, then the verdict.
+int report_bits(const collective_params& p, std::size_t count, std::vector<bits_row> earlier) {
+  report out("collective", "check bits: the average of " + std::to_string(p.shards) + " seeded shards of " +
+                               std::to_string(count) + " floats (seed " + std::to_string(p.seed) + "), reduction " +
+                               p.reduction + ", over every backend and world size",
+             bits_columns());
+  out.begin(true);
+  std::vector<bits_row> rows;
+  auto add = [&](const bits_row& r) {
+    rows.push_back(r);
+    out.add({r.backend, static_cast<long long>(r.ranks), p.reduction, static_cast<long long>(p.shards),
+             static_cast<long long>(count), hex(r.hash), std::string(r.ranks_agree ? "yes" : "no"),
+             std::string(r.hash == rows.front().hash ? "yes" : "no")});
+  };
+  for (const auto& r : earlier) add(r);
+  for (const int n : p.rank_list) {
+    bits_row row;
+    ddp::inproc::launch(n, [&](ddp::inproc::communicator& comm) {
+      ddp::host::device dev;
+      const bits_row mine = reduce_seeded(comm, comm, dev, p, count);
+      if (comm.rank() == 0) row = mine;
+    });
+    row.backend = "inproc";
+    add(row);
+  }
+  std::vector<std::string> notes;
+  for (auto& r : check_bits_nccl(p, count, notes)) add(r);
+  for (const auto& n : notes) out.note(n);
+  const int status = bits_verdict(p, rows, out);
+  out.write(p.out);
+  return status;
+}
+
 }  // namespace
 
 int run_collective(const collective_params& p) {
+  if (p.cuda_graph > 0 && p.backend != "nccl")
+    throw std::invalid_argument("-G " + std::to_string(p.cuda_graph) + " launches through a CUDA graph, which only "
+                                "--backend nccl has; drop -G for --backend " + p.backend);
   if (p.backend == "inproc") return run_inproc(p);
 #if DDP_BENCH_WITH_MPI
   if (p.backend == "mpi") return run_mpi(p);
@@ -296,13 +412,49 @@ int run_collective(const collective_params& p) {
 #endif
   if (p.backend == "nccl") {
     report out = make_report(p, p.ranks);
-    const long long wrong = run_collective_nccl(p, out);  // no_nccl.cpp outside the GPU build
+    const sweep_result found = run_collective_nccl(p, out);  // no_nccl.cpp outside the GPU build
     add_notes(out, p, p.ranks);
-    const int status = sweep_exit_status(wrong, out, true);
+    const int status = sweep_exit_status(found, out, true);
     out.write(p.out);
     return status;
   }
   throw std::invalid_argument("no backend '" + p.backend + "'; choose inproc, mpi or nccl");
+}
+
+int run_check_bits(const collective_params& p) {
+  if (p.collective != "all_reduce")
+    throw std::invalid_argument("--check bits reduces with all_reduce, as the trainer reduces gradients; drop '" +
+                                p.collective + "'");
+  for (const int n : p.rank_list)
+    if (n < 1 || static_cast<std::size_t>(n) > p.shards)
+      throw std::invalid_argument("--ranks " + std::to_string(n) + ": --check bits deals " + std::to_string(p.shards) +
+                                  " shards, one at least per rank; give --shards " + std::to_string(n) +
+                                  " or more, or fewer ranks");
+  const std::size_t count = std::max<std::size_t>(1, p.max_bytes / sizeof(float));
+#if DDP_BENCH_WITH_MPI
+  if (ddp::mpi::placement_from_environment()) {
+    ddp::mpi::environment env;
+    ddp::mpi::communicator comm;
+    if (static_cast<std::size_t>(comm.size()) > p.shards)
+      throw std::invalid_argument("mpirun -np " + std::to_string(comm.size()) + " is more than --shards " +
+                                  std::to_string(p.shards) + "; give --shards " + std::to_string(comm.size()));
+    ddp::host::device dev;
+    bits_row row = reduce_seeded(comm, comm, dev, p, count);
+    row.backend = "mpi";
+    double status = 0;
+    if (comm.rank() == 0) {
+      try {
+        status = report_bits(p, count, {row});
+      } catch (const std::exception& e) {
+        comm.abort(std::string("--check bits failed on rank 0: ") + e.what());  // the others wait in broadcast
+        throw;
+      }
+    }
+    ddp::comm::broadcast(comm, std::span<double>(&status, 1), 0);  // every process exits alike
+    return static_cast<int>(status);
+  }
+#endif
+  return report_bits(p, count, {});
 }
 
 }  // namespace bench

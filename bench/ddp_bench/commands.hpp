@@ -6,14 +6,25 @@
 #include <vector>
 
 #include "collective_sweep.hpp"
+#include "ddp_bench/check_bits.hpp"
 
 namespace bench {
 
-// The exit status is 1 when any checked element was wrong (bench/collective_sweep.hpp).
+// The exit status is 1 when any checked element was wrong or a size ran past -T
+// (bench/collective_sweep.hpp).
 int run_collective(const collective_params& p);
+// --check bits: one row per backend and world size (in-process at each of --ranks; MPI's world
+// under mpirun; NCCL at each that has enough GPUs, in the GPU build); exit status 1 unless every
+// row holds the same bits (ddp_bench/check_bits.hpp).
+int run_check_bits(const collective_params& p);
 // --backend nccl: collective_nccl.cpp in ddp-bench-gpu (the GPU build); no_nccl.cpp in ddp-bench
-// says where to find it. Returns the wrong elements the sweep's checks found (run_sweep).
-long long run_collective_nccl(const collective_params& p, report& out);
+// says where to find it. Returns what the sweep found (run_sweep).
+sweep_result run_collective_nccl(const collective_params& p, report& out);
+// --check bits over NCCL at each world size of p.rank_list that this machine has the GPUs for;
+// `notes` says which it could not run, and why.
+std::vector<bits_row> check_bits_nccl(const collective_params& p, std::size_t count, std::vector<std::string>& notes);
+// Whether this build launches collectives through CUDA graphs (-G: the GPU build).
+bool has_cuda_graphs();
 // The CUDA driver, CUDA runtime and NCCL versions this binary finds ("" each without the GPU
 // build); none needs a GPU. `nccl_built`: the nccl.h the build compiled against, and
 // `nccl_needed` the oldest library it runs with; `loaded`: the CUDA and NCCL shared libraries

@@ -1,5 +1,6 @@
 // ddp-bench: micro-benchmarks of ddp in one tool.
 //   ddp-bench collective all_reduce --backend inproc|mpi|nccl -b 8 -e 64M -f 2 [-d float] [-o sum] [--out r.json]
+//   ddp-bench collective all_reduce --check bits --ranks 1,2,3 [--reduction invariant|plain]
 //   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update,comm_hook,reduction]
 //   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120]
 //   ddp-bench versions
@@ -46,16 +47,47 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast"}))->capture_default_str();
   col->add_option("--backend", c.backend, "inproc (threads), mpi (under mpirun) or nccl (GPU build)")
       ->check(CLI::IsMember({"inproc", "mpi", "nccl"}))->capture_default_str();
-  col->add_option("--ranks,-g", c.ranks, "in-process ranks (inproc) or GPUs (nccl); mpirun -np sets MPI's")
-      ->check(CLI::Range(1, 256))->capture_default_str();
+  std::vector<int> col_ranks{c.ranks};
+  auto* col_ranks_option = col->add_option("--ranks,-g", col_ranks, "in-process ranks (inproc) or GPUs (nccl); mpirun "
+                                           "-np sets MPI's; with --check bits a list of world sizes (default 1,2,3,4)")
+      ->delimiter(',')->check(CLI::Range(1, 256))->capture_default_str();
   add_size(col, "-b,--minbytes", c.min_bytes, "smallest size in bytes (K, M, G allowed)");
   add_size(col, "-e,--maxbytes", c.max_bytes, "largest size in bytes");
   col->add_option("-f,--stepfactor", c.step_factor, "multiply the size by this between steps")->capture_default_str();
   add_size(col, "-i,--stepbytes", c.step_bytes, "add this many bytes between steps (when -f is 1)");
   col->add_option("-n,--iters", c.iters, "timed iterations per batch")->check(CLI::Range(1, 1000000))->capture_default_str();
   col->add_option("-w,--warmup_iters", c.warmup, "untimed iterations first")->check(CLI::Range(0, 1000000))->capture_default_str();
-  col->add_option("-c,--check", c.check, "check every result element (0: no, #wrong reads n/a); a wrong element "
-                                         "fails the run (exit status 1)")->capture_default_str();
+  std::string col_check = "1";
+  col->add_option("-c,--check", col_check, "1: check every result element, a wrong one fails the run (exit status 1); "
+                                           "0: no (#wrong reads n/a); bits: reduce seeded inputs over every backend "
+                                           "and world size of --ranks and compare the results' bits")
+      ->check(CLI::IsMember({"0", "1", "bits"}))->capture_default_str();
+  col->add_option("--reduction", c.reduction, "--check bits: invariant (exact sums: the same bits at every world "
+                                              "size) or plain (a floating-point sum, whose bits may differ)")
+      ->check(CLI::IsMember({"invariant", "plain"}))->capture_default_str();
+  col->add_option("--shards", c.shards, "--check bits: the seeded inputs are this many virtual shards, dealt over "
+                                        "the ranks")->check(CLI::Range(1, 4096))->capture_default_str();
+  col->add_option("--seed", c.seed, "--check bits: the seed of the inputs")->capture_default_str();
+  col->add_option("-z,--blocking", c.blocking, "1: each call waited for before the next (every call timed: the "
+                                               "p50..max columns); 0: a batch of -n calls issued back to back, then "
+                                               "waited for once (nccl-tests' default)")
+      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  if (bench::has_cuda_graphs())
+    col->add_option("-G,--cuda-graph,--cudagraph", c.cuda_graph,
+                    "--backend nccl: capture a batch of -n calls into a CUDA graph and launch it this many times "
+                    "(0: no graph)")
+        ->check(CLI::Range(0, 100000))->capture_default_str();
+  col->add_option("-N,--cycles,--run_cycles", c.cycles, "run the whole sweep this many times (the cycle column)")
+      ->check(CLI::Range(1, 100000))->capture_default_str();
+  col->add_option("-T,--timeout", c.timeout, "seconds one size may take (0: no limit); a size past it stops the "
+                                             "sweep on every rank and fails the run")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  int col_memory = 0;
+  col->add_option("-M,--memory_report", col_memory, "1: per size the host RSS high-water mark and the device memory "
+                                                    "in use (GPU build)")
+      ->check(CLI::IsMember({0, 1}))->capture_default_str();
+  col->add_flag("--overlap", c.overlap, "per size the share of a compute period the asynchronous form hides (OSU's "
+                                        "overlap): four more columns");
   col->add_flag("--inject-wrong", c.inject_wrong, "tests: alter one element of each checked result on rank 0, so "
                                                   "that the run must fail");
   col->add_option("--repeats", c.repeats, "batches of -n iterations; the best is reported")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -142,7 +174,20 @@ int main(int argc, char** argv) {
       for (const auto& problem : v.problems) std::fprintf(stderr, "ddp-bench-gpu: FAILED: %s\n", problem.c_str());
       return v.problems.empty() ? 0 : 1;
     }
-    if (col->parsed()) return bench::run_collective(c);
+    if (col->parsed()) {
+      c.check_bits = col_check == "bits";
+      c.check = col_check == "0" ? 0 : 1;
+      c.memory = col_memory != 0;
+      if (c.check_bits) {
+        c.rank_list = col_ranks_option->count() ? col_ranks : std::vector<int>{1, 2, 3, 4};
+        if (!col->get_option("-e")->count()) c.max_bytes = std::size_t{1} << 20;
+        return bench::run_check_bits(c);
+      }
+      if (col_ranks.size() != 1)
+        throw std::invalid_argument("--ranks takes one count for a sweep; a list of world sizes goes with --check bits");
+      c.ranks = col_ranks.front();
+      return bench::run_collective(c);
+    }
 #if DDP_BENCH_WITH_TRAINER
     if (step->parsed()) return bench::run_step(s);
     if (invariance->parsed()) return bench::run_invariance(iv);

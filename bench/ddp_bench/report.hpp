@@ -53,6 +53,9 @@ class report {
 
 // The median of `v` (0 when empty): the summary of repeated measurements.
 double median(std::vector<double> v);
+// The q-th percentile of `v` (0 < q <= 100) by the nearest rank: the smallest value with at least
+// q % of the values at or below it (100: the largest); 0 when empty.
+double percentile(std::vector<double> v, double q);
 
 // The command line as typed, and the UTC date and time.
 void set_command_line(int argc, char** argv);

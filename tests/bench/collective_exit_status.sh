@@ -2,10 +2,14 @@
 # ddp-bench collective's exit status and its one-rank columns (docs/benchmarking.md):
 #   - a wrong element fails the run: with --inject-wrong (one element of every checked result
 #     altered on rank 0) the exit status is 1, stderr says how many were wrong, and --out's file
-#     carries the failure among its notes; under mpirun too, when MPIRUN... is given;
+#     carries the failure among its notes; under mpirun too (and -T), when MPIRUN... is given;
 #   - the same run without it exits 0;
 #   - on one rank the in-place form moves nothing: its time and bandwidth read n/a, a note says
-#     why, and its result is still checked (ip_#wrong 0).
+#     why, and its result is still checked (ip_#wrong 0);
+#   - a size that runs past -T stops the sweep: exit status 1, a TIMEOUT line naming the size;
+#   - --check bits under the plain reduction at 1, 2, 3 ranks finds differing bits and says that
+#     the plain reduction explains it (exit status 1);
+#   - -G is not a flag of the host build (only ddp-bench-gpu launches through CUDA graphs).
 #   tests/bench/collective_exit_status.sh DDP_BENCH OUT_DIR [MPIRUN...]
 set -uo pipefail
 bench=$1 out=$2
@@ -36,10 +40,29 @@ done
 [ "$(grep -c '"oop_time(us)": [0-9]' "$out/one_rank.json")" = "$rows" ] || fail "one rank: the out-of-place form was not timed"
 grep -q '"1 rank: an in-place call moves nothing' "$out/one_rank.json" || fail "one rank: no note says why in-place reads n/a"
 
+rc=0
+"$bench" collective all_reduce --ranks 2 "${brief[@]}" -T 0.000001 > /dev/null 2> "$out/timeout.err" || rc=$?
+[ $rc = 1 ] || { cat "$out/timeout.err"; fail "a size past -T exited $rc, not 1"; }
+grep -q "^ddp-bench: TIMEOUT: size 64 B (f32, sum) ran past -T" "$out/timeout.err" || fail "-T: no TIMEOUT line naming the size"
+
+rc=0
+"$bench" collective all_reduce --check bits --reduction plain --ranks 1,2,3 -e 16K > "$out/plain_bits.log" 2>&1 || rc=$?
+[ $rc = 1 ] || { cat "$out/plain_bits.log"; fail "--check bits --reduction plain at 1, 2, 3 ranks exited $rc, not 1"; }
+grep -q "^ddp-bench: FAILED: bits: DIFFER: .*expected under --reduction plain" "$out/plain_bits.log" ||
+  fail "--check bits --reduction plain did not say that the plain reduction explains the difference"
+
+rc=0
+"$bench" collective all_reduce --ranks 2 -G 1 > "$out/graph.log" 2>&1 || rc=$?
+[ $rc != 0 ] && grep -q -- "-G" "$out/graph.log" || fail "-G was taken by the host build"
+
 if [ $# -gt 0 ]; then
   rc=0
   "$@" -np 2 "$bench" collective all_reduce --backend mpi "${brief[@]}" --inject-wrong > "$out/mpi_wrong.log" 2>&1 || rc=$?
   [ $rc != 0 ] || { cat "$out/mpi_wrong.log"; fail "under mpirun a run with wrong elements exited 0"; }
   grep -q "^ddp-bench: FAILED: 6 wrong element(s)" "$out/mpi_wrong.log" || fail "under mpirun rank 0 did not say so"
+  rc=0
+  "$@" -np 2 "$bench" collective all_reduce --backend mpi "${brief[@]}" -T 0.000001 > "$out/mpi_timeout.log" 2>&1 || rc=$?
+  [ $rc != 0 ] || { cat "$out/mpi_timeout.log"; fail "under mpirun a size past -T exited 0"; }
+  grep -q "^ddp-bench: TIMEOUT: size 64 B" "$out/mpi_timeout.log" || fail "under mpirun rank 0 did not report the -T size"
 fi
-echo "collective_exit_status: a wrong element fails the run (exit 1$([ $# -gt 0 ] && echo ", under mpirun too")); one rank's in-place columns read n/a"
+echo "collective_exit_status: a wrong element and a size past -T fail the run (exit 1$([ $# -gt 0 ] && echo ", under mpirun too")); plain bits differ, and say why; one rank's in-place columns read n/a"

@@ -1,6 +1,6 @@
 // ddp-bench's output files, written by the ctest entries bench_* (each subcommand run briefly at
-// its smallest sizes): each parses, says what produced it, has rows, and every check column
-// reads zero wrong elements.
+// its smallest sizes): each parses, says what produced it, has rows, every check column reads
+// zero wrong elements, and the columns and modes beside nccl-tests' read as documented.
 #include <doctest/doctest.h>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -67,9 +68,10 @@ TEST_CASE("ddp-bench collective: every collective, every dtype and reduction, in
     check_collective("collective_" + c + "_inproc.json", c, 3);
   // The machine's ceiling beside the memcpy baseline: three threads copying at once.
   const auto notes = read_json("collective_all_reduce_inproc.json").at("notes");
-  REQUIRE(notes.size() == 3);
-  CHECK(notes.at(2).get<std::string>().find("ceiling: 3 threads each copying") == 0);
-  CHECK(notes.at(2).get<std::string>().find("tops out near 1.33 / ") != std::string::npos);
+  REQUIRE(notes.size() == 4);  // the baseline, the forms, -z 1's tail columns, the ceiling
+  CHECK(notes.at(2).get<std::string>().starts_with("-z 1: each call waited for"));
+  CHECK(notes.at(3).get<std::string>().find("ceiling: 3 threads each copying") == 0);
+  CHECK(notes.at(3).get<std::string>().find("tops out near 1.33 / ") != std::string::npos);
 }
 
 TEST_CASE("ddp-bench collective over MPI at 2 ranks, with raw MPI as the baseline") {
@@ -77,6 +79,94 @@ TEST_CASE("ddp-bench collective over MPI at 2 ranks, with raw MPI as the baselin
   const auto j = read_json("collective_all_reduce_mpi.json");
   CHECK(j.at("notes").at(0).get<std::string>().find("raw MPI") != std::string::npos);
   CHECK(j.at("notes").at(1).get<std::string>().find("blocking form") != std::string::npos);
+}
+
+TEST_CASE("ddp-bench collective: the tail of single calls, -N cycles, --overlap and -M, after nccl-tests' columns") {
+  const auto j = read_json("collective_modes.json");
+  check_common(j, "collective");
+  const auto columns = j.at("columns").get<std::vector<std::string>>();
+  const std::vector<std::string> added{"p50(us)", "p90(us)", "p99(us)", "max(us)", "cycle", "ovl_comm(us)",
+                                       "ovl_compute(us)", "ovl_total(us)", "overlap(%)", "host_hwm(MiB)",
+                                       "dev_used(MiB)"};
+  REQUIRE(columns.size() == 18 + added.size());
+  CHECK(columns.front() == "size(B)");
+  CHECK(std::vector<std::string>(columns.begin() + 18, columns.end()) == added);
+  std::map<long long, int> per_cycle;
+  for (const auto& row : j.at("rows")) {
+    CAPTURE(row.dump());
+    CHECK(row.at("oop_#wrong") == 0);
+    const double p50 = row.at("p50(us)"), p90 = row.at("p90(us)"), p99 = row.at("p99(us)"), max = row.at("max(us)");
+    CHECK(p50 > 0);
+    CHECK(p50 <= p90);
+    CHECK(p90 <= p99);
+    CHECK(p99 <= max);
+    // The mean of the best batch is never above the slowest single call.
+    CHECK(row.at("oop_time(us)").get<double>() <= max);
+    ++per_cycle[row.at("cycle").get<long long>()];
+    CHECK(row.at("ovl_comm(us)") == row.at("async_time(us)"));
+    CHECK(row.at("ovl_compute(us)").get<double>() > 0);
+    CHECK(row.at("ovl_total(us)").get<double>() > 0);
+    CHECK(row.at("overlap(%)").get<double>() >= 0);
+    CHECK(row.at("overlap(%)").get<double>() <= 100);
+    CHECK(row.at("host_hwm(MiB)").get<double>() > 1);
+    CHECK(row.at("dev_used(MiB)") == "n/a");
+  }
+  CHECK(per_cycle == std::map<long long, int>{{1, 3}, {2, 3}});
+  CHECK(j.at("title").get<std::string>().find("(2 cycles)") != std::string::npos);
+}
+
+TEST_CASE("ddp-bench collective -z 0: a batch waited for once, so no single call's time") {
+  const auto j = read_json("collective_nonblocking.json");
+  check_common(j, "collective");
+  for (const auto& row : j.at("rows")) {
+    CAPTURE(row.dump());
+    CHECK(row.at("oop_#wrong") == 0);
+    CHECK(row.at("oop_time(us)").get<double>() > 0);
+    CHECK(row.at("async_time(us)").get<double>() > 0);
+    for (const char* tail : {"p50(us)", "p90(us)", "p99(us)", "max(us)"}) CHECK(row.at(tail) == "n/a");
+  }
+  bool said = false;
+  for (const auto& note : j.at("notes")) said = said || note.get<std::string>().starts_with("-z 0: ");
+  CHECK(said);
+}
+
+// --check bits: one row per backend and world size (`runs`, in order), every one the same hash
+// under the invariant reduction.
+void check_bits(const std::string& name, const std::vector<std::pair<std::string, int>>& runs) {
+  CAPTURE(name);
+  const auto j = read_json(name);
+  check_common(j, "collective");
+  CHECK(j.at("title").get<std::string>().starts_with("check bits: "));
+  const auto& rows = j.at("rows");
+  REQUIRE(rows.size() == runs.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    CAPTURE(rows[i].dump());
+    CHECK(rows[i].at("backend") == runs[i].first);
+    CHECK(rows[i].at("ranks") == runs[i].second);
+    CHECK(rows[i].at("reduction") == "invariant");
+    CHECK(rows[i].at("elements") == 4096);
+    CHECK(rows[i].at("hash").get<std::string>().size() == 16);
+    CHECK(rows[i].at("hash") == rows[0].at("hash"));
+    CHECK(rows[i].at("ranks_agree") == "yes");
+    CHECK(rows[i].at("same") == "yes");
+  }
+  CHECK(j.at("notes").back().get<std::string>().starts_with("bits: identical: all " + std::to_string(runs.size())));
+}
+
+TEST_CASE("ddp-bench collective --check bits: reduction::invariant gives the same bits at 1, 2 and 3 ranks") {
+  check_bits("collective_check_bits.json", {{"inproc", 1}, {"inproc", 2}, {"inproc", 3}});
+}
+
+TEST_CASE("ddp-bench collective --check bits under mpirun: MPI's bits are the in-process ones") {
+  check_bits("collective_check_bits_mpi.json", {{"mpi", 2}, {"inproc", 1}, {"inproc", 2}, {"inproc", 3}});
+  // The MPI sweep reads the overlap and memory columns too.
+  for (const auto& row : read_json("collective_all_reduce_mpi.json").at("rows")) {
+    CAPTURE(row.dump());
+    CHECK(row.at("overlap(%)").get<double>() >= 0);
+    CHECK(row.at("overlap(%)").get<double>() <= 100);
+    CHECK(row.at("host_hwm(MiB)").get<double>() > 1);
+    CHECK(row.at("p99(us)").get<double>() <= row.at("max(us)").get<double>());
+  }
 }
 
 TEST_CASE("ddp-bench step: every configuration at each world, against the unsynchronised step") {
