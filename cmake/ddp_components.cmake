@@ -97,3 +97,30 @@ if(DDP_WITH_TORCH)
     message(STATUS "ddp: libtorch not found (Debian: libtorch-dev); ddp::torch is not built")
   endif()
 endif()
+
+#   ddp::runtime      the code that does not depend on a user's types (reference layers, data set
+#                     readers, host kernels, the trainer's parts over the in-process ranks and the
+#                     host device), compiled once into libddp_runtime. Linking it sets
+#                     DDP_COMPILED_RUNTIME=1: the headers then only declare that code, and a
+#                     training program compiles in about half the time (docs/headers.md). Optional:
+#                     without it every header stays header-only.
+#   ddp::mpi_runtime  the same for the MPI communicator and the trainer's parts over it
+#                     (DDP_COMPILED_MPI_RUNTIME=1), on top of ddp::runtime and ddp::mpi.
+if(TARGET ddp_nn AND TARGET ddp_data)
+  add_library(ddp_runtime STATIC ${PROJECT_SOURCE_DIR}/src/runtime/runtime.cpp)
+  add_library(ddp::runtime ALIAS ddp_runtime)
+  set_target_properties(ddp_runtime PROPERTIES EXPORT_NAME runtime POSITION_INDEPENDENT_CODE ON)
+  target_link_libraries(ddp_runtime PUBLIC ddp_nn ddp_data)
+  target_compile_definitions(ddp_runtime PRIVATE DDP_BUILDING_RUNTIME INTERFACE DDP_COMPILED_RUNTIME=1)
+  list(APPEND ddp_components runtime)
+  if(TARGET ddp_mpi)
+    add_library(ddp_mpi_runtime STATIC ${PROJECT_SOURCE_DIR}/src/runtime/mpi.cpp)
+    add_library(ddp::mpi_runtime ALIAS ddp_mpi_runtime)
+    set_target_properties(ddp_mpi_runtime PROPERTIES EXPORT_NAME mpi_runtime POSITION_INDEPENDENT_CODE ON)
+    target_link_libraries(ddp_mpi_runtime PUBLIC ddp_runtime ddp_mpi)
+    target_compile_definitions(ddp_mpi_runtime PRIVATE DDP_BUILDING_MPI_RUNTIME INTERFACE DDP_COMPILED_MPI_RUNTIME=1)
+    list(APPEND ddp_components mpi_runtime)
+  endif()
+else()
+  message(STATUS "ddp: ddp::runtime needs ddp::nn and ddp::data (OpenBLAS, zlib); not built")
+endif()

@@ -31,7 +31,7 @@ function(ddp_add_header_check name)
   set(sources)
   foreach(h IN LISTS headers)
     # Headers of optional engines are checked only when that engine is built.
-    if(h MATCHES "^ddp/mpi/" AND NOT TARGET ddp::mpi)
+    if(h MATCHES "^ddp/(mpi/|runtime/mpi)" AND NOT TARGET ddp::mpi)
       continue()
     endif()
     if(h MATCHES "^ddp/(nccl|cuda|nn/cuda)/" AND NOT TARGET ddp::nccl)

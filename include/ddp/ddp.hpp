@@ -19,3 +19,14 @@
 #include "ddp/optim/schedule.hpp"
 #include "ddp/trainer/progress.hpp"
 #include "ddp/trainer/trainer.hpp"
+
+// With ddp::runtime (DDP_COMPILED_RUNTIME=1): the trainer's parts over these engines are compiled
+// in libddp_runtime, not in each translation unit; with ddp::mpi_runtime
+// (DDP_COMPILED_MPI_RUNTIME=1) those over the MPI communicator too (docs/headers.md).
+#include "ddp/core/compiled_runtime.hpp"
+#if DDP_RUNTIME_EXTERN
+#include "ddp/runtime/inproc.hpp"
+#endif
+#if DDP_MPI_RUNTIME_EXTERN
+#include "ddp/runtime/mpi.hpp"
+#endif

@@ -130,7 +130,7 @@ file(WRITE ${WORK_DIR}/probe/CMakeLists.txt
      "find_package(ddp CONFIG REQUIRED COMPONENTS \${COMPONENT})\n")
 run(refusal fail ${WORK_DIR} ${CMAKE_COMMAND} -S probe -B probe/unknown -DCOMPONENT=cudaa -DCMAKE_PREFIX_PATH=${prefix})
 string(REGEX REPLACE "[ \n]+" " " refusal "${refusal}")  # CMake wraps the reason it prints
-if(NOT refusal MATCHES "ddp::cudaa: ddp has no component 'cudaa' \\(its components: nn, data, mpi, cuda, nccl, torch\\)")
+if(NOT refusal MATCHES "ddp::cudaa: ddp has no component 'cudaa' \\(its components: nn, data, runtime, mpi, mpi_runtime, cuda, nccl, torch\\)")
   message(FATAL_ERROR "an unknown component was not named:\n${refusal}")
 endif()
 if(EXISTS ${prefix}/lib/cmake/ddp/ddp-cuda-targets.cmake AND NOT EXISTS ${prefix}/lib/libddp_cuda_kernels.a)

@@ -11,7 +11,8 @@ set(floors
   "inproc mpi nccl nn torch"
   "data policy"
   "sampler"
-  "trainer")
+  "trainer"
+  "runtime")
 
 # floor_<folder>: its floor's number; below_<folder>: every folder on a lower floor.
 set(below "")

@@ -5,16 +5,13 @@
 #include <string>
 #include <utility>
 
+#include "ddp/core/compiled_runtime.hpp"
+
 namespace ddp {
 
 class error : public std::runtime_error {
  public:
-  error(std::string backend, std::string operation, int rank, const std::string& what)
-      : std::runtime_error(format(backend, operation, rank, what)),
-        backend_(std::move(backend)),
-        operation_(std::move(operation)),
-        rank_(rank),
-        detail_(what) {}
+  error(std::string backend, std::string operation, int rank, const std::string& what);
 
   // Backend that raised it: "inproc", "mpi", "nccl", "cuda", "host", "trainer", "data", ...
   const std::string& backend() const noexcept { return backend_; }
@@ -27,11 +24,7 @@ class error : public std::runtime_error {
 
  private:
   static std::string format(const std::string& backend, const std::string& operation, int rank,
-                            const std::string& what) {
-    std::string s = "ddp[" + backend + "] " + operation;
-    if (rank >= 0) s += " on rank " + std::to_string(rank);
-    return s + ": " + what;
-  }
+                            const std::string& what);
 
   std::string backend_;
   std::string operation_;
@@ -64,5 +57,23 @@ class timeout_error : public peer_error {
  public:
   using peer_error::peer_error;
 };
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE error::error(std::string backend, std::string operation, int rank, const std::string& what)
+    : std::runtime_error(format(backend, operation, rank, what)),
+      backend_(std::move(backend)),
+      operation_(std::move(operation)),
+      rank_(rank),
+      detail_(what) {}
+
+DDP_RUNTIME_INLINE std::string error::format(const std::string& backend, const std::string& operation, int rank,
+    const std::string& what) {
+  std::string s = "ddp[" + backend + "] " + operation;
+  if (rank >= 0) s += " on rank " + std::to_string(rank);
+  return s + ": " + what;
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp

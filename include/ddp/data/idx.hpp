@@ -3,8 +3,6 @@
 //   bytes 0-1: 0, byte 2: element type (0x08 = unsigned byte), byte 3: number of dimensions,
 //   then each dimension as a big-endian uint32, then the elements, row-major.
 // Every check names the file, what was expected and what was found.
-#include <zlib.h>
-
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -12,6 +10,11 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/core/compiled_runtime.hpp"
+
+#if DDP_RUNTIME_DEFINITIONS
+#include <zlib.h>
+#endif
 
 namespace ddp::data {
 
@@ -20,8 +23,27 @@ struct idx_array {
   std::vector<std::uint8_t> values;
 };
 
+// The header of an IDX file of unsigned bytes with `expected_dims` dimensions, checked against
+// the file's length: its dimensions and where the values begin.
+struct idx_header {
+  std::vector<std::uint32_t> dims;
+  std::size_t values_offset = 0;
+  std::size_t value_count = 0;
+};
+
 // The file's bytes; gzip is undone when present (zlib reads plain files unchanged).
-inline std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path) {
+std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path);
+
+// The header's checks against the file's length; throws a ddp::error naming the file.
+idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, const std::string& path,
+                            std::size_t expected_dims);
+
+// Reads an IDX file of unsigned bytes with `expected_dims` dimensions into memory.
+idx_array read_idx(const std::string& path, std::size_t expected_dims);
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f)
     throw error("data", "read", -1,
@@ -48,15 +70,7 @@ inline std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path) {
   return bytes;
 }
 
-// The header of an IDX file of unsigned bytes with `expected_dims` dimensions, checked against
-// the file's length: its dimensions and where the values begin.
-struct idx_header {
-  std::vector<std::uint32_t> dims;
-  std::size_t values_offset = 0;
-  std::size_t value_count = 0;
-};
-
-inline idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, const std::string& path,
+DDP_RUNTIME_INLINE idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, const std::string& path,
                                    std::size_t expected_dims) {
   auto fail = [&](const std::string& what) { throw error("data", "read_idx", -1, "'" + path + "': " + what); };
   if (size < 4) fail("expected an IDX header of at least 4 bytes, found a file of " + std::to_string(size) + " bytes");
@@ -96,8 +110,7 @@ inline idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, 
   return h;
 }
 
-// Reads an IDX file of unsigned bytes with `expected_dims` dimensions into memory.
-inline idx_array read_idx(const std::string& path, std::size_t expected_dims) {
+DDP_RUNTIME_INLINE idx_array read_idx(const std::string& path, std::size_t expected_dims) {
   const auto bytes = read_maybe_gzipped(path);
   auto h = parse_idx_header(bytes.data(), bytes.size(), path, expected_dims);
   idx_array out;
@@ -105,5 +118,7 @@ inline idx_array read_idx(const std::string& path, std::size_t expected_dims) {
   out.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(h.values_offset), bytes.end());
   return out;
 }
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::data

@@ -18,43 +18,13 @@
 
 #include "ddp/core/error.hpp"
 #include "ddp/data/idx.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::data {
 
 class mapped_idx {
  public:
-  mapped_idx(const std::string& path, std::size_t expected_dims) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      throw error("data", "mapped_idx", -1,
-                  "cannot open '" + path + "': " + std::strerror(errno) +
-                      (errno == ENOENT ? " (a mapped data set needs the uncompressed IDX files: gunzip -k the "
-                                         ".gz ones into a directory of your own)"
-                                       : ""));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw error("data", "mapped_idx", -1, "cannot stat '" + path + "': " + std::strerror(e));
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        const int e = errno;
-        ::close(fd);
-        throw error("data", "mapped_idx", -1, "cannot map '" + path + "': " + std::strerror(e));
-      }
-      bytes_ = static_cast<const std::uint8_t*>(p);
-    }
-    ::close(fd);  // the mapping stays valid without the descriptor
-    try {
-      header_ = parse_idx_header(bytes_, size_, path, expected_dims);
-    } catch (...) {
-      unmap();
-      throw;
-    }
-  }
+  mapped_idx(const std::string& path, std::size_t expected_dims);
   mapped_idx(mapped_idx&& o) noexcept
       : path_(std::move(o.path_)), bytes_(std::exchange(o.bytes_, nullptr)), size_(std::exchange(o.size_, 0)),
         header_(std::move(o.header_)) {}
@@ -89,5 +59,42 @@ class mapped_idx {
   std::size_t size_ = 0;
   idx_header header_;
 };
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE mapped_idx::mapped_idx(const std::string& path, std::size_t expected_dims) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw error("data", "mapped_idx", -1,
+                "cannot open '" + path + "': " + std::strerror(errno) +
+                    (errno == ENOENT ? " (a mapped data set needs the uncompressed IDX files: gunzip -k the "
+                                       ".gz ones into a directory of your own)"
+                                     : ""));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw error("data", "mapped_idx", -1, "cannot stat '" + path + "': " + std::strerror(e));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      throw error("data", "mapped_idx", -1, "cannot map '" + path + "': " + std::strerror(e));
+    }
+    bytes_ = static_cast<const std::uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+  try {
+    header_ = parse_idx_header(bytes_, size_, path, expected_dims);
+  } catch (...) {
+    unmap();
+    throw;
+  }
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::data

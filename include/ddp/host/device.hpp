@@ -9,6 +9,7 @@
 #include "ddp/concepts/device.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/host/kernels.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::host {
 
@@ -19,14 +20,7 @@ class device {
 
   device_id id() const noexcept { return device_id::cpu(); }
 
-  void* allocate(std::size_t bytes) {
-    if (bytes == 0) return nullptr;
-    void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-    if (!p)
-      throw error("host", "allocate", -1,
-                  "out of memory allocating " + std::to_string(bytes) + " bytes");
-    return p;
-  }
+  void* allocate(std::size_t bytes);
   void deallocate(void* p, std::size_t) noexcept { std::free(p); }
 
   void copy(void* dst, const void* src, std::size_t bytes) {
@@ -46,29 +40,7 @@ class device {
   void cast(const_buffer src, mutable_buffer dst) { cast(src, dst, 1.0f); }
   // dst = src * factor, f32 -> f16 / bf16 (the product rounded once more to 16 bits); factor 1
   // only the other way.
-  void cast(const_buffer src, mutable_buffer dst, float factor) {
-    if (src.count != dst.count)
-      throw error("host", "cast", -1,
-                  "source has " + std::to_string(src.count) + " elements but destination " +
-                      std::to_string(dst.count));
-    const auto n = src.count;
-    if (src.type == dtype::f32 && is_half(dst.type)) {
-      visit_half_dtype(dst.type, [&]<class F>(F) {
-        narrow<F>(static_cast<const float*>(src.data), static_cast<std::uint16_t*>(dst.data), n, factor);
-      });
-    } else if (is_half(src.type) && dst.type == dtype::f32 && factor == 1.0f) {
-      visit_half_dtype(src.type, [&]<class F>(F) {
-        widen<F>(static_cast<const std::uint16_t*>(src.data), static_cast<float*>(dst.data), n);
-      });
-    } else if (src.type == dst.type && factor == 1.0f) {
-      copy(dst.data, src.data, src.bytes());
-    } else {
-      throw error("host", "cast", -1,
-                  "no conversion from " + std::string(name_of(src.type)) + " to " +
-                      std::string(name_of(dst.type)) + (factor == 1.0f ? "" : " with a factor") +
-                      "; cast supports f32 <-> f16 / bf16, and a factor only from f32");
-    }
-  }
+  void cast(const_buffer src, mutable_buffer dst, float factor);
 
   // An optimizer's element rule over a bucket (ddp/optim/optimizer.hpp).
   template <int S, class Rule>
@@ -82,5 +54,42 @@ class device {
 };
 
 static_assert(diagnose_device<device>());
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE void* device::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  if (!p)
+    throw error("host", "allocate", -1,
+                "out of memory allocating " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+DDP_RUNTIME_INLINE void device::cast(const_buffer src, mutable_buffer dst, float factor) {
+  if (src.count != dst.count)
+    throw error("host", "cast", -1,
+                "source has " + std::to_string(src.count) + " elements but destination " +
+                    std::to_string(dst.count));
+  const auto n = src.count;
+  if (src.type == dtype::f32 && is_half(dst.type)) {
+    visit_half_dtype(dst.type, [&]<class F>(F) {
+      narrow<F>(static_cast<const float*>(src.data), static_cast<std::uint16_t*>(dst.data), n, factor);
+    });
+  } else if (is_half(src.type) && dst.type == dtype::f32 && factor == 1.0f) {
+    visit_half_dtype(src.type, [&]<class F>(F) {
+      widen<F>(static_cast<const std::uint16_t*>(src.data), static_cast<float*>(dst.data), n);
+    });
+  } else if (src.type == dst.type && factor == 1.0f) {
+    copy(dst.data, src.data, src.bytes());
+  } else {
+    throw error("host", "cast", -1,
+                "no conversion from " + std::string(name_of(src.type)) + " to " +
+                    std::string(name_of(dst.type)) + (factor == 1.0f ? "" : " with a factor") +
+                    "; cast supports f32 <-> f16 / bf16, and a factor only from f32");
+  }
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::host

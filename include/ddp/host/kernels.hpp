@@ -20,6 +20,7 @@
 #include "ddp/core/segment.hpp"
 #include "ddp/core/vectorize.hpp"
 #include "ddp/host/half.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::host {
 
@@ -312,5 +313,26 @@ void reduce_to_all_half(std::span<const std::uint16_t* const> sources, std::span
     for (std::uint16_t* t : targets) std::memcpy(t + begin, rounded, len * sizeof(std::uint16_t));
   }
 }
+
+// The instances the communicators use, compiled once in libddp_runtime (ddp/core/compiled_runtime.hpp):
+// DDP_HOST_KERNEL_INSTANCES(extern template) declares them, (template) defines them.
+#define DDP_HOST_KERNEL_INSTANCES(kind)                                                                        \
+  kind void reduce_to_all<float>(std::span<const float* const>, std::span<float* const>, std::size_t, reduce_op, \
+                                 std::size_t);                                                                 \
+  kind void reduce_to_all<double>(std::span<const double* const>, std::span<double* const>, std::size_t,        \
+                                  reduce_op, std::size_t);                                                     \
+  kind void reduce_to_all<std::int32_t>(std::span<const std::int32_t* const>, std::span<std::int32_t* const>,   \
+                                        std::size_t, reduce_op, std::size_t);                                  \
+  kind void reduce_to_all<std::int64_t>(std::span<const std::int64_t* const>, std::span<std::int64_t* const>,   \
+                                        std::size_t, reduce_op, std::size_t);                                  \
+  kind void reduce_to_all<std::uint8_t>(std::span<const std::uint8_t* const>, std::span<std::uint8_t* const>,   \
+                                        std::size_t, reduce_op, std::size_t);                                  \
+  kind void reduce_to_all_half<bf16_format>(std::span<const std::uint16_t* const>, std::span<std::uint16_t* const>, \
+                                            std::size_t, reduce_op, std::size_t);                              \
+  kind void reduce_to_all_half<f16_format>(std::span<const std::uint16_t* const>, std::span<std::uint16_t* const>, \
+                                           std::size_t, reduce_op, std::size_t);
+#if DDP_RUNTIME_EXTERN
+DDP_HOST_KERNEL_INSTANCES(extern template)
+#endif
 
 }  // namespace ddp::host

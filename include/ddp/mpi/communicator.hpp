@@ -32,6 +32,7 @@
 #include "ddp/host/kernels.hpp"
 #include "ddp/mpi/check.hpp"
 #include "ddp/mpi/environment.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::mpi {
 
@@ -110,36 +111,11 @@ class communicator {
   static constexpr std::string_view backend_name = "mpi";
 
   // Duplicates `parent`, so ddp's traffic never matches the application's own messages.
-  explicit communicator(MPI_Comm parent = MPI_COMM_WORLD, options opts = {}) : options_(opts) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized)
-      throw error("mpi", "communicator", -1,
-                  "MPI is not initialised: create a ddp::mpi::environment first (in main, before any "
-                  "communicator)");
-    half_ops_.emplace();
-    check(MPI_Comm_dup(parent, &comm_), "comm_dup", -1);
-    check(MPI_Comm_dup(parent, &roll_), "comm_dup", -1);
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    int thread_level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&thread_level);
-    can_roll_call_ = thread_level == MPI_THREAD_MULTIPLE;
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    const auto env = placement_from_environment();
-    local_rank_ = env ? env->local_rank : 0;
-    watchdog_.emplace(poll_interval(), [this] { return watch(); });
-    progress_.emplace();
-  }
+  explicit communicator(MPI_Comm parent = MPI_COMM_WORLD, options opts = {});
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
 
-  ~communicator() {
-    progress_.reset();  // finishes queued collectives, then joins
-    watchdog_.reset();
-    MPI_Comm_free(&roll_);
-    MPI_Comm_free(&comm_);
-  }
+  ~communicator();
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -237,11 +213,7 @@ class communicator {
 
   // Ends the job: MPI cannot tell peers that wait in a collective to stop, but mpirun stops
   // every rank when one aborts.
-  void abort(const std::string& reason) {
-    std::fprintf(stderr, "ddp[mpi] rank %d aborts the job: %s\n", rank_, reason.c_str());
-    std::fflush(stderr);
-    MPI_Abort(comm_, 1);
-  }
+  void abort(const std::string& reason);
 
  private:
   // The collective tells the watchdog, without a lock or a clock read, which one this rank
@@ -278,15 +250,7 @@ class communicator {
 
   MPI_Op op_for(dtype t, reduce_op op) const { return host::is_half(t) ? half_ops_->get(t, op) : op_of(op); }
 
-  void divide(mutable_buffer b) const {
-    if (host::is_half(b.type)) {
-      host::visit_half_dtype(b.type, [&]<class F>(F) {
-        host::divide_half<F>(static_cast<std::uint16_t*>(b.data), b.count, static_cast<float>(size_));
-      });
-      return;
-    }
-    visit_host_dtype(b.type, [&]<class T>(T) { host::divide(static_cast<T*>(b.data), b.count, static_cast<T>(size_)); });
-  }
+  void divide(mutable_buffer b) const;
 
   bool power_of_two_world() const { return (size_ & (size_ - 1)) == 0; }
 
@@ -324,98 +288,18 @@ class communicator {
 
   // The watchdog's look: answers peers' roll calls; a collective past the timeout ends the job
   // (MPI cannot tell the peers), after a roll call of its own says who is missing.
-  bool watch() {
-    if (can_roll_call_) answer_roll_calls();
-    // How long the running operation has run, from when this watchdog first saw it (a poll
-    // interval late at most): the collectives themselves read no clock.
-    const std::uint64_t running = progress_->running_op();
-    const auto now = std::chrono::steady_clock::now();
-    if (running == 0 || running != watched_op_) {
-      watched_op_ = running;
-      watched_since_ = now;
-      return true;
-    }
-    if (now - watched_since_ <= options_.timeout) return true;
-    // The operation running since then: the latest one entered (they run one at a time).
-    const std::uint64_t stuck = entered_.load(std::memory_order_relaxed) - 1;
-    abort(std::string(current_name_.load(std::memory_order_relaxed)) + " #" + std::to_string(stuck) +
-          " made no progress for " + std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck));
-    return false;
-  }
+  bool watch();
 
   static constexpr int query_tag = 1, answer_tag = 2;
 
   // Where this rank is: how many collectives it has entered, and whether it is inside one.
-  void answer_roll_calls() {
-    for (;;) {
-      int asked = 0;
-      MPI_Status status;
-      MPI_Iprobe(MPI_ANY_SOURCE, query_tag, roll_, &asked, &status);
-      if (!asked) return;
-      char query = 0;
-      MPI_Recv(&query, 1, MPI_CHAR, status.MPI_SOURCE, query_tag, roll_, MPI_STATUS_IGNORE);
-      std::uint64_t where[2];
-      where[0] = entered_.load(std::memory_order_relaxed);
-      where[1] = progress_->running_op() != 0 ? 1 : 0;
-      MPI_Send(where, 2, MPI_UINT64_T, status.MPI_SOURCE, answer_tag, roll_);
-    }
-  }
+  void answer_roll_calls();
 
   // Asks every other rank where it is (each answers from its watchdog, within two of its polls)
   // and says which ranks have not arrived at collective #sequence, and which did not answer.
-  std::string roll_call(std::uint64_t sequence) {
-    if (!can_roll_call_ || size_ == 1)
-      return "a peer never joined it, or died (MPI gives less than MPI_THREAD_MULTIPLE, so the ranks "
-             "were not asked where they are)";
-    std::vector<std::uint64_t> where(2 * static_cast<std::size_t>(size_), 0);
-    std::vector<MPI_Request> sends, answers(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
-    std::vector<int> answered(static_cast<std::size_t>(size_), 0);
-    char query = 0;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      MPI_Isend(&query, 1, MPI_CHAR, r, query_tag, roll_, &sends.emplace_back());
-      MPI_Irecv(&where[2 * static_cast<std::size_t>(r)], 2, MPI_UINT64_T, r, answer_tag, roll_,
-                &answers[static_cast<std::size_t>(r)]);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + 2 * poll_interval() + std::chrono::seconds(1);
-    int pending = size_ - 1;
-    while (pending > 0 && std::chrono::steady_clock::now() < deadline) {
-      answer_roll_calls();  // peers that timed out too are asking us
-      for (int r = 0; r < size_; ++r) {
-        auto& request = answers[static_cast<std::size_t>(r)];
-        if (r == rank_ || answered[static_cast<std::size_t>(r)]) continue;
-        MPI_Test(&request, &answered[static_cast<std::size_t>(r)], MPI_STATUS_IGNORE);
-        if (answered[static_cast<std::size_t>(r)]) --pending;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    std::string missing, silent, here;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      const auto i = static_cast<std::size_t>(r);
-      if (!answered[i]) {
-        silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
-        continue;
-      }
-      const std::uint64_t entered = where[2 * i];
-      if (entered > sequence) continue;
-      missing += (missing.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has not arrived (" +
-                 (entered == 0 ? std::string("it has entered no collective yet")
-                               : "its last collective is #" + std::to_string(entered - 1) +
-                                     (where[2 * i + 1] ? ", still running" : ", finished")) +
-                 ")";
-    }
-    for (int r = 0; r < size_; ++r)
-      if (r == rank_ || (answered[static_cast<std::size_t>(r)] && where[2 * static_cast<std::size_t>(r)] > sequence))
-        here += (here.empty() ? "" : ", ") + std::to_string(r);
-    std::string report = missing.empty() ? "every rank that answered has arrived" : missing;
-    if (!silent.empty()) report += "; " + silent + " did not answer (dead, or the process is stuck)";
-    return report + "; ranks in it: " + here;
-  }
+  std::string roll_call(std::uint64_t sequence);
 
-  std::chrono::milliseconds poll_interval() const {
-    return std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1));
-  }
+  std::chrono::milliseconds poll_interval() const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm roll_ = MPI_COMM_NULL;  // the watchdogs' roll calls, apart from the collectives
@@ -437,5 +321,142 @@ class communicator {
 };
 
 static_assert(diagnose_communicator<communicator>());
+
+#if DDP_MPI_RUNTIME_DEFINITIONS
+
+DDP_MPI_RUNTIME_INLINE communicator::communicator(MPI_Comm parent, options opts) : options_(opts) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    throw error("mpi", "communicator", -1,
+                "MPI is not initialised: create a ddp::mpi::environment first (in main, before any "
+                "communicator)");
+  half_ops_.emplace();
+  check(MPI_Comm_dup(parent, &comm_), "comm_dup", -1);
+  check(MPI_Comm_dup(parent, &roll_), "comm_dup", -1);
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  int thread_level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&thread_level);
+  can_roll_call_ = thread_level == MPI_THREAD_MULTIPLE;
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  const auto env = placement_from_environment();
+  local_rank_ = env ? env->local_rank : 0;
+  watchdog_.emplace(poll_interval(), [this] { return watch(); });
+  progress_.emplace();
+}
+
+DDP_MPI_RUNTIME_INLINE communicator::~communicator() {
+  progress_.reset();  // finishes queued collectives, then joins
+  watchdog_.reset();
+  MPI_Comm_free(&roll_);
+  MPI_Comm_free(&comm_);
+}
+
+DDP_MPI_RUNTIME_INLINE void communicator::abort(const std::string& reason) {
+  std::fprintf(stderr, "ddp[mpi] rank %d aborts the job: %s\n", rank_, reason.c_str());
+  std::fflush(stderr);
+  MPI_Abort(comm_, 1);
+}
+
+DDP_MPI_RUNTIME_INLINE void communicator::divide(mutable_buffer b) const {
+  if (host::is_half(b.type)) {
+    host::visit_half_dtype(b.type, [&]<class F>(F) {
+      host::divide_half<F>(static_cast<std::uint16_t*>(b.data), b.count, static_cast<float>(size_));
+    });
+    return;
+  }
+  visit_host_dtype(b.type, [&]<class T>(T) { host::divide(static_cast<T*>(b.data), b.count, static_cast<T>(size_)); });
+}
+
+DDP_MPI_RUNTIME_INLINE bool communicator::watch() {
+  if (can_roll_call_) answer_roll_calls();
+  // How long the running operation has run, from when this watchdog first saw it (a poll
+  // interval late at most): the collectives themselves read no clock.
+  const std::uint64_t running = progress_->running_op();
+  const auto now = std::chrono::steady_clock::now();
+  if (running == 0 || running != watched_op_) {
+    watched_op_ = running;
+    watched_since_ = now;
+    return true;
+  }
+  if (now - watched_since_ <= options_.timeout) return true;
+  // The operation running since then: the latest one entered (they run one at a time).
+  const std::uint64_t stuck = entered_.load(std::memory_order_relaxed) - 1;
+  abort(std::string(current_name_.load(std::memory_order_relaxed)) + " #" + std::to_string(stuck) +
+        " made no progress for " + std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck));
+  return false;
+}
+
+DDP_MPI_RUNTIME_INLINE void communicator::answer_roll_calls() {
+  for (;;) {
+    int asked = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, query_tag, roll_, &asked, &status);
+    if (!asked) return;
+    char query = 0;
+    MPI_Recv(&query, 1, MPI_CHAR, status.MPI_SOURCE, query_tag, roll_, MPI_STATUS_IGNORE);
+    std::uint64_t where[2];
+    where[0] = entered_.load(std::memory_order_relaxed);
+    where[1] = progress_->running_op() != 0 ? 1 : 0;
+    MPI_Send(where, 2, MPI_UINT64_T, status.MPI_SOURCE, answer_tag, roll_);
+  }
+}
+
+DDP_MPI_RUNTIME_INLINE std::string communicator::roll_call(std::uint64_t sequence) {
+  if (!can_roll_call_ || size_ == 1)
+    return "a peer never joined it, or died (MPI gives less than MPI_THREAD_MULTIPLE, so the ranks "
+           "were not asked where they are)";
+  std::vector<std::uint64_t> where(2 * static_cast<std::size_t>(size_), 0);
+  std::vector<MPI_Request> sends, answers(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+  std::vector<int> answered(static_cast<std::size_t>(size_), 0);
+  char query = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Isend(&query, 1, MPI_CHAR, r, query_tag, roll_, &sends.emplace_back());
+    MPI_Irecv(&where[2 * static_cast<std::size_t>(r)], 2, MPI_UINT64_T, r, answer_tag, roll_,
+              &answers[static_cast<std::size_t>(r)]);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 2 * poll_interval() + std::chrono::seconds(1);
+  int pending = size_ - 1;
+  while (pending > 0 && std::chrono::steady_clock::now() < deadline) {
+    answer_roll_calls();  // peers that timed out too are asking us
+    for (int r = 0; r < size_; ++r) {
+      auto& request = answers[static_cast<std::size_t>(r)];
+      if (r == rank_ || answered[static_cast<std::size_t>(r)]) continue;
+      MPI_Test(&request, &answered[static_cast<std::size_t>(r)], MPI_STATUS_IGNORE);
+      if (answered[static_cast<std::size_t>(r)]) --pending;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::string missing, silent, here;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto i = static_cast<std::size_t>(r);
+    if (!answered[i]) {
+      silent += (silent.empty() ? "rank " : ", rank ") + std::to_string(r);
+      continue;
+    }
+    const std::uint64_t entered = where[2 * i];
+    if (entered > sequence) continue;
+    missing += (missing.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " has not arrived (" +
+               (entered == 0 ? std::string("it has entered no collective yet")
+                             : "its last collective is #" + std::to_string(entered - 1) +
+                                   (where[2 * i + 1] ? ", still running" : ", finished")) +
+               ")";
+  }
+  for (int r = 0; r < size_; ++r)
+    if (r == rank_ || (answered[static_cast<std::size_t>(r)] && where[2 * static_cast<std::size_t>(r)] > sequence))
+      here += (here.empty() ? "" : ", ") + std::to_string(r);
+  std::string report = missing.empty() ? "every rank that answered has arrived" : missing;
+  if (!silent.empty()) report += "; " + silent + " did not answer (dead, or the process is stuck)";
+  return report + "; ranks in it: " + here;
+}
+
+DDP_MPI_RUNTIME_INLINE std::chrono::milliseconds communicator::poll_interval() const {
+  return std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::seconds(1));
+}
+
+#endif  // DDP_MPI_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::mpi

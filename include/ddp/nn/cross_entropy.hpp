@@ -16,6 +16,7 @@
 
 #include "ddp/core/sample_weights.hpp"
 #include "ddp/nn/matrix.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
 
@@ -33,8 +34,14 @@ using cross_entropy_result = basic_cross_entropy_result<matrix>;
 namespace detail {
 
 // The checks both devices make before any work; `who` names the function in the message.
-inline void check_cross_entropy_arguments(const std::string& who, std::size_t rows, std::size_t labels,
-                                          std::size_t weights, double divisor) {
+void check_cross_entropy_arguments(const std::string& who, std::size_t rows, std::size_t labels,
+                                   std::size_t weights, double divisor);
+cross_entropy_result softmax_cross_entropy(const matrix& logits, std::span<const std::int32_t> labels,
+                                           std::span<const float> weights, double divisor);
+
+#if DDP_RUNTIME_DEFINITIONS
+DDP_RUNTIME_INLINE void check_cross_entropy_arguments(const std::string& who, std::size_t rows,
+                                                      std::size_t labels, std::size_t weights, double divisor) {
   if (labels != rows)
     throw std::invalid_argument(who + ": " + std::to_string(rows) + " rows of logits but " + std::to_string(labels) +
                                 " labels");
@@ -47,8 +54,9 @@ inline void check_cross_entropy_arguments(const std::string& who, std::size_t ro
 }
 
 // weights empty: every sample weighs 1. Each row's loss and gradient are scaled by weight / divisor.
-inline cross_entropy_result softmax_cross_entropy(const matrix& logits, std::span<const std::int32_t> labels,
-                                                  std::span<const float> weights, double divisor) {
+DDP_RUNTIME_INLINE cross_entropy_result softmax_cross_entropy(const matrix& logits,
+                                                              std::span<const std::int32_t> labels,
+                                                              std::span<const float> weights, double divisor) {
   check_cross_entropy_arguments("ddp::nn::softmax_cross_entropy", logits.rows, labels.size(), weights.size(),
                                 divisor);
   cross_entropy_result out{0.0, matrix(logits.rows, logits.cols), 0, 0.0, 0.0};
@@ -76,6 +84,7 @@ inline cross_entropy_result softmax_cross_entropy(const matrix& logits, std::spa
   }
   return out;
 }
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace detail
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ddp/nn/layer.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
 
@@ -24,24 +25,32 @@ inline float gelu_derivative(float x) noexcept {
 class gelu {
  public:
   using matrix_type = matrix;
-  matrix forward(const matrix& x, bool training) {
-    matrix y = x;
-    for (auto& v : y.data) v = detail::gelu(v);
-    if (training) saved_.push_back(x);
-    return y;
-  }
-  matrix backward(const matrix& dy, bool need_dx) {
-    const matrix x = pop_saved(saved_, "gelu");
-    if (!need_dx) return {};
-    matrix dx = dy;
-    for (std::size_t i = 0; i < dx.size(); ++i) dx.data[i] *= detail::gelu_derivative(x.data[i]);
-    return dx;
-  }
+  matrix forward(const matrix& x, bool training);
+  matrix backward(const matrix& dy, bool need_dx);
   std::span<parameter> params() noexcept { return {}; }
   std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
 
  private:
   std::vector<matrix> saved_;
 };
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE matrix gelu::forward(const matrix& x, bool training) {
+  matrix y = x;
+  for (auto& v : y.data) v = detail::gelu(v);
+  if (training) saved_.push_back(x);
+  return y;
+}
+
+DDP_RUNTIME_INLINE matrix gelu::backward(const matrix& dy, bool need_dx) {
+  const matrix x = pop_saved(saved_, "gelu");
+  if (!need_dx) return {};
+  matrix dx = dy;
+  for (std::size_t i = 0; i < dx.size(); ++i) dx.data[i] *= detail::gelu_derivative(x.data[i]);
+  return dx;
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::nn

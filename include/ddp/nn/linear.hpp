@@ -8,6 +8,7 @@
 #include "ddp/core/random.hpp"
 #include "ddp/nn/blas.hpp"
 #include "ddp/nn/layer.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
 
@@ -21,43 +22,13 @@ inline void initialise_linear(std::size_t in, std::span<float> weight, std::span
 
 class linear {
  public:
-  linear(std::size_t in, std::size_t out, std::uint64_t seed) : in_(in), out_(out) {
-    blas::use_one_thread_per_rank();
-    params_.emplace_back("weight", shape_t{static_cast<std::int64_t>(out), static_cast<std::int64_t>(in)});
-    params_.emplace_back("bias", shape_t{static_cast<std::int64_t>(out)});
-    initialise_linear(in, params_[0].value(), params_[1].value(), seed);
-  }
+  linear(std::size_t in, std::size_t out, std::uint64_t seed);
 
   using matrix_type = matrix;
 
-  matrix forward(const matrix& x, bool training) {
-    require_cols(x, in_, "linear");
-    matrix y(x.rows, out_);
-    const float* b = params_[1].value().data();
-    for (std::size_t r = 0; r < y.rows; ++r) std::copy(b, b + out_, y.row(r));
-    blas::gemm(false, true, x.rows, out_, in_, 1.0f, x.data.data(), in_, params_[0].value().data(), in_,
-               1.0f, y.data.data(), out_);
-    if (training) saved_.push_back(x);
-    return y;
-  }
+  matrix forward(const matrix& x, bool training);
 
-  matrix backward(const matrix& dy, bool need_dx) {
-    const matrix x = pop_saved(saved_, "linear");
-    require_cols(dy, out_, "linear backward");
-    // dW += dy^T x ; db += column sums of dy ; dx = dy W
-    blas::gemm(true, false, out_, in_, x.rows, 1.0f, dy.data.data(), out_, x.data.data(), in_, 1.0f,
-               params_[0].grad().data(), in_);
-    float* db = params_[1].grad().data();
-    for (std::size_t r = 0; r < dy.rows; ++r) {
-      const float* d = dy.row(r);
-      for (std::size_t c = 0; c < out_; ++c) db[c] += d[c];
-    }
-    if (!need_dx) return {};
-    matrix dx(dy.rows, in_);
-    blas::gemm(false, false, dy.rows, in_, out_, 1.0f, dy.data.data(), out_, params_[0].value().data(), in_,
-               0.0f, dx.data.data(), in_);
-    return dx;
-  }
+  matrix backward(const matrix& dy, bool need_dx);
 
   std::span<parameter> params() noexcept { return params_; }
   std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
@@ -69,5 +40,45 @@ class linear {
   std::vector<parameter> params_;
   std::vector<matrix> saved_;
 };
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE linear::linear(std::size_t in, std::size_t out, std::uint64_t seed) : in_(in), out_(out) {
+  blas::use_one_thread_per_rank();
+  params_.emplace_back("weight", shape_t{static_cast<std::int64_t>(out), static_cast<std::int64_t>(in)});
+  params_.emplace_back("bias", shape_t{static_cast<std::int64_t>(out)});
+  initialise_linear(in, params_[0].value(), params_[1].value(), seed);
+}
+
+DDP_RUNTIME_INLINE matrix linear::forward(const matrix& x, bool training) {
+  require_cols(x, in_, "linear");
+  matrix y(x.rows, out_);
+  const float* b = params_[1].value().data();
+  for (std::size_t r = 0; r < y.rows; ++r) std::copy(b, b + out_, y.row(r));
+  blas::gemm(false, true, x.rows, out_, in_, 1.0f, x.data.data(), in_, params_[0].value().data(), in_,
+             1.0f, y.data.data(), out_);
+  if (training) saved_.push_back(x);
+  return y;
+}
+
+DDP_RUNTIME_INLINE matrix linear::backward(const matrix& dy, bool need_dx) {
+  const matrix x = pop_saved(saved_, "linear");
+  require_cols(dy, out_, "linear backward");
+  // dW += dy^T x ; db += column sums of dy ; dx = dy W
+  blas::gemm(true, false, out_, in_, x.rows, 1.0f, dy.data.data(), out_, x.data.data(), in_, 1.0f,
+             params_[0].grad().data(), in_);
+  float* db = params_[1].grad().data();
+  for (std::size_t r = 0; r < dy.rows; ++r) {
+    const float* d = dy.row(r);
+    for (std::size_t c = 0; c < out_; ++c) db[c] += d[c];
+  }
+  if (!need_dx) return {};
+  matrix dx(dy.rows, in_);
+  blas::gemm(false, false, dy.rows, in_, out_, 1.0f, dy.data.data(), out_, params_[0].value().data(), in_,
+             0.0f, dx.data.data(), in_);
+  return dx;
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::nn

@@ -11,6 +11,7 @@
 #include "ddp/core/buffer_version.hpp"
 #include "ddp/core/tensor.hpp"
 #include "ddp/host/half.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
 
@@ -40,51 +41,18 @@ class parameter {
   // nullptr: back in the parameter's own storage.
   void bind_value(float* storage) { bind(storage, value_, own_value_); }
 
-  parameter_ref ref(const std::string& prefix) const {
-    auto* self = const_cast<parameter*>(this);
-    if (type_ != dtype::f32)
-      return {prefix + name_, tensor_ref{self->half_value_.data(), type_, shape_},
-              tensor_ref{self->half_grad_.data(), type_, shape_}};
-    return {prefix + name_, make_tensor_ref(self->value(), shape_), make_tensor_ref(self->grad(), shape_)};
-  }
+  parameter_ref ref(const std::string& prefix) const;
 
   dtype type() const noexcept { return type_; }
   // Keeps the parameter in `t` (f32, bf16 or f16) from now on: the value rounded to nearest even,
   // the gradient too. Before a trainer is built over the module.
-  void cast(dtype t) {
-    if (t != dtype::f32 && !is_half(t))
-      throw std::invalid_argument("ddp::nn::parameter '" + name_ + "': cast to " + std::string(name_of(t)) +
-                                  "; a parameter is f32, bf16 or f16");
-    if (value_ != own_value_.data() || grad_ != own_grad_.data())
-      throw std::logic_error("ddp::nn::parameter '" + name_ + "': cast while a trainer holds its storage; cast the "
-                             "module before building the trainer");
-    if (type_ != dtype::f32) {  // back to f32 first: the working copies hold the 16-bit values widened
-      before_forward();
-      widen(half_grad_, own_grad_);
-    }
-    type_ = t;
-    if (t == dtype::f32) {
-      half_value_.clear(), half_grad_.clear();
-      return;
-    }
-    half_value_.resize(numel_), half_grad_.resize(numel_);
-    narrow(own_value_, half_value_);
-    narrow(own_grad_, half_grad_);
-    before_forward();
-    std::fill(own_grad_.begin(), own_grad_.end(), 0.0f);
-  }
+  void cast(dtype t);
   // 16 bits: value() is the stored value, widened (the layer's forward reads it).
   void before_forward() {
     if (type_ != dtype::f32) widen(half_value_, own_value_);
   }
   // 16 bits: the gradient the layer's backward accumulated into grad() goes into the stored one.
-  void after_backward() {
-    if (type_ == dtype::f32) return;
-    host::visit_half_dtype(type_, [&]<class F>(F) {
-      for (std::size_t i = 0; i < numel_; ++i) half_grad_[i] = F::to(F::from(half_grad_[i]) + own_grad_[i]);
-    });
-    std::fill(own_grad_.begin(), own_grad_.end(), 0.0f);
-  }
+  void after_backward();
 
  private:
   static std::size_t count(const shape_t& s) {
@@ -94,28 +62,9 @@ class parameter {
   }
   // Moves the current contents to `storage` and points `where` at it; nullptr moves them back
   // into storage of this parameter's own (a trainer gives its buckets back).
-  void bind(float* storage, float*& where, std::vector<float>& own) {
-    if (type_ != dtype::f32)
-      throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
-                             ": only f32 storage can be bound");
-    if (!storage) {
-      if (own.empty()) {
-        own.assign(where, where + numel_);
-        where = own.data();
-      }
-      return;
-    }
-    if (storage != where) std::memcpy(storage, where, numel_ * sizeof(float));
-    where = storage;
-    own.clear();
-    own.shrink_to_fit();
-  }
-  void widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const {
-    host::visit_half_dtype(type_, [&]<class F>(F) { host::widen<F>(from.data(), to.data(), numel_); });
-  }
-  void narrow(const std::vector<float>& from, std::vector<std::uint16_t>& to) const {
-    host::visit_half_dtype(type_, [&]<class F>(F) { host::narrow<F>(from.data(), to.data(), numel_, 1.0f); });
-  }
+  void bind(float* storage, float*& where, std::vector<float>& own);
+  void widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const;
+  void narrow(const std::vector<float>& from, std::vector<std::uint16_t>& to) const;
 
   std::string name_;
   shape_t shape_;
@@ -175,5 +124,73 @@ class buffer {
   std::vector<T> data_;
   buffer_version version_;
 };
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE parameter_ref parameter::ref(const std::string& prefix) const {
+  auto* self = const_cast<parameter*>(this);
+  if (type_ != dtype::f32)
+    return {prefix + name_, tensor_ref{self->half_value_.data(), type_, shape_},
+            tensor_ref{self->half_grad_.data(), type_, shape_}};
+  return {prefix + name_, make_tensor_ref(self->value(), shape_), make_tensor_ref(self->grad(), shape_)};
+}
+
+DDP_RUNTIME_INLINE void parameter::cast(dtype t) {
+  if (t != dtype::f32 && !is_half(t))
+    throw std::invalid_argument("ddp::nn::parameter '" + name_ + "': cast to " + std::string(name_of(t)) +
+                                "; a parameter is f32, bf16 or f16");
+  if (value_ != own_value_.data() || grad_ != own_grad_.data())
+    throw std::logic_error("ddp::nn::parameter '" + name_ + "': cast while a trainer holds its storage; cast the "
+                           "module before building the trainer");
+  if (type_ != dtype::f32) {  // back to f32 first: the working copies hold the 16-bit values widened
+    before_forward();
+    widen(half_grad_, own_grad_);
+  }
+  type_ = t;
+  if (t == dtype::f32) {
+    half_value_.clear(), half_grad_.clear();
+    return;
+  }
+  half_value_.resize(numel_), half_grad_.resize(numel_);
+  narrow(own_value_, half_value_);
+  narrow(own_grad_, half_grad_);
+  before_forward();
+  std::fill(own_grad_.begin(), own_grad_.end(), 0.0f);
+}
+
+DDP_RUNTIME_INLINE void parameter::after_backward() {
+  if (type_ == dtype::f32) return;
+  host::visit_half_dtype(type_, [&]<class F>(F) {
+    for (std::size_t i = 0; i < numel_; ++i) half_grad_[i] = F::to(F::from(half_grad_[i]) + own_grad_[i]);
+  });
+  std::fill(own_grad_.begin(), own_grad_.end(), 0.0f);
+}
+
+DDP_RUNTIME_INLINE void parameter::bind(float* storage, float*& where, std::vector<float>& own) {
+  if (type_ != dtype::f32)
+    throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                           ": only f32 storage can be bound");
+  if (!storage) {
+    if (own.empty()) {
+      own.assign(where, where + numel_);
+      where = own.data();
+    }
+    return;
+  }
+  if (storage != where) std::memcpy(storage, where, numel_ * sizeof(float));
+  where = storage;
+  own.clear();
+  own.shrink_to_fit();
+}
+
+DDP_RUNTIME_INLINE void parameter::widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const {
+  host::visit_half_dtype(type_, [&]<class F>(F) { host::widen<F>(from.data(), to.data(), numel_); });
+}
+
+DDP_RUNTIME_INLINE void parameter::narrow(const std::vector<float>& from, std::vector<std::uint16_t>& to) const {
+  host::visit_half_dtype(type_, [&]<class F>(F) { host::narrow<F>(from.data(), to.data(), numel_, 1.0f); });
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 }  // namespace ddp::nn

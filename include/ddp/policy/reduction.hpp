@@ -36,6 +36,7 @@
 
 #include "ddp/core/vectorize.hpp"
 #include "ddp/policy/slots.hpp"
+#include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::policy::reduction {
 
@@ -98,22 +99,6 @@ namespace exact {
 
 inline constexpr std::size_t block = 64;
 
-// max[b] = max(max[b], |x| over block b), on |x|'s bit pattern: an unsigned integer whose order is
-// the floats', above which (0x7f800000: infinity) lie the NaNs, so that the loop vectorises. A
-// NaN gives the block an infinite maximum, not a NaN: a max over ranks keeps an infinity in any
-// order, where a NaN would be dropped by a `x > m ? x : m` that met it second.
-DDP_VECTORIZE DDP_WIDE_VECTORS inline void block_max(std::span<const float> x, std::span<float> max) noexcept {
-  for (std::size_t b = 0; b < max.size(); ++b) {
-    std::uint32_t m = std::bit_cast<std::uint32_t>(max[b]) & 0x7fffffffu;
-    const std::size_t end = std::min(x.size(), (b + 1) * block);
-    for (std::size_t i = b * block; i < end; ++i) {
-      const std::uint32_t a = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
-      m = a > m ? a : m;
-    }
-    max[b] = std::bit_cast<float>(std::min(m, 0x7f800000u));
-  }
-}
-
 // The power of two a block's values are scaled by; nothing for a block of zeros or a non-finite one.
 inline int scale_exponent(float max) noexcept {
   int e = 0;
@@ -129,8 +114,26 @@ inline std::int64_t round_to_integer(double v) noexcept {
   return std::bit_cast<std::int64_t>(v + magic) - std::bit_cast<std::int64_t>(magic);
 }
 
+#if DDP_RUNTIME_DEFINITIONS
+// max[b] = max(max[b], |x| over block b), on |x|'s bit pattern: an unsigned integer whose order is
+// the floats', above which (0x7f800000: infinity) lie the NaNs, so that the loop vectorises. A
+// NaN gives the block an infinite maximum, not a NaN: a max over ranks keeps an infinity in any
+// order, where a NaN would be dropped by a `x > m ? x : m` that met it second.
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_RUNTIME_INLINE void block_max(std::span<const float> x,
+                                                                 std::span<float> max) noexcept {
+  for (std::size_t b = 0; b < max.size(); ++b) {
+    std::uint32_t m = std::bit_cast<std::uint32_t>(max[b]) & 0x7fffffffu;
+    const std::size_t end = std::min(x.size(), (b + 1) * block);
+    for (std::size_t i = b * block; i < end; ++i) {
+      const std::uint32_t a = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+      m = a > m ? a : m;
+    }
+    max[b] = std::bit_cast<float>(std::min(m, 0x7f800000u));
+  }
+}
+
 // sums[i] += round(x[i] * 2^k(block of i)), exactly.
-DDP_VECTORIZE DDP_WIDE_VECTORS inline void accumulate(std::span<const float> x, std::span<const float> max,
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_RUNTIME_INLINE void accumulate(std::span<const float> x, std::span<const float> max,
                                                       std::span<std::int64_t> sums) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
     if (!scalable(max[b])) continue;
@@ -143,7 +146,7 @@ DDP_VECTORIZE DDP_WIDE_VECTORS inline void accumulate(std::span<const float> x, 
 // sums[i] = sum over k of round(xs[k][i] * 2^k(block of i)) for i < n, exactly: accumulate() over
 // every micro-batch, a block at a time, so that each block's sums stay in cache while the
 // micro-batches are added (one pass over the sums instead of one per micro-batch).
-DDP_VECTORIZE DDP_WIDE_VECTORS inline void sum_blocks(std::span<const float* const> xs, std::size_t n,
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_RUNTIME_INLINE void sum_blocks(std::span<const float* const> xs, std::size_t n,
                                                       std::span<const float> max, std::span<std::int64_t> sums) noexcept {
   for (std::size_t b = 0; b < max.size(); ++b) {
     const std::size_t begin = b * block, end = std::min(n, (b + 1) * block);
@@ -158,7 +161,7 @@ DDP_VECTORIZE DDP_WIDE_VECTORS inline void sum_blocks(std::span<const float* con
 // out[i] = sums[first + i] * 2^-k / shards: the integer to double, times 2^-k / shards (a power
 // of two, exactly, divided by the shard count in double once per block) and rounded to float, a
 // function of the sum alone; a block with an infinity or NaN is NaN, a block of zeros zero.
-DDP_VECTORIZE DDP_WIDE_VECTORS inline void to_average(std::span<const std::int64_t> sums, std::size_t first,
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_RUNTIME_INLINE void to_average(std::span<const std::int64_t> sums, std::size_t first,
                                                       std::span<const float> max, std::size_t shards,
                                                       std::span<float> out) noexcept {
   const double per_shard = 1.0 / static_cast<double>(shards);
@@ -173,6 +176,14 @@ DDP_VECTORIZE DDP_WIDE_VECTORS inline void to_average(std::span<const std::int64
     for (; i < end; ++i) out[i] = static_cast<float>(static_cast<double>(sums[first + i]) * factor);
   }
 }
+#else  // compiled in libddp_runtime (ddp/core/compiled_runtime.hpp)
+void block_max(std::span<const float> x, std::span<float> max) noexcept;
+void accumulate(std::span<const float> x, std::span<const float> max, std::span<std::int64_t> sums) noexcept;
+void sum_blocks(std::span<const float* const> xs, std::size_t n, std::span<const float> max,
+                std::span<std::int64_t> sums) noexcept;
+void to_average(std::span<const std::int64_t> sums, std::size_t first, std::span<const float> max, std::size_t shards,
+                std::span<float> out) noexcept;
+#endif  // DDP_RUNTIME_DEFINITIONS
 
 // An exact sum of integers times 2^-Bottom, in Limbs 32-bit limbs held in 64-bit words (the
 // upper half absorbs carries), with a count of non-finite terms beside them (any makes the sum

@@ -9,7 +9,9 @@
 #define CONSUMER_DECLARE(name) std::string uses_##name();
 CONSUMER_DECLARE(nn)
 CONSUMER_DECLARE(data)
+CONSUMER_DECLARE(runtime)
 CONSUMER_DECLARE(mpi)
+CONSUMER_DECLARE(mpi_runtime)
 CONSUMER_DECLARE(cuda)
 CONSUMER_DECLARE(nccl)
 
@@ -29,8 +31,14 @@ int main() {
 #if CONSUMER_WITH_DATA
       &uses_data,
 #endif
+#if CONSUMER_WITH_RUNTIME
+      &uses_runtime,
+#endif
 #if CONSUMER_WITH_MPI
       &uses_mpi,
+#endif
+#if CONSUMER_WITH_MPI_RUNTIME
+      &uses_mpi_runtime,
 #endif
 #if CONSUMER_WITH_CUDA
       &uses_cuda,
