@@ -102,7 +102,7 @@ endif()
 #                     readers, host kernels, the trainer's parts over the in-process ranks and the
 #                     host device), compiled once into libddp_runtime. Linking it sets
 #                     DDP_COMPILED_RUNTIME=1: the headers then only declare that code, and a
-#                     training program compiles in about half the time (docs/headers.md). Optional:
+#                     training program compiles in about a quarter less time (docs/headers.md). Optional:
 #                     without it every header stays header-only.
 #   ddp::mpi_runtime  the same for the MPI communicator and the trainer's parts over it
 #                     (DDP_COMPILED_MPI_RUNTIME=1), on top of ddp::runtime and ddp::mpi.
