@@ -72,6 +72,7 @@ struct invariance_params {
   std::size_t global_batch = 128;
   std::size_t hidden = 512;
   std::string expect;  // a hash every run must give (--backend mpi: compare with an in-process one)
+  std::string lose;    // "R@S": rank R throws in step S, the others go on (in-process, launch_elastic)
   std::string data_dir;
   std::string out;
 };

@@ -8,9 +8,18 @@
 //
 // In-process ranks by default; --backend mpi runs the world that mpirun started (one hash per
 // set-up, compared with --expect when given).
+//
+// --lose R@S: each in-process run with more than one rank runs under inproc::launch_elastic, and
+// rank R throws in its last micro-batch of step S; the ranks that remain go on from step S
+// (docs/elastic.md). The hash must still be the uninterrupted runs'; the table adds the new world
+// size, the time from the throw to the new membership's start (handover_ms: the survivors unwind
+// and hand over their state) and to the first step the remaining ranks complete (recovery_ms).
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +28,7 @@
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
+#include "ddp/inproc/elastic.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "model.hpp"
 #if DDP_BENCH_WITH_MPI
@@ -69,20 +79,54 @@ auto epoch_steps(Trainer& t, loader_t& loader, std::uint64_t seed, std::uint64_t
   }
 }
 
-// One rank's run: `steps` steps from the example's initial weights; the hash of the result.
+// --lose: where a rank throws, and when the ranks that remain completed their first step.
+struct lost_rank {
+  int rank = -1;
+  std::uint64_t step = 0;
+  using clock = std::chrono::steady_clock;
+  std::atomic<clock::rep> thrown_at{0}, first_step_after{0};
+  std::chrono::microseconds recovery() const {
+    return std::chrono::duration_cast<std::chrono::microseconds>(clock::duration(first_step_after - thrown_at));
+  }
+};
+
+// Which membership of an elastic run this rank is in (0: the first, or not elastic).
+template <class Comm>
+int membership_of(const Comm& comm) {
+  if constexpr (requires { comm.handoff(); }) {
+    const auto h = comm.handoff();
+    return h ? h.shared().restarts() : 0;
+  } else {
+    return 0;
+  }
+}
+
+// One rank's run: `steps` steps from the example's initial weights; the hash of the result. The
+// loop goes on from the trainer's epoch and step, as a run that resumes does.
 template <class Reduction, class Update, class Optimizer, class Comm>
-std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_mnist& data, Optimizer opt) {
+std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_mnist& data, Optimizer opt,
+                         lost_rank* lose) {
   auto model = fmnist::make_model(1, p.hidden);
   ddp::host::device dev;
   ddp::trainer<fmnist::model, Reduction, Update, Optimizer, ddp::use_communicator<Comm>> t(model, comm, dev, opt);
   loader_t loader(data, p.global_batch / shards, &fashion_mnist::collate);
-  int done = 0;
-  for (std::uint64_t epoch = 0; done < p.steps; ++epoch) {
-    for (const auto& step : epoch_steps(t, loader, 0, epoch)) {
-      t.step(step, [](auto& r, const auto& b) {
+  const int membership = membership_of(comm);
+  bool first_step = true;
+  while (t.steps() < static_cast<std::uint64_t>(p.steps)) {
+    for (const auto& step : epoch_steps(t, loader, 0, t.epochs_started())) {
+      std::size_t micro = 0;
+      t.step(step, [&](auto& r, const auto& b) {
+        if (lose && membership == 0 && comm.rank() == lose->rank && t.steps() == lose->step && ++micro == step.size()) {
+          lose->thrown_at = lost_rank::clock::now().time_since_epoch().count();
+          throw std::runtime_error("rank " + std::to_string(lose->rank) + " lost at step " + std::to_string(lose->step) +
+                                   " (ddp-bench invariance --lose)");
+        }
         r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
       });
-      if (++done == p.steps) break;
+      if (lose && membership > 0 && first_step && comm.rank() == 0)
+        lose->first_step_after = lost_rank::clock::now().time_since_epoch().count();
+      first_step = false;
+      if (t.steps() == static_cast<std::uint64_t>(p.steps)) break;
     }
   }
   return state_hash(model);
@@ -94,20 +138,37 @@ struct setup {
 
 // Every rank's hash of one set-up on `comm`'s world (they must agree within it too).
 template <class Reduction, class Comm>
-std::uint64_t run_setup(Comm& comm, const invariance_params& p, const fashion_mnist& data, const setup& s) {
+std::uint64_t run_setup(Comm& comm, const invariance_params& p, const fashion_mnist& data, const setup& s,
+                        lost_rank* lose) {
   const ddp::optim::sgd sgd{.lr = 0.05f, .momentum = 0.9f};
   const ddp::optim::adamw adamw{.lr = 1e-3f, .weight_decay = 1e-2f};
   if (s.update == "sharded")
-    return s.optimizer == "adamw" ? train_rank<Reduction, ddp::update::sharded>(comm, p, data, adamw)
-                                  : train_rank<Reduction, ddp::update::sharded>(comm, p, data, sgd);
-  return s.optimizer == "adamw" ? train_rank<Reduction, ddp::update::replicated>(comm, p, data, adamw)
-                                : train_rank<Reduction, ddp::update::replicated>(comm, p, data, sgd);
+    return s.optimizer == "adamw" ? train_rank<Reduction, ddp::update::sharded>(comm, p, data, adamw, lose)
+                                  : train_rank<Reduction, ddp::update::sharded>(comm, p, data, sgd, lose);
+  return s.optimizer == "adamw" ? train_rank<Reduction, ddp::update::replicated>(comm, p, data, adamw, lose)
+                                : train_rank<Reduction, ddp::update::replicated>(comm, p, data, sgd, lose);
 }
 
 template <class Comm>
-std::uint64_t run_any(Comm& comm, const invariance_params& p, const fashion_mnist& data, const setup& s) {
-  if (p.reduction == "plain") return run_setup<ddp::reduction::plain>(comm, p, data, s);
-  return run_setup<ddp::reduction::invariant<shards>>(comm, p, data, s);
+std::uint64_t run_any(Comm& comm, const invariance_params& p, const fashion_mnist& data, const setup& s,
+                      lost_rank* lose = nullptr) {
+  if (p.reduction == "plain") return run_setup<ddp::reduction::plain>(comm, p, data, s, lose);
+  return run_setup<ddp::reduction::invariant<shards>>(comm, p, data, s, lose);
+}
+
+// "R@S" -> rank R, step S.
+void parse_lose(const std::string& text, lost_rank& out) {
+  const auto at = text.find('@');
+  try {
+    if (at == std::string::npos) throw std::invalid_argument("no @");
+    std::size_t used = 0;
+    out.rank = std::stoi(text.substr(0, at), &used);
+    if (used != at) throw std::invalid_argument("rank");
+    out.step = std::stoull(text.substr(at + 1), &used);
+    if (used != text.size() - at - 1) throw std::invalid_argument("step");
+  } catch (const std::exception&) {
+    throw std::invalid_argument("--lose '" + text + "': write RANK@STEP, e.g. 1@20 (rank 1 throws in step 20)");
+  }
 }
 
 std::vector<setup> setups(const invariance_params& p) {
@@ -124,14 +185,34 @@ int run_invariance(const invariance_params& p) {
     throw std::invalid_argument("--global-batch " + std::to_string(p.global_batch) + " does not cut into " +
                                 std::to_string(shards) + " virtual shards: choose a multiple of " + std::to_string(shards));
   const std::string dir = p.data_dir.empty() ? std::string(fashion_mnist::default_directory) : p.data_dir;
+  lost_rank lose;
+  if (!p.lose.empty()) {
+    parse_lose(p.lose, lose);
+    if (p.reduction != "invariant" || p.backend != "inproc")
+      throw std::invalid_argument("--lose runs in-process ranks under the invariant reduction (--backend inproc "
+                                  "--reduction invariant): the hash then shows that no step was lost or repeated");
+    for (const auto& u : p.updates)
+      if (u != "replicated")
+        throw std::invalid_argument("--lose needs --update replicated: under update::sharded the lost rank's shard of "
+                                    "the optimizer state goes with it (docs/elastic.md)");
+    if (lose.step >= static_cast<std::uint64_t>(p.steps))
+      throw std::invalid_argument("--lose " + p.lose + ": the run has only " + std::to_string(p.steps) + " steps");
+  }
   const auto data = fashion_mnist::load(fashion_mnist::split::train, dir);
   report out("invariance",
              "parameters and buffers after " + std::to_string(p.steps) + " steps of the example's model (hidden " +
                  std::to_string(p.hidden) + ", global batch " + std::to_string(p.global_batch) + " as " +
                  std::to_string(shards) + " virtual shards), reduction " + p.reduction,
-             {{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10}, {"hash", 17}, {"same", 5}});
+             p.lose.empty() ? std::vector<column>{{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10},
+                                                  {"hash", 17}, {"same", 5}}
+                            : std::vector<column>{{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10},
+                                                  {"lost", 8}, {"then", 5}, {"handover_ms", 12}, {"recovery_ms", 12},
+                                                  {"hash", 17},
+                                                  {"same", 5}});
   std::map<std::string, std::string> first;  // per set-up: the first world size's hash
   bool all_agree = true, lead = true;
+  // --lose: the lost rank, the world size that went on and the recovery time of the last run.
+  std::vector<cell> lost_cells;
   auto record = [&](int world, const char* backend, const setup& s, const std::vector<std::uint64_t>& hashes) {
     bool agree = true;
     for (auto h : hashes) agree = agree && h == hashes[0];  // the ranks of one run
@@ -141,9 +222,11 @@ int run_invariance(const invariance_params& p) {
     if (!first.count(key)) first[key] = expected;
     agree = agree && h == expected;
     all_agree = all_agree && agree;
-    out.add({static_cast<long long>(world), std::string(backend), s.update, s.optimizer,
-             agree ? h : h + (hashes.size() > 1 && hashes[1] != hashes[0] ? " (ranks differ)" : ""),
-             std::string(agree ? "yes" : "NO")});
+    std::vector<cell> row{static_cast<long long>(world), std::string(backend), s.update, s.optimizer};
+    row.insert(row.end(), lost_cells.begin(), lost_cells.end());
+    row.push_back(agree ? h : h + (hashes.size() > 1 && hashes[1] != hashes[0] ? " (ranks differ)" : ""));
+    row.push_back(std::string(agree ? "yes" : "NO"));
+    out.add(std::move(row));
   };
   if (p.backend == "mpi") {
 #if DDP_BENCH_WITH_MPI
@@ -172,9 +255,35 @@ int run_invariance(const invariance_params& p) {
         if (world < 1 || static_cast<std::size_t>(world) > shards)
           throw std::invalid_argument("--ranks " + std::to_string(world) + ": 1 to " + std::to_string(shards) +
                                       " ranks hold the " + std::to_string(shards) + " virtual shards");
-        const auto hashes =
-            ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) { return run_any(comm, p, data, s); });
-        record(world, "inproc", s, hashes);
+        if (p.lose.empty()) {
+          const auto hashes =
+              ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) { return run_any(comm, p, data, s); });
+          record(world, "inproc", s, hashes);
+        } else if (world == 1 || lose.rank >= world) {  // nothing to lose: the uninterrupted run
+          const auto hashes =
+              ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) { return run_any(comm, p, data, s); });
+          lost_cells = {std::string("-"), std::string("-"), std::string("-"), std::string("-")};
+          record(world, "inproc", s, hashes);
+        } else {
+          std::vector<std::uint64_t> hashes;
+          std::mutex m;
+          lose.thrown_at = 0, lose.first_step_after = 0;
+          const auto elastic = ddp::inproc::launch_elastic(world, [&](ddp::inproc::communicator& comm) {
+            const auto h = run_any(comm, p, data, s, &lose);
+            std::lock_guard lock(m);
+            hashes.resize(static_cast<std::size_t>(comm.size()));
+            hashes[static_cast<std::size_t>(comm.rank())] = h;
+          });
+          auto ms = [](std::chrono::microseconds us) {
+            char text[32];
+            std::snprintf(text, sizeof text, "%.1f", static_cast<double>(us.count()) / 1000.0);
+            return std::string(text);
+          };
+          lost_cells = {std::to_string(lose.rank) + "@" + std::to_string(lose.step),
+                        static_cast<long long>(elastic.world_size), ms(elastic.changes.at(0).to_restart),
+                        ms(lose.recovery())};
+          record(world, "inproc", s, hashes);
+        }
       }
   }
   out.note(all_agree ? "every world size gave one hash per set-up" : "the hashes differ between world sizes");

@@ -152,6 +152,8 @@ int main(int argc, char** argv) {
   invariance->add_option("--hidden", iv.hidden, "hidden width of the example's model")
       ->check(CLI::Range(8, 4096))->capture_default_str();
   invariance->add_option("--expect", iv.expect, "the hash every run must give (e.g. an in-process run's)");
+  invariance->add_option("--lose", iv.lose, "RANK@STEP: that rank throws in that step, the others go on "
+                                            "(launch_elastic); the hash must not change");
   invariance->add_option("--data-dir", iv.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
   invariance->add_option("--out", iv.out, "also write the table to this .json or .csv file");
 

@@ -1,9 +1,9 @@
 #pragma once
 // Elastic training's hand-over (docs/elastic.md): when a membership fails, each rank's trainers
 // leave here the state of their last completed step, as checkpoint files held in memory; the
-// launcher keeps the survivors' files, and the trainers of the next, smaller membership start
+// launcher keeps the survivors' states, and the trainers of the next, smaller membership start
 // from them. A rank's trainers are told apart by the order they were built in.
-#include <chrono>
+#include <any>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -13,9 +13,10 @@
 
 namespace ddp::elastic {
 
-// One trainer's state of its last completed step: a checkpoint file's bytes.
+// One trainer's state of its last completed step: a checkpoint file, kept in memory as the
+// trainer wrote it (the hand-over never leaves the process).
 struct left_state {
-  std::vector<std::uint8_t> file;
+  std::any file;
   // It holds the whole optimizer state (a replicated update), not one rank's shard of it.
   bool whole = false;
   std::uint64_t steps = 0;
@@ -41,9 +42,11 @@ class handoff {
   }
   // The files trainer `trainer` of a restarted membership starts from, one per survivor in the
   // new rank order; null on the first membership (and for a trainer the failed one did not have).
-  const std::vector<std::vector<std::uint8_t>>* resume_files(std::size_t trainer) const {
+  const std::vector<std::any>* resume_files(std::size_t trainer) const {
     return trainer < resume_.size() && !resume_[trainer].empty() ? &resume_[trainer] : nullptr;
   }
+  // Each of those files holds the whole state (a replicated update): a rank needs only its own.
+  bool resume_whole(std::size_t trainer) const { return trainer < resume_whole_.size() && resume_whole_[trainer]; }
   // How many times the membership changed.
   int restarts() const noexcept { return restarts_; }
 
@@ -59,9 +62,11 @@ class handoff {
       if (left_[static_cast<std::size_t>(r)].size() != trainers || missing_state(r))
         return "rank " + std::to_string(r) + " failed outside a trainer, or before its trainer held a completed step's "
                "state: its state of the last completed step is unknown";
-    std::vector<std::vector<std::vector<std::uint8_t>>> next(trainers);
+    std::vector<std::vector<std::any>> next(trainers);
+    std::vector<bool> whole(trainers);
     for (std::size_t t = 0; t < trainers; ++t) {
       const auto& first = left_[static_cast<std::size_t>(survivors.front())][t];
+      whole[t] = first.whole;
       if (!first.whole && survivors.size() != left_.size())
         return "trainer " + std::to_string(t) + " has a sharded update: the optimizer state's shard of each failed "
                "rank went with it. Use update::replicated for a run that continues on the ranks that remain, or "
@@ -75,6 +80,7 @@ class handoff {
       }
     }
     resume_ = std::move(next);
+    resume_whole_ = std::move(whole);
     left_.assign(survivors.size(), {});
     next_index_.assign(survivors.size(), 0);
     ++restarts_;
@@ -90,14 +96,15 @@ class handoff {
  private:
   bool missing_state(int rank) const {
     for (const auto& s : left_[static_cast<std::size_t>(rank)])
-      if (s.file.empty()) return true;
+      if (!s.file.has_value()) return true;
     return false;
   }
 
   mutable std::mutex mutex_;
   std::vector<std::vector<left_state>> left_;  // [rank][trainer]
   std::vector<std::size_t> next_index_;        // [rank]
-  std::vector<std::vector<std::vector<std::uint8_t>>> resume_;  // [trainer][new rank]
+  std::vector<std::vector<std::any>> resume_;  // [trainer][new rank]
+  std::vector<bool> resume_whole_;                               // [trainer]
   int restarts_ = 0;
 };
 

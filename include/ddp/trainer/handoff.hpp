@@ -3,6 +3,7 @@
 // (inproc::launch_elastic), a trainer destroyed by an exception leaves the state of its last
 // completed step there (its world failed, or is about to), and a trainer built on the membership
 // that goes on starts from the survivors' states.
+#include <any>
 #include <concepts>
 #include <cstdint>
 #include <exception>
@@ -27,12 +28,13 @@ class trainer_handoff {
     }
   }
   // The states to start from, one per rank of this membership; null when there are none.
-  const std::vector<std::vector<std::uint8_t>>* resume_files() const {
+  const std::vector<std::any>* resume_files() const {
     return handoff_ ? handoff_.shared().resume_files(index_) : nullptr;
   }
+  bool resume_whole() const { return handoff_ && handoff_.shared().resume_whole(index_); }
   // Destroyed by an exception thrown after this trainer was built, in an elastic run.
   bool unwinding() const noexcept { return handoff_ && std::uncaught_exceptions() > uncaught_; }
-  void leave(std::vector<std::uint8_t> file, bool whole, std::uint64_t steps) {
+  void leave(std::any file, bool whole, std::uint64_t steps) {
     handoff_.shared().leave(handoff_.rank(), index_, {std::move(file), whole, steps});
   }
 

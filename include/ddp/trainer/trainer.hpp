@@ -373,20 +373,24 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
         throw error("trainer", "resume", comm.rank(),
                     std::to_string(handed->size()) + " ranks handed over their state, and this membership has " +
                         std::to_string(comm.size()));
+      // A replicated update's files each hold the whole state: this rank's own is enough.
+      const bool whole = handoff_.resume_whole();
       for (std::size_t r = 0; r < handed->size(); ++r)
-        files.push_back(detail::checkpoint_file::decode((*handed)[r], "the state rank " + std::to_string(r) + " handed over"));
+        if (!whole || r == static_cast<std::size_t>(comm.rank()))
+          files.push_back(std::any_cast<const detail::checkpoint_file&>((*handed)[r]));
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    continue_from(detail::load_files(core(), files, static_cast<std::size_t>(comm.rank()), position(), sampler_recuts,
-                                     problem, "the state the ranks that remain handed over"));
+    const std::size_t own = files.size() == 1 ? 0 : static_cast<std::size_t>(comm.rank());
+    continue_from(detail::load_files(core(), files, own, position(), sampler_recuts, problem,
+                                     "the state the ranks that remain handed over"));
   }
   void leave_state() noexcept {
     try {
       detail::checkpoint_file f;
       position_at(completed_position_count()).write(f, this->communicator().rank());
       core().last_step_state().write(f);
-      handoff_.leave(f.encode(), !update_policy::gathers_parameters, this->steps());
+      handoff_.leave(std::move(f), !update_policy::gathers_parameters, this->steps());
     } catch (...) {  // nothing handed over: the launcher says the state of this rank is unknown
     }
   }
