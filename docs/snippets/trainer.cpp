@@ -2,12 +2,14 @@
 // docs/policies.md (PowerSGD), compiled.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <span>
 
 #include "common.hpp"
 #include "ddp/host/linalg.hpp"
+#include "ddp/inproc/elastic.hpp"
 #include "ddp/policy/powersgd.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 
@@ -413,6 +415,31 @@ void instantiate() {
   packed_windows w{&tokens, 8, 2};
   (void)f.size();
   (void)w.batches({0, 1});
+}
+
+void elastic(const fashion_mnist& train_set, std::uint64_t epochs) {
+  // [doc: elastic.md]
+  #include <cstdio>
+  #include <ddp/data/loader.hpp>
+  #include <ddp/ddp.hpp>
+  #include <ddp/inproc/elastic.hpp>
+  #include <ddp/nn/cross_entropy.hpp>
+
+  const auto report = ddp::inproc::launch_elastic(4, [&](ddp::inproc::communicator& comm) {
+    model module = make_model(1);
+    ddp::host::device dev;
+    ddp::trainer<model> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.05f, .momentum = 0.9f});
+    ddp::data::loader loader(train_set, 64, &fashion_mnist::collate);
+    while (trainer.epochs_started() < epochs)  // goes on from where the trainer is: after a lost rank too
+      for (const auto& b : trainer.epoch(loader))
+        trainer.step([&](auto& replica) {
+          replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
+        });
+  }, {.max_restarts = 3});
+  for (const auto& c : report.changes)
+    std::printf("rank %d failed after %llu steps: %s; %d -> %d ranks\n", c.failed_rank,
+                static_cast<unsigned long long>(c.steps), c.cause.c_str(), c.old_world, c.new_world);
+  // [end doc]
 }
 
 }  // namespace snippets

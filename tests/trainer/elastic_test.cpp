@@ -103,9 +103,11 @@ constexpr std::size_t rows = 96, epochs = 2;
 // Two epochs of `data` under reduction::invariant<8> (epoch_shards, shard batches of 3: 24 samples
 // a step, 4 steps an epoch), restarted where a fault strikes. The loop is the one any run that
 // resumes from a checkpoint has: it goes on from the trainer's epoch and step.
+// With `checkpoints`, a checkpoint is saved there every 2 steps.
 template <class Update, class Model, class Optimizer>
 void invariant_rank(ddp::inproc::communicator& comm, const indexed_rows& data, Optimizer opt,
-                    const std::vector<fault>& faults, taken_samples& taken, run_result& result) {
+                    const std::vector<fault>& faults, taken_samples& taken, run_result& result,
+                    const fs::path& checkpoints = {}) {
   Model model = [] {
     if constexpr (std::is_same_v<Model, invariance::bn_mlp>) return invariance::make_bn_mlp(7);
     else return test::make_mlp(7);
@@ -131,6 +133,7 @@ void invariant_rank(ddp::inproc::communicator& comm, const indexed_rows& data, O
         replica.backward(ce.grad);
       });
       taken.add(epoch, mine);
+      if (!checkpoints.empty() && trainer.steps() % 2 == 0) trainer.save(checkpoints);
     }
   }
   std::lock_guard lock(result.mutex);
@@ -229,28 +232,51 @@ TEST_CASE("launch_elastic under the plain reduction: the interrupted epoch is re
   CHECK(result.params[0] == result.params[1]);
 }
 
-TEST_CASE("launch_elastic: a sharded update cannot lose a rank (its optimizer state's shard went with it), nor can a "
-          "run go on past max_restarts") {
+TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoint every rank saved (the failed rank's "
+          "shard of the optimizer state went with it), bitwise, without one it cannot go on, nor past max_restarts") {
   const indexed_rows data(rows);
+  const ddp::optim::adamw opt{.lr = 0.01f};
+  run_result reference;
+  taken_samples reference_taken;
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    invariant_rank<ddp::update::sharded, test::mlp>(c, data, opt, {}, reference_taken, reference);
+  });
+  // 3 ranks save every 2 steps; rank 1 fails in step 5: the 2 others go back to step 4.
+  const auto dir = fs::temp_directory_path() / ("ddp_elastic_sharded_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  run_result elastic;
   taken_samples taken;
-  run_result result;
+  const auto report = ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
+    invariant_rank<ddp::update::sharded, test::mlp>(c, data, opt, {{1, 5, 0, 0}}, taken, elastic, dir);
+  });
+  fs::remove_all(dir);
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].steps == 5);
+  CHECK(report.changes[0].resumed_at == 4);
+  CHECK(report.changes[0].checkpoint == dir.string());
+  REQUIRE(elastic.params.size() == 2);
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference.params[0]));
+
   try {
     ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
-      invariant_rank<ddp::update::sharded, test::mlp>(c, data, ddp::optim::sgd{.lr = 0.1f}, {{1, 2, 0, 0}}, taken, result);
+      invariant_rank<ddp::update::sharded, test::mlp>(c, data, opt, {{1, 2, 0, 0}}, taken, elastic);
     });
     FAIL("the run went on without the sharded state of rank 1");
   } catch (const ddp::error& e) {
     const std::string what = e.what();
     CHECK(what.find("cannot go on without rank 1") != std::string::npos);
     CHECK(what.find("sharded update") != std::string::npos);
+    CHECK(what.find("no checkpoint that every rank saved") != std::string::npos);
     CHECK(what.find("injected fault") != std::string::npos);
   }
+  taken_samples unused;
+  run_result result;
   // Rank 0 fails in every membership: after one restart the second failure ends the run.
   try {
     ddp::inproc::launch_elastic(
         3,
         [&](ddp::inproc::communicator& c) {
-          plain_rank(c, data, {{0, 1, 0, 0}, {0, 3, 0, 1}}, taken, result);
+          plain_rank(c, data, {{0, 1, 0, 0}, {0, 3, 0, 1}}, unused, result);
         },
         {.max_restarts = 1});
     FAIL("the run went on past max_restarts");

@@ -13,6 +13,13 @@
 
 namespace ddp::elastic {
 
+// A committed checkpoint a trainer saved or loaded last: where a sharded update falls back to.
+struct saved_checkpoint {
+  std::string dir;
+  std::uint64_t steps = 0;
+  bool operator==(const saved_checkpoint&) const = default;
+};
+
 // One trainer's state of its last completed step: a checkpoint file, kept in memory as the
 // trainer wrote it (the hand-over never leaves the process).
 struct left_state {
@@ -20,6 +27,14 @@ struct left_state {
   // It holds the whole optimizer state (a replicated update), not one rank's shard of it.
   bool whole = false;
   std::uint64_t steps = 0;
+  std::optional<saved_checkpoint> checkpoint;  // the last one this trainer saved or loaded
+};
+
+// What the next membership starts from, for the report.
+struct carried_over {
+  std::uint64_t completed = 0;                 // steps the survivors had completed
+  std::uint64_t resumed_at = 0;                // the step it goes on from
+  std::optional<saved_checkpoint> checkpoint;  // when a sharded update fell back to one
 };
 
 class handoff {
@@ -52,9 +67,15 @@ class handoff {
 
   // ---- the launcher, between memberships --------------------------------------------------
 
-  // The survivors' (old ranks, in order) states become the next membership's start: returns why
-  // the run cannot go on without the failed ranks, or nothing.
-  std::optional<std::string> carry_over(const std::vector<int>& survivors) {
+  // A sharded update's trainer `trainer` starts from this checkpoint instead (its failed ranks'
+  // shards of the optimizer state are gone; the last checkpoint every rank saved has them).
+  std::optional<saved_checkpoint> resume_checkpoint(std::size_t trainer) const {
+    return trainer < resume_checkpoint_.size() ? resume_checkpoint_[trainer] : std::nullopt;
+  }
+
+  // The survivors' (old ranks, in order) states become the next membership's start: `carried`
+  // says from where, or the reason the run cannot go on without the failed ranks is returned.
+  std::optional<std::string> carry_over(const std::vector<int>& survivors, carried_over& carried) {
     std::lock_guard lock(mutex_);
     std::size_t trainers = 0;
     for (const auto& l : left_) trainers = std::max(trainers, l.size());
@@ -64,13 +85,24 @@ class handoff {
                "state: its state of the last completed step is unknown";
     std::vector<std::vector<std::any>> next(trainers);
     std::vector<bool> whole(trainers);
+    std::vector<std::optional<saved_checkpoint>> fall_back(trainers);
+    const auto& lead = left_[static_cast<std::size_t>(survivors.front())];
+    carried.completed = carried.resumed_at = lead.empty() ? 0 : lead.front().steps;
+    carried.checkpoint.reset();
     for (std::size_t t = 0; t < trainers; ++t) {
       const auto& first = left_[static_cast<std::size_t>(survivors.front())][t];
       whole[t] = first.whole;
-      if (!first.whole && survivors.size() != left_.size())
-        return "trainer " + std::to_string(t) + " has a sharded update: the optimizer state's shard of each failed "
-               "rank went with it. Use update::replicated for a run that continues on the ranks that remain, or "
-               "resume from the last checkpoint";
+      if (!first.whole && survivors.size() != left_.size()) {
+        for (int r : survivors)
+          if (!first.checkpoint || left_[static_cast<std::size_t>(r)][t].checkpoint != first.checkpoint)
+            return "trainer " + std::to_string(t) + " has a sharded update: the optimizer state's shard of each failed "
+                   "rank went with it, and there is no checkpoint that every rank saved or loaded to go back to. Save "
+                   "checkpoints (trainer.save) for the run to fall back to the last one, or use update::replicated "
+                   "to go on from the last completed step";
+        fall_back[t] = first.checkpoint;
+        if (!carried.checkpoint) carried.resumed_at = first.checkpoint->steps, carried.checkpoint = first.checkpoint;
+        continue;
+      }
       for (int r : survivors) {
         auto& s = left_[static_cast<std::size_t>(r)][t];
         if (s.steps != first.steps)
@@ -81,18 +113,12 @@ class handoff {
     }
     resume_ = std::move(next);
     resume_whole_ = std::move(whole);
+    resume_checkpoint_ = std::move(fall_back);
     left_.assign(survivors.size(), {});
     next_index_.assign(survivors.size(), 0);
     ++restarts_;
     return std::nullopt;
   }
-  // The step count the survivors hold (of the first trainer), for the report.
-  std::uint64_t steps_left(int rank) const {
-    std::lock_guard lock(mutex_);
-    const auto& l = left_.at(static_cast<std::size_t>(rank));
-    return l.empty() ? 0 : l.front().steps;
-  }
-
  private:
   bool missing_state(int rank) const {
     for (const auto& s : left_[static_cast<std::size_t>(rank)])
@@ -105,6 +131,7 @@ class handoff {
   std::vector<std::size_t> next_index_;        // [rank]
   std::vector<std::vector<std::any>> resume_;  // [trainer][new rank]
   std::vector<bool> resume_whole_;                               // [trainer]
+  std::vector<std::optional<saved_checkpoint>> resume_checkpoint_;  // [trainer]
   int restarts_ = 0;
 };
 

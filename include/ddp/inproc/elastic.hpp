@@ -29,7 +29,10 @@ struct elastic_options {
 struct membership_change {
   int failed_rank = -1;          // in the old membership
   std::string cause;             // its error
-  std::uint64_t steps = 0;       // steps completed when it failed; the new membership continues from there
+  std::uint64_t steps = 0;       // steps completed when it failed
+  std::uint64_t resumed_at = 0;  // the step the new membership goes on from: `steps`, or under a
+                                 // sharded update the last checkpoint's (`checkpoint`)
+  std::string checkpoint;        // the directory a sharded update fell back to ("" when none)
   int old_world = 0, new_world = 0;
   std::vector<int> survivors;    // their old ranks, in the order of their new ones
   std::chrono::microseconds to_restart{0};  // from the failure to the new membership's start
@@ -82,9 +85,11 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
     if (survivors.empty() || static_cast<int>(survivors.size()) < opts.min_world ||
         handoff.restarts() >= opts.max_restarts || launch_detail::failed_on_its_own<decltype(out)>(out, origin) == false)
       out.throw_launch_error();
-    membership_change change{origin, out.message_of(origin), handoff.steps_left(survivors.front()), world,
-                             static_cast<int>(survivors.size()), survivors, {}};
-    if (const auto why = handoff.carry_over(survivors)) {
+    membership_change change{origin, out.message_of(origin), 0, 0, {}, world, static_cast<int>(survivors.size()),
+                             survivors, {}};
+    elastic::carried_over carried;
+    const auto why = handoff.carry_over(survivors, carried);
+    if (why) {
       try {
         out.throw_launch_error();
       } catch (const launch_error& e) {
@@ -93,6 +98,9 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
                                          ". The failure: " + e.what()));
       }
     }
+    change.steps = carried.completed;
+    change.resumed_at = carried.resumed_at;
+    if (carried.checkpoint) change.checkpoint = carried.checkpoint->dir;
     change.to_restart = std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now() - out.world->failed_at().value_or(std::chrono::steady_clock::now()));
     report.changes.push_back(std::move(change));

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include "ddp/comm/handoff.hpp"
@@ -34,8 +35,11 @@ class trainer_handoff {
   bool resume_whole() const { return handoff_ && handoff_.shared().resume_whole(index_); }
   // Destroyed by an exception thrown after this trainer was built, in an elastic run.
   bool unwinding() const noexcept { return handoff_ && std::uncaught_exceptions() > uncaught_; }
-  void leave(std::any file, bool whole, std::uint64_t steps) {
-    handoff_.shared().leave(handoff_.rank(), index_, {std::move(file), whole, steps});
+  std::optional<elastic::saved_checkpoint> resume_checkpoint() const {
+    return handoff_ ? handoff_.shared().resume_checkpoint(index_) : std::nullopt;
+  }
+  void leave(std::any file, bool whole, std::uint64_t steps, std::optional<elastic::saved_checkpoint> checkpoint) {
+    handoff_.shared().leave(handoff_.rank(), index_, {std::move(file), whole, steps, std::move(checkpoint)});
   }
 
  private:

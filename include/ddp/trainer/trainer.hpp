@@ -318,6 +318,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // and clipping are the program's: set them as before.
   void save(const std::filesystem::path& dir, const save_options& options = {}) {
     detail::save_checkpoint(core(), dir, position(), options);
+    last_checkpoint_ = elastic::saved_checkpoint{dir.string(), this->steps()};
   }
   // Loads the checkpoint committed last in `dir`, or with `steps` the committed one saved at that
   // step count (ddp::committed_checkpoints lists them). The next epoch(loader) continues the
@@ -346,6 +347,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
 
   void load_at(const std::filesystem::path& dir, std::optional<std::uint64_t> steps) {
     continue_from(detail::load_checkpoint(core(), dir, position(), sampler_recuts, steps));
+    last_checkpoint_ = elastic::saved_checkpoint{dir.string(), this->steps()};
   }
   void continue_from(const detail::run_position& saved) {
     options_.seed = saved.seed;
@@ -363,6 +365,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
 
   void resume_handed_over() {
+    if (const auto c = handoff_.resume_checkpoint()) return load_at(c->dir, c->steps);  // a sharded update
     const auto* handed = handoff_.resume_files();
     if (!handed) return;
     const auto& comm = this->communicator();
@@ -390,7 +393,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       detail::checkpoint_file f;
       position_at(completed_position_count()).write(f, this->communicator().rank());
       core().last_step_state().write(f);
-      handoff_.leave(std::move(f), !update_policy::gathers_parameters, this->steps());
+      handoff_.leave(std::move(f), !update_policy::gathers_parameters, this->steps(), last_checkpoint_);
     } catch (...) {  // nothing handed over: the launcher says the state of this rank is unknown
     }
   }
@@ -484,6 +487,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::optional<epoch_cut> resume_recut_;
   std::uint64_t order_offset_ = 0;  // positions of the current epoch's order taken at earlier world sizes
   detail::trainer_handoff<communicator_type> handoff_{this->communicator()};
+  std::optional<elastic::saved_checkpoint> last_checkpoint_;  // saved or loaded last: a sharded update's fallback
 };
 
 // Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).
