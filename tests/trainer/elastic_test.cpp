@@ -297,7 +297,11 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
     test::mlp model = test::make_mlp(3);
     ddp::host::device dev;
     trainer_t trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f}, {.seed = 8});
-    if (resume) trainer.load(dir);
+    if (resume) {
+      trainer.load(dir);
+      trainer.save(dir);  // before the epoch goes on: the same position again,
+      trainer.load(dir);  // which this run goes on from
+    }
     ddp::data::loader loader(data, 4, &indexed_rows::collate);
     std::size_t done = 0;
     while (trainer.epochs_started() < epochs) {
@@ -312,7 +316,8 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
     }
   };
   // 2 ranks take 5 of the first epoch's 12 steps and save; 3 ranks take the rest and the second;
-  // 4 ranks after a save in the middle of the second epoch at 3 (an epoch re-cut twice).
+  // 4 ranks after a save in the middle of the second epoch at 3 (an epoch re-cut twice). Each
+  // resumed part saves again at once, before its first epoch() call.
   ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { part(c, 5, false); });
   ddp::inproc::launch(3, [&](ddp::inproc::communicator& c) { part(c, 5 + 3, true); });
   ddp::inproc::launch(4, [&](ddp::inproc::communicator& c) { part(c, 1000, true); });

@@ -63,7 +63,8 @@ bool failed_on_its_own(const Outcomes& out, int rank) {
 
 // fn(communicator&) on `world_size` ranks, restarted on the ranks that remain after each failure
 // (at most opts.max_restarts times). Returns what changed; throws launch_error as launch does
-// when the run cannot go on.
+// when the run ends with a failure, or a ddp::error saying why the ranks that remain cannot go on
+// (the launch_error nested in it).
 template <class F>
 elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {}) {
   static_assert(std::is_void_v<std::invoke_result_t<F&, communicator&>>,

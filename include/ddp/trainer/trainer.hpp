@@ -270,6 +270,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                                                            static_cast<int>(shards), options_.seed, epoch_)));
     ++epoch_;
     in_shard_steps_ = true;
+    loaded_position_.reset();
     order_offset_ = 0;
     resume_recut_.reset();
     epoch_start_ = position_count();
@@ -350,6 +351,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     last_checkpoint_ = elastic::saved_checkpoint{dir.string(), this->steps()};
   }
   void continue_from(const detail::run_position& saved) {
+    loaded_position_ = saved;
     options_.seed = saved.seed;
     epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
     resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
@@ -414,6 +416,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   }
   detail::run_position position() const { return position_at(position_count()); }
   detail::run_position position_at(std::uint64_t count) const {
+    // Loaded, and the next epoch has not begun: still where the checkpoint or hand-over was.
+    if (loaded_position_) return *loaded_position_;
     const std::uint64_t taken = count - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,
             epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), in_shard_steps_,
@@ -426,6 +430,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                   "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
                   "already orders the data per epoch (pitfall P4); use a loader without a "
                   "shuffle of its own (ddp::data::loader<Dataset, Collate>), or sampler::contiguous");
+    loaded_position_.reset();
     const auto recut = std::exchange(resume_recut_, std::nullopt);
     order_offset_ = 0;
     auto batches = [&] {
@@ -487,6 +492,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::optional<epoch_cut> resume_recut_;
   std::uint64_t order_offset_ = 0;  // positions of the current epoch's order taken at earlier world sizes
   detail::trainer_handoff<communicator_type> handoff_{this->communicator()};
+  // The position a load or hand-over set, until the next epoch() or epoch_shards() takes it up.
+  std::optional<detail::run_position> loaded_position_;
   std::optional<elastic::saved_checkpoint> last_checkpoint_;  // saved or loaded last: a sharded update's fallback
 };
 
