@@ -84,7 +84,7 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
     for (int r = 0; r < world; ++r)
       if (r != origin && !launch_detail::failed_on_its_own(out, r)) survivors.push_back(r);
     if (survivors.empty() || static_cast<int>(survivors.size()) < opts.min_world ||
-        handoff.restarts() >= opts.max_restarts || launch_detail::failed_on_its_own<decltype(out)>(out, origin) == false)
+        handoff.restarts() >= opts.max_restarts || !launch_detail::failed_on_its_own(out, origin))
       out.throw_launch_error();
     membership_change change{origin, out.message_of(origin), 0, 0, {}, world, static_cast<int>(survivors.size()),
                              survivors, {}};
