@@ -16,6 +16,7 @@
 
 #include "ddp/data/loader.hpp"
 #include "ddp/inproc/elastic.hpp"
+#include "trainer/indexed_rows.hpp"
 #include "trainer/invariance.hpp"
 
 namespace {
@@ -24,33 +25,8 @@ namespace fs = std::filesystem;
 using invariance::bitwise_equal;
 using invariance::parameters_of;
 
-// The toy problem, each example knowing its index.
-struct indexed_rows {
-  struct example {
-    const float* x;
-    std::int32_t y;
-    std::size_t index;
-  };
-  using example_type = example;
-  struct batch {
-    ddp::nn::matrix x;
-    std::vector<std::int32_t> y;
-    std::vector<std::size_t> index;
-  };
-  test::batch all;
-  explicit indexed_rows(std::size_t n) : all(test::make_batch(n, 31)) {}
-  std::size_t size() const { return all.y.size(); }
-  example get(std::size_t i) const { return {all.x.row(i), all.y[i], i}; }
-  static batch collate(std::span<const example> xs) {
-    batch b{ddp::nn::matrix(xs.size(), test::in_features), {}, {}};
-    for (std::size_t r = 0; r < xs.size(); ++r) {
-      std::copy(xs[r].x, xs[r].x + test::in_features, b.x.row(r));
-      b.y.push_back(xs[r].y);
-      b.index.push_back(xs[r].index);
-    }
-    return b;
-  }
-};
+using test::indexed_rows;
+using test::real_samples;
 
 // Where a rank throws: its rank in the first membership, the step and the micro-batch of it.
 struct fault {
@@ -88,14 +64,6 @@ struct run_result {
 int membership_of(const ddp::inproc::communicator& comm) {
   const auto h = comm.handoff();
   return h ? h.shared().restarts() : 0;
-}
-
-template <class Batch>
-std::vector<std::size_t> real_samples(const Batch& b) {
-  std::vector<std::size_t> out;
-  for (std::size_t i = 0; i < b.index.size(); ++i)
-    if (b.weights.per_sample[i] > 0.0f) out.push_back(b.index[i]);
-  return out;
 }
 
 constexpr std::size_t rows = 96, epochs = 2;

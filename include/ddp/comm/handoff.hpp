@@ -6,6 +6,7 @@
 #include <any>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -20,8 +21,15 @@ struct saved_checkpoint {
   bool operator==(const saved_checkpoint&) const = default;
 };
 
+// A checkpoint file's bytes (a hand-over that goes to disk, between processes), and where they
+// come from.
+struct encoded_state {
+  std::vector<std::uint8_t> bytes;
+  std::string origin;
+};
+
 // One trainer's state of its last completed step: a checkpoint file, kept in memory as the
-// trainer wrote it (the hand-over never leaves the process).
+// trainer wrote it (in-process), or encoded (encoded_state) when the hand-over asks for it.
 struct left_state {
   std::any file;
   // It holds the whole optimizer state (a replicated update), not one rank's shard of it.
@@ -39,7 +47,9 @@ struct carried_over {
 
 class handoff {
  public:
-  explicit handoff(int world) : left_(static_cast<std::size_t>(world)), next_index_(static_cast<std::size_t>(world), 0) {}
+  explicit handoff(int world)
+      : left_(static_cast<std::size_t>(world)), next_index_(static_cast<std::size_t>(world), 0),
+        accounted_(static_cast<std::size_t>(world), 0) {}
 
   // ---- the ranks of the running membership ------------------------------------------------
 
@@ -50,10 +60,24 @@ class handoff {
   }
   // What trainer `trainer` of `rank` leaves behind as its world fails.
   void leave(int rank, std::size_t trainer, left_state state) {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     auto& mine = left_.at(static_cast<std::size_t>(rank));
     if (mine.size() <= trainer) mine.resize(trainer + 1);
     mine[trainer] = std::move(state);
+    lock.unlock();
+    if (listener_.left) listener_.left(rank, trainer, left_.at(static_cast<std::size_t>(rank))[trainer]);
+    account(rank);
+  }
+  // Trainer `trainer` of `rank` ended normally: it leaves nothing.
+  void retire(int rank, std::size_t /*trainer*/) { account(rank); }
+  // Every trainer built on `rank` has left its state or ended.
+  bool all_accounted(int rank) const {
+    std::lock_guard lock(mutex_);
+    return accounted_.at(static_cast<std::size_t>(rank)) == next_index_.at(static_cast<std::size_t>(rank));
+  }
+  // A trainer completed its first step in this membership (`steps` in all).
+  void resumed_step(int rank, std::uint64_t steps) const {
+    if (listener_.resumed_step) listener_.resumed_step(rank, steps);
   }
   // The files trainer `trainer` of a restarted membership starts from, one per survivor in the
   // new rank order; null on the first membership (and for a trainer the failed one did not have).
@@ -64,6 +88,35 @@ class handoff {
   bool resume_whole(std::size_t trainer) const { return trainer < resume_whole_.size() && resume_whole_[trainer]; }
   // How many times the membership changed.
   int restarts() const noexcept { return restarts_; }
+
+  // ---- a launcher of processes (ddp::run::agent) ------------------------------------------
+
+  // Told, on the rank's thread, of each state left, each trainer accounted for, and each
+  // trainer's first completed step in this membership.
+  struct listener {
+    std::function<void(int rank, std::size_t trainer, const left_state&)> left;
+    std::function<void(int rank)> accounted;  // after each state left (and told) or trainer ended
+    std::function<void(int rank, std::uint64_t steps)> resumed_step;  // a trainer's first step here
+  };
+  void listen(listener l) { listener_ = std::move(l); }
+  // Trainers leave their states encoded (encoded_state): they go to disk.
+  void encode_states() noexcept { encode_ = true; }
+  bool encodes_states() const noexcept { return encode_; }
+  // Trainer `trainer` of this process's rank starts from `file` (the whole state of a replicated
+  // update) or from `checkpoint` (a sharded update's fall-back): what a previous membership left.
+  void resume_from(std::size_t trainer, int rank, std::any file, std::optional<saved_checkpoint> checkpoint) {
+    std::lock_guard lock(mutex_);
+    if (resume_.size() <= trainer) resume_.resize(trainer + 1), resume_whole_.resize(trainer + 1),
+                                   resume_checkpoint_.resize(trainer + 1);
+    if (checkpoint) {
+      resume_checkpoint_[trainer] = std::move(checkpoint);
+      return;
+    }
+    resume_[trainer].assign(left_.size(), std::any{});
+    resume_[trainer][static_cast<std::size_t>(rank)] = std::move(file);
+    resume_whole_[trainer] = true;
+  }
+  void set_restarts(int n) noexcept { restarts_ = n; }
 
   // ---- the launcher, between memberships --------------------------------------------------
 
@@ -116,10 +169,18 @@ class handoff {
     resume_checkpoint_ = std::move(fall_back);
     left_.assign(survivors.size(), {});
     next_index_.assign(survivors.size(), 0);
+    accounted_.assign(survivors.size(), 0);
     ++restarts_;
     return std::nullopt;
   }
  private:
+  void account(int rank) {
+    {
+      std::lock_guard lock(mutex_);
+      ++accounted_.at(static_cast<std::size_t>(rank));
+    }
+    if (listener_.accounted) listener_.accounted(rank);
+  }
   bool missing_state(int rank) const {
     for (const auto& s : left_[static_cast<std::size_t>(rank)])
       if (!s.file.has_value()) return true;
@@ -129,6 +190,9 @@ class handoff {
   mutable std::mutex mutex_;
   std::vector<std::vector<left_state>> left_;  // [rank][trainer]
   std::vector<std::size_t> next_index_;        // [rank]
+  std::vector<std::size_t> accounted_;         // [rank]: trainers that left their state or ended
+  listener listener_;
+  bool encode_ = false;
   std::vector<std::vector<std::any>> resume_;  // [trainer][new rank]
   std::vector<bool> resume_whole_;                               // [trainer]
   std::vector<std::optional<saved_checkpoint>> resume_checkpoint_;  // [trainer]

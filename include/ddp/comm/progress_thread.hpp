@@ -73,6 +73,12 @@ struct op_queue {
   std::atomic<int> pending{0};
   std::atomic<std::uint64_t> running_op{0};
   std::atomic<std::uint64_t> started_ops{0};  // written under the lock
+  // Set once, from outside, when a peer is known to be gone (progress_thread::break_queue): every
+  // waiter and every later submission fails with it, even while an operation never returns.
+  std::exception_ptr broken;  // written under the lock, before `is_broken`
+  std::atomic<bool> is_broken{false};
+  // Whether a waiting thread may run queued operations itself (progress_thread::make_interruptible).
+  std::atomic<bool> waiters_run{true};
   const progress_options options;
 
   explicit op_queue(progress_options o) : options(o) {}
@@ -134,14 +140,18 @@ class work {
       auto& q = *queue_;
       std::unique_lock lock(q.mutex);
       while (!is_done()) {
-        if (q.runnable()) {
+        if (q.broken) std::rethrow_exception(q.broken);
+        const bool may_run = q.waiters_run.load(std::memory_order_relaxed);
+        if (may_run && q.runnable()) {
           q.run_head(lock);
           continue;
         }
         lock.unlock();  // another thread runs an operation, perhaps this one
-        ddp::detail::spin_until([&] { return is_done() || q.maybe_runnable(); }, q.options.spin, ddp::detail::spin_kind::for_core);
+        ddp::detail::spin_until(
+            [&] { return is_done() || (may_run && q.maybe_runnable()) || q.is_broken.load(std::memory_order_acquire); },
+            q.options.spin, ddp::detail::spin_kind::for_core);
         lock.lock();
-        if (!is_done() && !q.runnable()) {
+        if (!is_done() && !(may_run && q.runnable()) && !q.broken) {
           ++q.waiters_asleep;
           q.waiters_cv.wait(lock);
           --q.waiters_asleep;
@@ -171,8 +181,15 @@ class progress_thread {
   progress_thread(const progress_thread&) = delete;
   progress_thread& operator=(const progress_thread&) = delete;
 
-  // Finishes every queued operation, then stops.
+  // Finishes every queued operation, then stops. A broken queue's thread may be inside an
+  // operation that never returns: it is left behind, with the queue (the process is about to
+  // end: ddp::run::agent ends it once its trainers handed their state over).
   ~progress_thread() {
+    if (queue_->is_broken.load(std::memory_order_acquire)) {
+      new std::shared_ptr<detail::op_queue>(queue_);  // kept for the thread left behind
+      thread_.detach();
+      return;
+    }
     {
       std::lock_guard lock(queue_->mutex);
       queue_->stopping = true;
@@ -186,6 +203,26 @@ class progress_thread {
   // long one operation runs.
   std::uint64_t running_op() const noexcept { return queue_->running_op.load(std::memory_order_acquire); }
 
+  // Fails every waiter and every later submission with `why`, at once: for a peer known to be
+  // gone while an operation waits for it (never returning). Runs on any thread.
+  void break_queue(std::exception_ptr why) {
+    {
+      std::lock_guard lock(queue_->mutex);
+      if (queue_->broken) return;
+      queue_->broken = std::move(why);
+      queue_->is_broken.store(true, std::memory_order_release);
+    }
+    queue_->waiters_cv.notify_all();
+  }
+  bool broken() const noexcept { return queue_->is_broken.load(std::memory_order_acquire); }
+  // Operations that could wait for a peer forever must run where a broken queue can stop the
+  // wait: only the progress thread runs them then (run_blocking() submits and waits; a waiter
+  // never takes the head). Before the first submission.
+  void make_interruptible() noexcept {
+    interruptible_ = true;
+    queue_->waiters_run.store(false, std::memory_order_relaxed);
+  }
+
   template <std::invocable Op>
   work submit(Op op) {
     std::shared_ptr<detail::work_state> state = std::make_shared<detail::work_state_of<Op>>(std::move(op));
@@ -193,6 +230,7 @@ class progress_thread {
     bool wake = false;
     {
       std::lock_guard lock(q.mutex);
+      if (q.broken) std::rethrow_exception(q.broken);
       q.ops.push_back(state);
       q.pending.fetch_add(1, std::memory_order_release);
       wake = q.progress_asleep;
@@ -209,7 +247,7 @@ class progress_thread {
   void run_blocking(Op op) {
     auto& q = *queue_;
     std::unique_lock lock(q.mutex);
-    if (!q.ops.empty() || q.running()) {
+    if (!q.ops.empty() || q.running() || interruptible_) {
       lock.unlock();
       submit(std::move(op)).wait();
       return;
@@ -276,6 +314,7 @@ class progress_thread {
   // The progress thread's own: the head it saw waiting (by the operations started before it), and since when.
   std::uint64_t head_seen_ = 0;
   std::optional<std::chrono::steady_clock::time_point> head_seen_since_;
+  bool interruptible_ = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
 

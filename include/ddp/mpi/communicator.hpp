@@ -10,6 +10,9 @@
 //     that never arrived and where they are;
 //   - abort(reason) prints the reason and ends the job; mpirun then stops every rank.
 // A rank that throws out of main ends its process, and mpirun stops the others as well.
+// Under ddp-run (docs/elastic.md) a dead peer is reported by ddp-run instead: every pending and
+// later collective fails with ddp::peer_error at once, and abort() tells ddp-run rather than
+// ending the job, so that the trainers can hand their state over to the next membership.
 #include <mpi.h>
 
 #include <algorithm>
@@ -32,6 +35,7 @@
 #include "ddp/host/kernels.hpp"
 #include "ddp/mpi/check.hpp"
 #include "ddp/mpi/environment.hpp"
+#include "ddp/comm/run_agent.hpp"
 #include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::mpi {
@@ -215,6 +219,12 @@ class communicator {
   // every rank when one aborts.
   void abort(const std::string& reason);
 
+  // Under ddp-run, the hand-over of elastic training (comm/run_agent.hpp): trainers leave their state
+  // there when a peer dies, and start from what the previous membership left.
+  elastic::rank_handoff handoff() const noexcept {
+    return agent_ && agent_->world() == size_ ? agent_->handoff() : elastic::rank_handoff{};
+  }
+
  private:
   // The collective tells the watchdog, without a lock or a clock read, which one this rank
   // entered last.
@@ -318,6 +328,8 @@ class communicator {
   std::atomic<std::uint64_t> entered_{0};       // collectives this rank has entered
   std::optional<comm::watchdog> watchdog_;
   std::optional<comm::progress_thread> progress_;
+  run::agent* agent_ = nullptr;  // under ddp-run
+  int agent_failure_ = -1;
 };
 
 static_assert(diagnose_communicator<communicator>());
@@ -344,16 +356,30 @@ DDP_MPI_RUNTIME_INLINE communicator::communicator(MPI_Comm parent, options opts)
   local_rank_ = env ? env->local_rank : 0;
   watchdog_.emplace(poll_interval(), [this] { return watch(); });
   progress_.emplace();
+  // Under ddp-run a dead peer fails every pending and later collective at once (MPI would wait
+  // for it forever): collectives then run where that failure can reach their waiter.
+  if ((agent_ = run::agent::current())) {
+    progress_->make_interruptible();
+    agent_failure_ = agent_->on_failure([this](int origin, const std::string& reason) {
+      const std::string why = origin == rank_ ? "this rank gave up: " + reason
+                                              : "rank " + std::to_string(origin) + " is gone: " + reason;
+      progress_->break_queue(std::make_exception_ptr(peer_error("mpi", "collective", rank_, origin, why)));
+    });
+  }
 }
 
 DDP_MPI_RUNTIME_INLINE communicator::~communicator() {
-  progress_.reset();  // finishes queued collectives, then joins
+  if (agent_) agent_->forget(agent_failure_);
+  const bool broken = progress_->broken();
+  progress_.reset();  // finishes queued collectives, then joins (a broken queue's thread is left behind)
   watchdog_.reset();
+  if (broken) return;  // a collective may still wait inside MPI for the dead peer
   MPI_Comm_free(&roll_);
   MPI_Comm_free(&comm_);
 }
 
 DDP_MPI_RUNTIME_INLINE void communicator::abort(const std::string& reason) {
+  if (agent_) return agent_->report_failure(reason);  // ddp-run tells the others; this rank's queue breaks
   std::fprintf(stderr, "ddp[mpi] rank %d aborts the job: %s\n", rank_, reason.c_str());
   std::fflush(stderr);
   MPI_Abort(comm_, 1);

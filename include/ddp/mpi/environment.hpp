@@ -4,37 +4,18 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string>
 
+#include "ddp/core/placement.hpp"
 #include "ddp/mpi/check.hpp"
+#include "ddp/comm/run_agent.hpp"
 
 namespace ddp::mpi {
 
-struct placement {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;  // index of this process on its node: binds the GPU
-  std::string launcher;
-};
-
-inline std::optional<int> env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  return std::atoi(v);
-}
-
-// What the launcher says about this process, before MPI starts (or without MPI at all).
-inline std::optional<placement> placement_from_environment() {
-  if (auto r = env_int("OMPI_COMM_WORLD_RANK"))
-    return placement{*r, env_int("OMPI_COMM_WORLD_SIZE").value_or(1), env_int("OMPI_COMM_WORLD_LOCAL_RANK").value_or(0),
-                     "mpirun (OpenMPI)"};
-  if (auto r = env_int("SLURM_PROCID"))
-    return placement{*r, env_int("SLURM_NTASKS").value_or(1), env_int("SLURM_LOCALID").value_or(0), "srun (Slurm)"};
-  if (auto r = env_int("PMI_RANK"))
-    return placement{*r, env_int("PMI_SIZE").value_or(1), env_int("MPI_LOCALRANKID").value_or(0), "PMI"};
-  return std::nullopt;
-}
+using ddp::placement;
+using ddp::placement_from_environment;
 
 // Starts MPI for the process (once) with the thread support the communicators need: each
 // communicator calls MPI from its own progress thread, one call at a time per process.
@@ -52,10 +33,17 @@ class environment {
                   "this MPI library provides thread level " + std::to_string(provided) +
                       ", but ddp calls MPI from progress threads and needs MPI_THREAD_SERIALIZED or more");
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    run::agent::current();  // under ddp-run: reports to it from now on
   }
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
+  // Under ddp-run, a process that an exception ends tells ddp-run (its peers may wait for it in a
+  // collective) and is ended by its agent once its trainers left their state (comm/run_agent.hpp).
   ~environment() {
+    if (auto* agent = run::agent::current()) {
+      if (std::uncaught_exceptions() > 0) agent->fail_and_wait("the program ended by an exception");
+      agent->finished();
+    }
     if (owner_) MPI_Finalize();
   }
 

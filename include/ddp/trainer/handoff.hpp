@@ -25,7 +25,7 @@ class trainer_handoff {
   explicit trainer_handoff(const Comm& comm) {
     if constexpr (hands_over<Comm>) {
       handoff_ = comm.handoff();
-      if (handoff_) index_ = handoff_.shared().next_trainer(handoff_.rank());
+      if (handoff_) index_ = handoff_.shared().next_trainer(handoff_.rank()), first_ = true;
     }
   }
   // The states to start from, one per rank of this membership; null when there are none.
@@ -33,6 +33,8 @@ class trainer_handoff {
     return handoff_ ? handoff_.shared().resume_files(index_) : nullptr;
   }
   bool resume_whole() const { return handoff_ && handoff_.shared().resume_whole(index_); }
+  // Whether a state left here is encoded (it goes to disk) or kept as the file object.
+  bool encodes_states() const { return handoff_ && handoff_.shared().encodes_states(); }
   // Destroyed by an exception thrown after this trainer was built, in an elastic run.
   bool unwinding() const noexcept { return handoff_ && std::uncaught_exceptions() > uncaught_; }
   std::optional<elastic::saved_checkpoint> resume_checkpoint() const {
@@ -41,10 +43,41 @@ class trainer_handoff {
   void leave(std::any file, bool whole, std::uint64_t steps, std::optional<elastic::saved_checkpoint> checkpoint) {
     handoff_.shared().leave(handoff_.rank(), index_, {std::move(file), whole, steps, std::move(checkpoint)});
   }
+  // Destroyed without an exception: it leaves nothing.
+  void retire() noexcept {
+    if (!handoff_) return;
+    try {
+      handoff_.shared().retire(handoff_.rank(), index_);
+    } catch (...) {
+    }
+  }
+  // In an elastic run, it has not completed a step yet.
+  bool before_first_step() const noexcept { return first_; }
+  // Runs the trainer's first step in this membership, and reports it once it completed (a
+  // launcher times recovery by it, and injects faults only once a membership makes progress);
+  // a step that throws reports nothing.
+  template <class Step, class Steps>
+  decltype(auto) first_step(Step&& step, Steps steps) {
+    struct report {
+      trainer_handoff& h;
+      Steps& steps;
+      int uncaught = std::uncaught_exceptions();
+      ~report() {
+        if (std::uncaught_exceptions() != uncaught) return;
+        h.first_ = false;
+        try {
+          h.handoff_.shared().resumed_step(h.handoff_.rank(), steps());
+        } catch (...) {
+        }
+      }
+    } on_return{*this, steps};
+    return step();
+  }
 
  private:
   elastic::rank_handoff handoff_;
   std::size_t index_ = 0;
+  bool first_ = false;
   int uncaught_ = std::uncaught_exceptions();
 };
 

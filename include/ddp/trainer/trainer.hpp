@@ -71,6 +71,7 @@ struct invalid_core {
   template <class... Args>
   void accumulate(Args&&...) {}
   std::size_t join() { return 0; }
+  std::uint64_t steps() const { return 0; }
 };
 
 // Sorts the policies into their slots and checks each, in the order of the slot list; the core
@@ -218,6 +219,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // state of its last completed step for the ranks that go on.
   ~trainer() {
     if (handoff_.unwinding()) leave_state();
+    else handoff_.retire();
   }
 
   // The optimizer's hyper-parameters; changes apply from the next step (schedules).
@@ -293,10 +295,16 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     for (std::size_t k = 0; k < shards.size(); ++k) {
       auto one = [&](auto& replica) { f(replica, shards[k]); };
       if (k + 1 < shards.size()) this->accumulate(one);
-      else core_type::step(one);
+      else step(one);
     }
   }
-  using core_type::step;
+  template <class F>
+  decltype(auto) step(F&& step_fn) {
+    if (!handoff_.before_first_step()) [[likely]]
+      return core_type::step(std::forward<F>(step_fn));
+    return handoff_.first_step([&]() -> decltype(auto) { return core_type::step(std::forward<F>(step_fn)); },
+                               [this] { return this->steps(); });
+  }
   std::uint64_t epochs_started() const noexcept { return epoch_; }
   // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
   // batch counts when the sampler visits every sample); under reduction::invariant<V>, steps of
@@ -381,8 +389,13 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       // A replicated update's files each hold the whole state: this rank's own is enough.
       const bool whole = handoff_.resume_whole();
       for (std::size_t r = 0; r < handed->size(); ++r)
-        if (!whole || r == static_cast<std::size_t>(comm.rank()))
-          files.push_back(std::any_cast<const detail::checkpoint_file&>((*handed)[r]));
+        if (!whole || r == static_cast<std::size_t>(comm.rank())) {
+          const auto& any = (*handed)[r];
+          if (const auto* encoded = std::any_cast<elastic::encoded_state>(&any))
+            files.push_back(detail::checkpoint_file::decode(encoded->bytes, encoded->origin));
+          else
+            files.push_back(std::any_cast<const detail::checkpoint_file&>(any));
+        }
     } catch (const std::exception& e) {
       problem = e.what();
     }
@@ -395,7 +408,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
       detail::checkpoint_file f;
       position_at(completed_position_count()).write(f, this->communicator().rank());
       core().last_step_state().write(f);
-      handoff_.leave(std::move(f), !update_policy::gathers_parameters, this->steps(), last_checkpoint_);
+      std::any state = handoff_.encodes_states() ? std::any(elastic::encoded_state{f.encode(), {}}) : std::any(std::move(f));
+      handoff_.leave(std::move(state), !update_policy::gathers_parameters, this->steps(), last_checkpoint_);
     } catch (...) {  // nothing handed over: the launcher says the state of this rank is unknown
     }
   }

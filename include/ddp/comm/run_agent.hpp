@@ -1,0 +1,233 @@
+#pragma once
+// A worker's side of ddp-run (docs/elastic.md, "Processes"). Under ddp-run (DDP_RUN_ADDRESS set)
+// the process has one agent: it tells ddp-run where the worker is, and when ddp-run says a peer
+// died it fails this rank's communicators at once (a collective waiting for the dead peer would
+// never return), so each trainer unwinds and leaves the state of its last completed step; the
+// agent writes those states where ddp-run said, reports them, and ends the process. A worker of a
+// later membership starts its trainers from the states ddp-run hands it.
+//
+// Nothing here runs in a step: the agent's thread waits on its connection.
+#include <signal.h>
+#include <unistd.h>
+
+#include <any>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddp/comm/handoff.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/placement.hpp"
+#include "ddp/comm/run_channel.hpp"
+
+namespace ddp::run {
+
+class agent {
+ public:
+  // This process's agent under ddp-run, or null. Made on first use; it lives as long as the process.
+  static agent* current() {
+    static agent* const the = make();
+    return the;
+  }
+
+  int rank() const noexcept { return rank_; }
+  int world() const noexcept { return world_; }
+  int membership() const noexcept { return membership_; }
+  elastic::rank_handoff handoff() noexcept { return {&handoff_, rank_}; }
+
+  // `fail(origin, reason)` runs once, on the agent's thread, when a peer is gone (or this rank
+  // gave up): a communicator breaks its queue there. Returns an id for forget().
+  int on_failure(std::function<void(int origin, const std::string& reason)> fail) {
+    std::lock_guard lock(mutex_);
+    failures_[next_id_] = std::move(fail);
+    return next_id_++;
+  }
+  void forget(int id) {
+    std::lock_guard lock(mutex_);
+    failures_.erase(id);
+  }
+
+  // This rank gave up (a communicator's abort): ddp-run tells the others. A consequence of a
+  // failure already known changes nothing.
+  void report_failure(const std::string& reason) {
+    if (failing_.load()) return;
+    {
+      std::lock_guard lock(leave_mutex_);
+      reason_ = "this rank failed: " + reason;
+    }
+    if (failing_.exchange(true)) return;
+    send(join({"failed", reason}));
+    fail_communicators(rank_, reason);
+    start_leaving();
+  }
+  // The program ended normally (its MPI environment is going).
+  void finished() { send("bye"); }
+  // The process ends by an exception that no trainer saw: as report_failure, and it waits here
+  // (never returning) for the agent to end it once every trainer is accounted for.
+  [[noreturn]] void fail_and_wait(const std::string& reason) {
+    report_failure(reason);
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+
+ private:
+  static agent* make() {
+    const char* address = std::getenv(address_variable);
+    if (!address || !*address) return nullptr;
+    return new agent(address);  // never destroyed: its thread may outlive main
+  }
+
+  explicit agent(const std::string& address)
+      : rank_(placement_from_environment().value_or(placement{}).rank),
+        world_(placement_from_environment().value_or(placement{}).size),
+        membership_(env_int(membership_variable).value_or(0)),
+        handoff_(world_) {
+    if (!placement_from_environment())
+      throw error("run", "agent", -1,
+                  "DDP_RUN_ADDRESS is set but no launcher told this process its rank: ddp-run starts its workers "
+                  "through mpirun or srun");
+    if (const char* s = std::getenv(state_variable)) state_dir_ = s;
+    handoff_.set_restarts(membership_);
+    handoff_.encode_states();  // they go to disk
+    if (const char* r = std::getenv(resume_variable); r && *r) read_resume(r);
+    handoff_.listen({[this](int, std::size_t trainer, const elastic::left_state& s) { left(trainer, s); },
+                     [this](int) { end_if_accounted(); },
+                     [this](int, std::uint64_t steps) { send(join({"step", std::to_string(steps)})); }});
+    conn_ = connect_to(address);
+    send(join({"hello", std::to_string(rank_), std::to_string(world_), std::to_string(::getpid()),
+               std::to_string(membership_)}));
+    std::thread([this] { listen(); }).detach();
+  }
+
+  void send(const std::string& line) {
+    std::lock_guard lock(send_mutex_);
+    conn_.send(line);
+  }
+
+  // What the previous membership left: a line per trainer,
+  //   <trainer> file <steps> <path>        the whole state of a replicated update
+  //   <trainer> checkpoint <steps> <dir>   a sharded update's fall-back
+  void read_resume(const std::string& manifest) {
+    std::ifstream in(manifest);
+    if (!in) throw error("run", "resume", rank_, "cannot read " + manifest + " (" + resume_variable + ")");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      const auto f = fields(line);
+      if (f.size() != 4) throw error("run", "resume", rank_, manifest + ": malformed line '" + line + "'");
+      const auto trainer = std::stoul(f[0]);
+      if (f[1] == "checkpoint") {
+        handoff_.resume_from(trainer, rank_, {}, elastic::saved_checkpoint{f[3], std::stoull(f[2])});
+      } else {
+        // The file's bytes as the trainer wrote them: it checks and decodes them itself.
+        std::ifstream file(f[3], std::ios::binary);
+        std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+        if (!file.good() && !file.eof()) throw error("run", "resume", rank_, "cannot read " + f[3]);
+        handoff_.resume_from(trainer, rank_, elastic::encoded_state{std::move(bytes), f[3]}, std::nullopt);
+      }
+    }
+  }
+
+  // On the trainer's thread, as it unwinds: its state goes to disk, and ddp-run hears where.
+  void left(std::size_t trainer, const elastic::left_state& s) {
+    const auto path = std::filesystem::path(state_dir_) /
+                      ("rank-" + std::to_string(rank_) + "-trainer-" + std::to_string(trainer) + ".ddpckpt");
+    try {
+      std::filesystem::create_directories(path.parent_path());
+      const auto& bytes = std::any_cast<const elastic::encoded_state&>(s.file).bytes;
+      const auto tmp = path.string() + ".tmp";
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        out.flush();
+        if (!out) throw std::runtime_error("writing " + tmp + " failed");
+      }
+      std::filesystem::rename(tmp, path);  // whole or absent
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ddp[run] rank %d could not write its state to %s: %s\n", rank_, path.c_str(), e.what());
+      return;
+    }
+    send(join({"left", std::to_string(trainer), std::to_string(s.steps), s.whole ? "1" : "0", path.string(),
+               s.checkpoint ? std::to_string(s.checkpoint->steps) : "", s.checkpoint ? s.checkpoint->dir : ""}));
+  }
+
+  void listen() {
+    for (;;) {
+      while (auto line = conn_.next_line()) {
+        const auto f = fields(*line);
+        if (f[0] == "peer_failed" && f.size() >= 3 && !failing_.load()) {
+          {
+            std::lock_guard lock(leave_mutex_);
+            reason_ = "rank " + f[1] + " failed (" + f[2] + ")";
+          }
+          if (failing_.exchange(true)) continue;
+          fail_communicators(std::stoi(f[1]), f[2]);
+          start_leaving();
+        }
+      }
+      if (!conn_.receive()) {
+        std::fprintf(stderr, "ddp[run] rank %d: the connection to ddp-run closed; ending this worker\n", rank_);
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+    }
+  }
+
+  // Under the lock: a communicator that forgets its action waits until it has run.
+  void fail_communicators(int origin, const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, fail] : failures_) fail(origin, reason);
+  }
+
+  // Once failing, the process ends as soon as every trainer built here left its state or ended
+  // (on the thread of the last one, in its destructor): its communicators wait for a peer that
+  // is gone and would never return, and the run goes on in the next membership.
+  void end_if_accounted() {
+    if (failing_.load() && handoff_.all_accounted(rank_)) leave_now();
+  }
+  [[noreturn]] void leave_now() {
+    std::lock_guard lock(leave_mutex_);  // once
+    send("saved");
+    std::fprintf(stderr, "ddp[run] rank %d: %s; it left the state of its last completed step for ddp-run\n", rank_,
+                 reason_.c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
+  // A rank with no trainer to wait for (or one that never unwinds: a thread stuck outside any
+  // collective) ends after a while all the same.
+  void start_leaving() {
+    ::signal(SIGTERM, SIG_IGN);  // the launcher's stop of the job must not cut a state half written
+    end_if_accounted();
+    std::thread([this] {
+      using namespace std::chrono;
+      const auto limit = steady_clock::now() + milliseconds(env_int("DDP_RUN_LEAVE_MS").value_or(30000));
+      while (!handoff_.all_accounted(rank_) && steady_clock::now() < limit) std::this_thread::sleep_for(milliseconds(2));
+      leave_now();
+    }).detach();
+  }
+
+  int rank_, world_, membership_;
+  elastic::handoff handoff_;
+  std::string state_dir_ = ".";
+  channel conn_;
+  std::mutex send_mutex_;
+  std::mutex mutex_;
+  std::map<int, std::function<void(int, const std::string&)>> failures_;
+  int next_id_ = 0;
+  std::atomic<bool> failing_{false};
+  std::string reason_;  // written before failing_ is read as set by the leaving threads
+  std::mutex leave_mutex_;
+};
+
+}  // namespace ddp::run

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# ddp-run kills and restarts: for SGD-momentum and AdamW with a replicated update, and AdamW with a
+# sharded one, 3 processes train 2 epochs under reduction::invariant<8> once without a fault and
+# once with rank 1 killed (SIGKILL) in its second micro-batch of step 5. The killed run must
+# finish on 2 ranks after one restart, take every sample of each epoch exactly once across the
+# memberships (a sharded update goes back to its last checkpoint and takes the steps since
+# again), and end with the same
+# parameters and buffers, bit for bit, as the run without a fault. Then a fault-injection loop:
+# ddp-run kills a random rank half a second into each membership's training, 4 times (spare slots
+# keep the world at 3) while the run
+# trains 100 epochs of 4 steps (each micro-batch lasting 2 ms at least); it must end with the bits of the run without faults, every sample once.
+#   tests/elastic/ddp_run_test.sh <ddp-run> <ddp_run_worker> [launcher arguments]
+set -euo pipefail
+ddp_run=$1 worker=$2
+shift 2
+launcher_args="$*"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+rows=96
+
+# Every sample once per epoch. Each rank logs a step's samples as it begins it; the attempt at
+# step S that counted is that of the last membership that started before S (ddp-run's report
+# gives where each went on from: a later one started from a state that held S, or went back
+# before it).
+each_sample_once() {
+  local dir=$1 epochs=$2 report=$3
+  local resumed
+  resumed="0 $(grep -o '"resumed_at": [0-9]*' "$report" | awk '{printf "%s ", $2}')"
+  awk -v rows=$rows -v epochs=$epochs -v resumed="$resumed" '
+    BEGIN { nm = split(resumed, start, " ") }
+    { m = FILENAME; sub(/.*samples-/, "", m); sub(/-.*/, "", m); m += 1
+      line[m, $1, ++n[m, $1]] = $2 " " $3; steps[$1] = 1 }
+    END {
+      for (s in steps) {
+        mm = 0
+        for (k = 1; k <= nm; ++k) if (start[k] + 0 < s + 0) mm = k
+        for (i = 1; i <= n[mm, s]; ++i) taken[line[mm, s, i]]++
+      }
+      bad = 0
+      for (e = 0; e < epochs; ++e) for (r = 0; r < rows; ++r)
+        if (taken[e " " r] != 1) { printf "epoch %d sample %d taken %d times\n", e, r, taken[e " " r]; if (++bad > 5) exit 1 }
+      exit bad > 0
+    }' "$dir"/samples-*
+}
+
+for combo in "sgd replicated" "adamw replicated" "adamw sharded"; do
+  set -- $combo
+  name="$1-$2"
+  args=(--optimizer "$1" --update "$2")
+  [ "$2" = sharded ] && extra=(--checkpoint "$work/$name-ckpt") || extra=()
+  "$ddp_run" -n 3 --launcher-args "$launcher_args" --report "$work/$name-ref.json" -- \
+    "$worker" "${args[@]}" --out "$work/$name-ref" > "$work/$name-ref.log" 2>&1 \
+    || { cat "$work/$name-ref.log"; echo "FAIL $name: the run without a fault failed"; exit 1; }
+  start=$(date +%s.%N)
+  "$ddp_run" -n 3 --max-restarts 1 --launcher-args "$launcher_args" --report "$work/$name-kill.json" -- \
+    "$worker" "${args[@]}" "${extra[@]}" --kill 1@5.1 --out "$work/$name-kill" > "$work/$name-kill.log" 2>&1 \
+    || { cat "$work/$name-kill.log"; echo "FAIL $name: the run with rank 1 killed did not finish"; exit 1; }
+  grep -q '"old_world": 3, "new_world": 2' "$work/$name-kill.json" \
+    || { cat "$work/$name-kill.log" "$work/$name-kill.json"; echo "FAIL $name: no 3 -> 2 restart reported"; exit 1; }
+  grep -q 'ended without a word' "$work/$name-kill.json" \
+    || { cat "$work/$name-kill.json"; echo "FAIL $name: the cause is not the killed process"; exit 1; }
+  each_sample_once "$work/$name-kill" 2 "$work/$name-kill.json" || { echo "FAIL $name: a sample was lost or taken twice"; exit 1; }
+  # The new membership went on from the survivors' step (a sharded update: its last checkpoint,
+  # step 4), not from the beginning.
+  [ "$2" = sharded ] && resumed=4 || resumed=5
+  first=$(cat "$work/$name-kill"/samples-1-* | sort -n | head -1 | cut -d' ' -f1)
+  [ "$first" = $((resumed + 1)) ] \
+    || { echo "FAIL $name: the restarted ranks' first step was $first, not $((resumed + 1))"; exit 1; }
+  cmp "$work/$name-ref/params" "$work/$name-kill/params" \
+    || { cat "$work/$name-kill.log"; echo "FAIL $name: the parameters differ from the run without a fault"; exit 1; }
+  grep -h "ddp-run:" "$work/$name-kill.log" | sed "s/^/$name: /"
+  echo "ok $name: killed at step 5, restarted on 2 ranks, every sample once, the same bits"
+done
+
+epochs=100
+"$ddp_run" -n 3 --launcher-args "$launcher_args" -- "$worker" --epochs $epochs --out "$work/loop-ref" > "$work/loop-ref.log" 2>&1 \
+  || { cat "$work/loop-ref.log"; echo "FAIL loop: the run without a fault failed"; exit 1; }
+"$ddp_run" -n 3 --spares 1000 --max-restarts 1000 --kill-every 0.5 --kill-count 4 --kill-seed 7 --launcher-args "$launcher_args" \
+  --report "$work/loop.json" -- "$worker" --epochs $epochs --step-ms 2 --out "$work/loop" > "$work/loop.log" 2>&1 \
+  || { cat "$work/loop.log"; echo "FAIL loop: the run with injected faults did not finish"; exit 1; }
+faults=$(sed -n 's/.*"faults_injected": \([0-9]*\).*/\1/p' "$work/loop.json")
+[ "${faults:-0}" -eq 4 ] || { cat "$work/loop.log"; echo "FAIL loop: only ${faults:-0} faults injected"; exit 1; }
+each_sample_once "$work/loop" $epochs "$work/loop.json" || { echo "FAIL loop: a sample was lost or taken twice"; exit 1; }
+cmp "$work/loop-ref/params" "$work/loop/params" \
+  || { cat "$work/loop.log"; echo "FAIL loop: the parameters differ from the run without faults"; exit 1; }
+grep -h "recovery_s" "$work/loop.json" | grep -o '"recovery_s": [0-9.a-z]*' | tr '\n' ' '; echo
+echo "ok loop: $faults faults injected and survived, the same bits as the run without faults"
