@@ -110,8 +110,6 @@ def measure(args):
     run["load_after"] = load1()
     run["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
     run["exit"] = proc.returncode
-    with open(os.path.join(out_dir, name + ".log"), "w") as f:
-        f.write(proc.stdout)
     sys.stdout.write(proc.stdout)
     if proc.returncode != expected:
         sys.exit(f"results: {name}: `{run['command']}` exited {proc.returncode}, not {expected}")
@@ -340,6 +338,7 @@ def render_example(figs, names, reference_name):
             program = next(w for w in words if "fashion_mnist" in w)
             flags = "mpirun -np " + words[words.index("-np") + 1] + " " + os.path.basename(program) + " " + \
                 " ".join(w for w in words[words.index(program) + 1:] if w != "--no-progress")
+            flags = flags.strip()
         else:
             flags = " ".join(w for w in words[1:] if w != "--no-progress")
         if base_rate is None:
@@ -349,7 +348,7 @@ def render_example(figs, names, reference_name):
             ("yes" if lines == reference_lines else "no")
         rows.append([f"`{flags}`", f"{s['test_accuracy']:.2f}%", f"{e[0]['test_accuracy']:.2f}%", len(e),
                      fmt(s["training_s"], 1), fmt(int(s["samples/s"])), f"{s['samples/s'] / base_rate:.2f}×",
-                     fmt(d["run"]["peak_rss_mb"], 0), same])
+                     f"{d['run']['peak_rss_mb']:.0f}", same])
         runs.append(d["run"])
     if not runs:
         return "\n".join(n.removeprefix("- ") for n in notes)
