@@ -47,6 +47,8 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 if [ -z "$out" ]; then
   if [ $quick = 1 ]; then out=$scratch/out; else out=docs; fi
+elif [ $quick = 1 ] && [ "$(realpath -m "$out")" = "$(realpath docs)" ]; then
+  echo "results.sh: --quick never writes into docs/ (its figures are the smallest sizes)" >&2; exit 2
 fi
 figs=$out/figures
 mkdir -p "$figs"
