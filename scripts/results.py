@@ -425,7 +425,7 @@ def render_machine(figs):
         cpus.add(f"{run['machine']['cpu']}, {run['machine']['threads']} hardware threads")
     if not dates:
         return "No measurement in this run."
-    return (f"This run: {min(dates).replace('T', ' ').replace('Z', ' UTC')} to "
+    return (f"The figures below were measured from {min(dates).replace('T', ' ').replace('Z', ' UTC')} to "
             f"{max(dates).replace('T', ' ').replace('Z', ' UTC')}, on {'; '.join(sorted(cpus))}; load average "
             f"between {min(loads):.2f} and {max(loads):.2f} (its 1-minute figure, read before and after each command).")
 
