@@ -6,7 +6,7 @@
 // Bytes counted per element: copy, pack, unpack, scale 8; cast f32->bf16 6; sgd 20 (param and
 // momentum read and written, gradient read); adamw 28. "uneven" rows use a bucket of one large,
 // one medium and 62 small tensors instead of eight equal ones.
-// The target (docs/results.md): pack, unpack, scale and the fused optimizers at >= --target % of
+// The target (docs/testing.md): pack, unpack, scale and the fused optimizers at >= --target % of
 // the copy's bandwidth at >= 64 MiB (the cast has none). The exit status is 1, with a line on
 // stderr naming the kernel, the size, the measured ratio and the target, when a kernel falls
 // below it, and naming the kernel and the first wrong element when a result is wrong.

@@ -12,7 +12,7 @@
                                                           and the part of it that ran while
                                                           backward computed
 
-Needs matplotlib (Debian: python3-matplotlib). scripts/bench-plots.sh runs them all.
+Needs matplotlib (Debian: python3-matplotlib). scripts/results.sh runs them all for docs/results.md.
 """
 import json
 import os

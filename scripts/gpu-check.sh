@@ -3,7 +3,7 @@
 # GPU benchmarks, the example's GPU build), runs the GPU tests (ctest label gpu), the kernel
 # benchmarks and the example on the GPU (in-process, and under mpirun when OpenMPI is there).
 # Fails, never skips, when no GPU is visible. Everything it prints is also kept in
-# $build/gpu-check.log, for docs/results.md.
+# $build/gpu-check.log (the GPU figures: scripts/results.sh measures the host's).
 #   scripts/gpu-check.sh [build-dir]        (default build-gpu; about 5 minutes on one H200)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,12 +3,24 @@
 # and runs the whole test suite under ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each stage's wall time, printed as it ends: the CI log says where the minutes go.
+build=${DDP_BUILD_DIR:-build}
+# Each stage's wall time, printed as it ends (the CI log says where the minutes go) and recorded in
+# $build/test-times.txt with the date, machine and load average, for docs/results.md
+# (scripts/results.sh reads it; .ci/run appends its own stages).
+mkdir -p "$build"
+times=$build/test-times.txt
+{ echo "command ./scripts/test.sh $*"; echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit $(git rev-parse --short HEAD 2> /dev/null || echo unknown)"; echo "threads $(nproc)"
+  echo "cpu $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  echo "load_start $(cut -d' ' -f1 /proc/loadavg)"; } > "$times"
 stage_start=$SECONDS
-stage() { echo "-- stage: $1 took $((SECONDS - stage_start)) s"; stage_start=$SECONDS; }
+stage() {
+  echo "-- stage: $1 took $((SECONDS - stage_start)) s"
+  { echo "stage $1 $((SECONDS - stage_start))"; echo "load_end $(cut -d' ' -f1 /proc/loadavg)"; } >> "$times"
+  stage_start=$SECONDS
+}
 scripts/install-deps.sh --fuzz
 stage install-deps
-build=${DDP_BUILD_DIR:-build}
 # DDP_REQUIRE_MPI: the MPI tests fail (at configure) rather than vanish when MPI is missing.
 # The GPU targets (ddp_gpu: GPU tests, GPU benchmarks, the example's GPU build) are not part of
 # this run: they need no GPU to compile, and CI compiles them after it (.ci/run builds ddp_gpu);
@@ -20,6 +32,7 @@ stage build
 source scripts/openblas-env.sh
 ctest --test-dir "$build" -j"${DDP_JOBS:-2}" --output-on-failure "$@"
 stage ctest
+echo "ctest_entries $(ctest --test-dir "$build" -N | sed -n 's/^Total Tests: //p')" >> "$times"
 
 # The concurrent code under the sanitizers (docs/testing.md): the in-process, trainer, data and
 # communication-hook suites under AddressSanitizer + UndefinedBehaviorSanitizer, the in-process

@@ -79,7 +79,7 @@ struct torch_platform {
   // One intra-op thread per rank: the ranks are the parallelism. Debian's libtorch calls OpenBLAS
   // for its linear layers, whose idle pool would spin in sched_yield beside the ranks (a fifth
   // of the CPU time of an epoch here): one thread for it too. Freed tensors stay in the process
-  // (ddp/torch/allocator.hpp): in-process ranks went from 1675 to 2022 samples/s (docs/results.md).
+  // (ddp/torch/allocator.hpp): in-process ranks went from 1675 to 2022 samples/s (docs/torch.md).
   template <class Launcher, class Config, class F>
   static void on_rank(Launcher& launcher, const Config&, F&& f) {
     ddp::torch::retain_freed_memory();
