@@ -26,6 +26,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -103,7 +104,7 @@ def measure(args):
     path = os.path.join(out_dir, name + ".json")
     if kind in ("bench", "kernels") and os.path.exists(path):
         os.remove(path)
-    run = {"command": " ".join(command), "date": utc_now(), "machine": machine(), "load_before": load1()}
+    run = {"command": shlex.join(command), "date": utc_now(), "machine": machine(), "load_before": load1()}
     start = time.monotonic()
     proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run["wall_s"] = round(time.monotonic() - start, 2)
@@ -122,9 +123,28 @@ def measure(args):
         doc = parse_torch(proc.stdout)
     elif kind == "timed":
         doc = {}
+    elif kind == "ddp_run":  # ddp-run's report (--report FILE), and the example's epochs when it ran the example
+        with open(command[command.index("--report") + 1]) as f:
+            doc = {"report": json.load(f)}
+        try:
+            doc.update(parse_example(proc.stdout))
+        except ValueError:
+            pass
     else:
         sys.exit(f"results: unknown kind {kind}")
     doc["run"] = run
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def annotate(args):
+    """Sets one field of a figure (a result its command's output does not hold)."""
+    out_dir, name, key, value = args
+    path = os.path.join(out_dir, name + ".json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc[key] = json.loads(value)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -318,6 +338,38 @@ def render_lose(doc):
     return "\n".join([provenance(doc), "", table(header, rows), ""] + [f"- {n}" for n in doc["notes"]])
 
 
+def render_ddp_run(figs):
+    """The example and a fault-injection loop under ddp-run, each beside its run without faults."""
+    names = ["ddp_run_example", "ddp_run_example_kill", "ddp_run_loop_ref", "ddp_run_loop"]
+    docs = {n: figs.get(n) for n in names}
+    for n, d in docs.items():
+        if d is None or "skipped" in d:
+            return missing(n, d)
+
+    def last_epoch(d):
+        e = d["epochs"][-1]
+        return (e["train_loss"], e["train_accuracy"], e["test_accuracy"])
+
+    rows, lines = [], []
+    for n, what, same in (
+            ("ddp_run_example", "the example, no fault", "-"),
+            ("ddp_run_example_kill", "the example, a rank killed in epoch 2",
+             "yes" if last_epoch(docs["ddp_run_example_kill"]) == last_epoch(docs["ddp_run_example"]) else "no"),
+            ("ddp_run_loop_ref", "fault loop's program, no fault", "-"),
+            ("ddp_run_loop", "fault loop", "yes" if docs["ddp_run_loop"].get("same_params") else "no")):
+        d = docs[n]
+        rep = d["report"]
+        rec = sorted(r["recovery_s"] for r in rep["restarts"] if r["recovery_s"] is not None)
+        recovery = "-" if not rec else (fmt(rec[0]) if len(rec) == 1 else
+                                        f"{fmt(rec[0])} / {fmt(rec[len(rec) // 2])} / {fmt(rec[-1])}")
+        accuracy = f"{d['epochs'][-1]['test_accuracy']:.2f}%" if "epochs" in d else "-"
+        rows.append([what, rep["world"], rep["faults_injected"], len(rep["restarts"]), recovery, accuracy, same])
+        lines += [f"{what[0].upper()}{what[1:]}:  ", provenance(d), ""]
+    header = ["run", "ranks at the end", "faults injected", "restarts", "recovery (s; min / median / max)",
+              "final test accuracy", "same bits as without faults"]
+    return "\n".join(lines + [table(header, rows)])
+
+
 def render_example(figs, names, reference_name):
     """One row per run; `same` compares its epoch lines (loss, train and test accuracy) with those
     of the reference run (the defaults at 2 ranks)."""
@@ -458,6 +510,7 @@ def renderers(figs):
                                                 [f"invariance_mpi_np{n}" for n in range(1, 9)]),
         "invariance_plain": one("invariance_plain", render_plain),
         "lose": one("lose", render_lose),
+        "ddp_run": lambda: render_ddp_run(figs),
         "example": lambda: render_example(figs, ["example_1rank", "example_2ranks", "example_2ranks_sharded",
                                                  "example_2ranks_invariant", "example_mpi_2ranks"],
                                           "example_2ranks"),
@@ -564,7 +617,8 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     command, args = sys.argv[1], sys.argv[2:]
-    {"measure": measure, "skip": skip, "test-times": test_times, "render": render, "check": check}.get(
+    {"measure": measure, "skip": skip, "annotate": annotate, "test-times": test_times, "render": render,
+     "check": check}.get(
         command, lambda _: sys.exit(__doc__))(args)
 
 

@@ -172,6 +172,31 @@ measure example_epoch1_mapped example -- "$example" --ranks 2 "${one_epoch[@]}" 
 # One epoch's step timeline, for the overlap plot (0.8 MB: not kept).
 "$example" "${one_epoch[@]}" "${data[@]}" --no-progress --trace "$scratch/trace.json" > /dev/null
 
+echo "== processes under ddp-run: a rank killed, a fault-injection loop"
+ddp_run=$build/src/run/ddp-run worker=$build/tests/ddp_run_worker
+if [ ${#mpirun[@]} -gt 0 ] && [ -x "$ddp_run" ] && [ -x "$example_mpi" ] && [ -x "$worker" ]; then
+  run=("$ddp_run" -n 3 --launcher-args "--oversubscribe --bind-to none")
+  # A global batch fixed at 3 ranks' (192), so that the world of 2 after the kill trains the same steps.
+  example_args=("$example_mpi" --epochs 3 --reduction invariant --global-batch 192 "${data[@]}" --no-progress)
+  measure ddp_run_example ddp_run -- "${run[@]}" --report "$scratch/ddp_run_example.json" -- "${example_args[@]}"
+  # Killed about 1.4 epochs after the first step: in epoch 2 of 3.
+  kill_after=$("$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(round(1.4*d["epochs"][0]["seconds"],2))' \
+    "$figs/ddp_run_example.json")
+  measure ddp_run_example_kill ddp_run -- "${run[@]}" --kill-every "$kill_after" --kill-count 1 \
+    --report "$scratch/ddp_run_example_kill.json" -- "${example_args[@]}"
+  if [ $quick = 1 ]; then loop=(--epochs 20 --step-ms 2) faults=1; else loop=(--epochs 1500 --step-ms 2) faults=40; fi
+  measure ddp_run_loop_ref ddp_run -- "${run[@]}" --report "$scratch/ddp_run_loop_ref.json" -- \
+    "$worker" "${loop[@]}" --out "$scratch/loop_ref"
+  measure ddp_run_loop ddp_run -- "${run[@]}" --spares 100000 --max-restarts 100000 --kill-every 0.5 \
+    --kill-count $faults --kill-seed 7 --report "$scratch/ddp_run_loop.json" -- "$worker" "${loop[@]}" --out "$scratch/loop"
+  results annotate "$figs" ddp_run_loop same_params \
+    "$(cmp -s "$scratch/loop_ref/params" "$scratch/loop/params" && echo true || echo false)"
+else
+  for name in ddp_run_example ddp_run_example_kill ddp_run_loop_ref ddp_run_loop; do
+    skip $name "ddp-run, fashion_mnist_mpi or ddp_run_worker is not built in $build (or mpirun is missing)"
+  done
+fi
+
 echo "== host kernels"
 if [ -x "$build/bench/host_kernels" ]; then
   measure host_kernels kernels -- "$build/bench/host_kernels" "${kernels[@]}" \

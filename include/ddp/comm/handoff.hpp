@@ -76,8 +76,8 @@ class handoff {
     return accounted_.at(static_cast<std::size_t>(rank)) == next_index_.at(static_cast<std::size_t>(rank));
   }
   // A trainer completed its first step in this membership (`steps` in all).
-  void resumed_step(int rank, std::uint64_t steps) const {
-    if (listener_.resumed_step) listener_.resumed_step(rank, steps);
+  void first_step(int rank, std::uint64_t steps) const {
+    if (listener_.first_step) listener_.first_step(rank, steps);
   }
   // The files trainer `trainer` of a restarted membership starts from, one per survivor in the
   // new rank order; null on the first membership (and for a trainer the failed one did not have).
@@ -96,7 +96,7 @@ class handoff {
   struct listener {
     std::function<void(int rank, std::size_t trainer, const left_state&)> left;
     std::function<void(int rank)> accounted;  // after each state left (and told) or trainer ended
-    std::function<void(int rank, std::uint64_t steps)> resumed_step;  // a trainer's first step here
+    std::function<void(int rank, std::uint64_t steps)> first_step;  // a trainer's first step here
   };
   void listen(listener l) { listener_ = std::move(l); }
   // Trainers leave their states encoded (encoded_state): they go to disk.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ddp/comm/handoff.hpp"
+#include "ddp/trainer/step_observer.hpp"
 
 namespace ddp::detail {
 
@@ -25,7 +26,7 @@ class trainer_handoff {
   explicit trainer_handoff(const Comm& comm) {
     if constexpr (hands_over<Comm>) {
       handoff_ = comm.handoff();
-      if (handoff_) index_ = handoff_.shared().next_trainer(handoff_.rank()), first_ = true;
+      if (handoff_) index_ = handoff_.shared().next_trainer(handoff_.rank());
     }
   }
   // The states to start from, one per rank of this membership; null when there are none.
@@ -51,33 +52,21 @@ class trainer_handoff {
     } catch (...) {
     }
   }
-  // In an elastic run, it has not completed a step yet.
-  bool before_first_step() const noexcept { return first_; }
-  // Runs the trainer's first step in this membership, and reports it once it completed (a
-  // launcher times recovery by it, and injects faults only once a membership makes progress);
-  // a step that throws reports nothing.
-  template <class Step, class Steps>
-  decltype(auto) first_step(Step&& step, Steps steps) {
-    struct report {
-      trainer_handoff& h;
-      Steps& steps;
-      int uncaught = std::uncaught_exceptions();
-      ~report() {
-        if (std::uncaught_exceptions() != uncaught) return;
-        h.first_ = false;
-        try {
-          h.handoff_.shared().resumed_step(h.handoff_.rank(), steps());
-        } catch (...) {
-        }
+  // Tells the hand-over of this trainer's first completed step in this membership (a launcher
+  // times recovery by it, and injects faults only once a membership makes progress).
+  void report_first_step(step_observer& observer) {
+    if (!handoff_) return;
+    observer.on_next_update([h = handoff_](std::uint64_t steps) {
+      try {
+        h.shared().first_step(h.rank(), steps);
+      } catch (...) {
       }
-    } on_return{*this, steps};
-    return step();
+    });
   }
 
  private:
   elastic::rank_handoff handoff_;
   std::size_t index_ = 0;
-  bool first_ = false;
   int uncaught_ = std::uncaught_exceptions();
 };
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,17 @@ namespace ddp::detail {
 class step_observer {
  public:
   using clock = std::chrono::steady_clock;
+
+  // `f(steps)` runs once, when the next update has completed (elastic training's report of a
+  // membership's first step).
+  void on_next_update(std::function<void(std::uint64_t steps)> f) { next_update_ = std::move(f); }
+  void updated(std::uint64_t step) const {
+    if (!next_update_) [[likely]]
+      return;
+    auto f = std::move(next_update_);
+    next_update_ = nullptr;
+    f(step + 1);
+  }
 
   // Records every following step's phases into `t` (nullptr stops); `t` must outlive it.
   void record_into(timeline* t) noexcept { timeline_ = t; }
@@ -83,6 +95,7 @@ class step_observer {
 
  private:
   timeline* timeline_ = nullptr;
+  mutable std::function<void(std::uint64_t)> next_update_;  // one-shot: updated() is called on a const observer
   std::vector<clock::time_point> launched_;  // per bucket, while a timeline records
   clock::time_point backward_done_{};
   overlap_timing overlap_;

@@ -71,7 +71,6 @@ struct invalid_core {
   template <class... Args>
   void accumulate(Args&&...) {}
   std::size_t join() { return 0; }
-  std::uint64_t steps() const { return 0; }
 };
 
 // Sorts the policies into their slots and checks each, in the order of the slot list; the core
@@ -295,16 +294,10 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     for (std::size_t k = 0; k < shards.size(); ++k) {
       auto one = [&](auto& replica) { f(replica, shards[k]); };
       if (k + 1 < shards.size()) this->accumulate(one);
-      else step(one);
+      else core_type::step(one);
     }
   }
-  template <class F>
-  decltype(auto) step(F&& step_fn) {
-    if (!handoff_.before_first_step()) [[likely]]
-      return core_type::step(std::forward<F>(step_fn));
-    return handoff_.first_step([&]() -> decltype(auto) { return core_type::step(std::forward<F>(step_fn)); },
-                               [this] { return this->steps(); });
-  }
+  using core_type::step;
   std::uint64_t epochs_started() const noexcept { return epoch_; }
   // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
   // batch counts when the sampler visits every sample); under reduction::invariant<V>, steps of
@@ -375,6 +368,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
 
   void resume_handed_over() {
+    handoff_.report_first_step(core().observer());
     if (const auto c = handoff_.resume_checkpoint()) return load_at(c->dir, c->steps);  // a sharded update
     const auto* handed = handoff_.resume_files();
     if (!handed) return;

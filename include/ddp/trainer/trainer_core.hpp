@@ -170,6 +170,7 @@ class trainer_core {
   // Records every following step's phases into `t` (nullptr stops); ddp::write_chrome_trace
   // writes them (trainer/timeline.hpp). `t` must outlive the recording.
   void record_timeline(timeline* t) noexcept { observer_.record_into(t); }
+  detail::step_observer& observer() noexcept { return observer_; }
   // Parameters the last step left to the optimizer unchanged because no rank used them.
   std::vector<std::string> skipped_parameters() const { return update_.skipped_parameters(); }
   // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch; those

@@ -79,8 +79,11 @@ class update_stage {
       }
       update_.after_update(bk);
     }
-    auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
-    for (auto& bk : buckets) update_.finish(bk);
+    {
+      auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
+      for (auto& bk : buckets) update_.finish(bk);
+    }
+    observer.updated(step);
   }
 
   // ---- clipping and parameter groups --------------------------------------------------------
