@@ -15,15 +15,23 @@ for src in tests/fuzz/*_fuzz.cpp; do
   clang++ "${flags[@]}" "$src" -o "$out/$name" -lz &
 done
 wait
-status=0
+# The fuzzers run side by side (one core each), then each reports.
+declare -A pid
 for src in tests/fuzz/*_fuzz.cpp; do
   name=$(basename "$src" .cpp)
   corpus="$out/corpus-$name"
   rm -rf "$corpus" && mkdir -p "$corpus"
   cp tests/fuzz/corpus/"${name%_fuzz}"/* "$corpus"/
+  (cd "$out" && "./$name" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$name-" \
+     "corpus-$name" > "$name.log" 2>&1) &
+  pid[$name]=$!
+done
+status=0
+for src in tests/fuzz/*_fuzz.cpp; do
+  name=$(basename "$src" .cpp)
+  corpus="$out/corpus-$name"
   echo "== $name: ${seconds} s from $(ls tests/fuzz/corpus/"${name%_fuzz}" | wc -l) seed(s)"
-  if ! (cd "$out" && "./$name" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$name-" \
-        "corpus-$name" > "$name.log" 2>&1); then
+  if ! wait "${pid[$name]}"; then
     echo "FAILED: $name found an input that breaks it (build-fuzz/$name-*; log build-fuzz/$name.log):"
     tail -40 "$out/$name.log"
     status=1

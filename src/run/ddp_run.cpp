@@ -52,6 +52,7 @@ struct settings {
   std::string launcher_args;
   std::string host;
   double leave_timeout = 30;
+  double start_timeout = 120;
   double kill_every = 0;  // fault injection: SIGKILL a random worker this often (seconds)
   unsigned kill_seed = 1;
   int kill_count = -1;  // at most this many (-1: no bound)
@@ -82,6 +83,7 @@ struct worker {
   pid_t pid = 0;
   bool saved = false, bye = false, failed = false, gone = false;
   bool own_error = false;  // it said it failed (not a peer's failure)
+  bool stateless = false;  // it ended without a state to leave
   std::map<std::size_t, left_state> left;
 };
 
@@ -96,14 +98,15 @@ struct restart {
 
 class listener {
  public:
-  listener() {
+  // Only this host's workers (mpirun here) reach a listener on the loopback interface.
+  explicit listener(bool loopback) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) fail(std::string("socket: ") + std::strerror(errno));
     const int on = 1;
     ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_addr.s_addr = htonl(loopback ? INADDR_LOOPBACK : INADDR_ANY);
     if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 256) != 0)
       fail(std::string("cannot listen for workers: ") + std::strerror(errno));
     socklen_t len = sizeof a;
@@ -257,7 +260,8 @@ std::optional<std::string> carry_over(const std::vector<const trainer_states*>& 
 }
 
 int run(const settings& s) {
-  listener lis;
+  const bool remote_workers = !s.host.empty() || s.launcher == "srun";
+  listener lis(!remote_workers);
   const std::string host = !s.host.empty() ? s.host : s.launcher == "srun" ? [] {
     char name[256] = {};
     ::gethostname(name, sizeof name - 1);
@@ -285,6 +289,7 @@ int run(const settings& s) {
     std::string cause;
     std::optional<int> launcher_status;
     bool progress = false;  // a step completed in this membership
+    const auto membership_start = clock_type::now();
     auto next_kill = clock_type::time_point::max();
 
     auto on_failure = [&](worker& w, const std::string& why) {
@@ -299,7 +304,12 @@ int run(const settings& s) {
     };
     auto on_line = [&](worker& w, const std::string& line) {
       const auto f = ddp::run::fields(line);
-      if (f[0] == "hello" && f.size() >= 4) {
+      if (f[0] == "hello" && f.size() >= 5) {
+        if (std::stoi(f[4]) != membership || std::stoi(f[2]) != world) {  // a straggler of an earlier one
+          w.conn.close();
+          w.gone = true;
+          return;
+        }
         w.rank = std::stoi(f[1]);
         w.pid = static_cast<pid_t>(std::stol(f[3]));
         if (failed_at)  // a peer died before this one connected
@@ -308,8 +318,9 @@ int run(const settings& s) {
         left_state l{std::stoull(f[2]), f[3] == "1", f[4], std::nullopt};
         if (!f[5].empty()) l.checkpoint = std::make_pair(std::stoull(f[5]), f[6]);
         w.left[std::stoul(f[1])] = l;
-      } else if (f[0] == "saved") {
+      } else if (f[0] == "saved" || f[0] == "nostate") {
         w.saved = true;
+        w.stateless = f[0] == "nostate";
       } else if (f[0] == "failed" && f.size() >= 2) {
         w.own_error = true;
         on_failure(w, f[1]);
@@ -347,7 +358,8 @@ int run(const settings& s) {
         if (!open) {
           w.conn.close();
           w.gone = true;
-          if (!w.saved && !w.bye && !w.failed)
+          // A connection that closes before it said which rank it is was no worker of this run.
+          if (w.rank >= 0 && !w.saved && !w.bye && !w.failed)
             on_failure(w, "its process ended without a word (killed by a signal such as SIGKILL, or crashed)");
         }
       }
@@ -355,9 +367,19 @@ int run(const settings& s) {
         int status = 0;
         if (::waitpid(launcher, &status, WNOHANG) == launcher) launcher_status = status;
       }
+      const auto started_since = std::chrono::duration<double>(clock_type::now() - membership_start).count();
+      const auto connected = std::count_if(workers.begin(), workers.end(), [](const worker& w) { return w.rank >= 0; });
+      if (!failed_at && connected < world && started_since > s.start_timeout) {
+        say("only " + std::to_string(connected) + " of " + std::to_string(world) + " ranks connected within " +
+            std::to_string(static_cast<int>(s.start_timeout)) + " s (--start-timeout): a rank did not start "
+            "(see the launcher's output above), or cannot reach ddp-run at " + address + " (--host)");
+        stop_group(launcher, 0);
+        write_report(s, restarts, world, faults, "ranks did not start");
+        return 1;
+      }
       if (failed_at) {
         const bool all_left = std::all_of(workers.begin(), workers.end(), [](const worker& w) {
-          return w.failed || w.saved || w.gone;
+          return w.rank < 0 || w.saved || w.gone;
         });
         const double waited = std::chrono::duration<double>(clock_type::now() - *failed_at).count();
         if (all_left || waited > s.leave_timeout || launcher_status) break;
@@ -401,9 +423,8 @@ int run(const settings& s) {
       write_report(s, restarts, world, faults, why);
       return WIFEXITED(status) && WEXITSTATUS(status) ? WEXITSTATUS(status) : 1;
     }
-    // The rank that failed first is lost; every other one survives: with the state it left, or
-    // (stopped before it left one: the launcher ended the job, or it failed outside its trainers)
-    // with the one its membership started from.
+    // A rank survives when it left its state (or ended without one to leave) and did not fail on
+    // its own; the others are lost: the one that failed first, any that died or never reported.
     restart r{origin, cause, 0, 0, world, 0, std::nullopt};
     auto end_run = [&](const std::string& why) {
       say("cannot go on: " + why);
@@ -412,28 +433,35 @@ int run(const settings& s) {
     };
     const auto own_failures = std::count_if(workers.begin(), workers.end(), [](const worker& w) { return w.own_error; });
     if (own_failures == world)
-      return end_run("every rank failed alike (" + cause + "): no rank was lost to go on without");
+      return end_run("every rank failed (" + cause + "): no rank was lost to go on without; see their output above");
     std::vector<const trainer_states*> survivors;
+    bool any_state = false;
     for (const auto& w : workers)
-      if (w.rank != origin) survivors.push_back(&w.left);
-    for (int missing = world - 1 - static_cast<int>(survivors.size()); missing > 0; --missing)
-      survivors.push_back(&none);  // never connected: stopped before MPI started
+      if (w.rank >= 0 && w.saved && !w.own_error) {
+        survivors.push_back(&w.left);
+        any_state = any_state || !w.left.empty();
+      }
     if (survivors.empty()) return end_run("no rank survived the failure (" + cause + ")");
+    if (progress && !any_state)
+      return end_run("the ranks completed steps in this membership but none left its state (is its communicator "
+                     "one that hands over, ddp::mpi::communicator?); going on would silently repeat them");
+    const int lost = world - static_cast<int>(survivors.size());
     if (static_cast<int>(restarts.size()) >= s.max_restarts)
       return end_run("the run already restarted " + std::to_string(restarts.size()) + " time(s) (--max-restarts " +
                      std::to_string(s.max_restarts) + ")");
     const fs::path manifest = dir / "resume";
     trainer_states next;
     if (const auto why = carry_over(survivors, started, manifest, next, r)) return end_run(*why);
-    const int replaced = std::min(spares, 1);
+    const int replaced = std::min(spares, lost);
     spares -= replaced;
-    r.new_world = world - 1 + replaced;
+    r.new_world = world - lost + replaced;
     if (r.new_world < s.min_world)
       return end_run(std::to_string(r.new_world) + " rank(s) remain, fewer than --min-world " +
                      std::to_string(s.min_world));
     restarts.push_back(r);
-    say("restart " + std::to_string(restarts.size()) + " of at most " + std::to_string(s.max_restarts) + ": lost rank " +
-        std::to_string(origin) + " after " + std::to_string(r.steps) + " completed steps; " + std::to_string(world) + " -> " +
+    say("restart " + std::to_string(restarts.size()) + " of at most " + std::to_string(s.max_restarts) + ": lost " +
+        (lost == 1 ? "rank " + std::to_string(origin) : std::to_string(lost) + " ranks (rank " + std::to_string(origin) +
+                                                             " first)") + " after " + std::to_string(r.steps) + " completed steps; " + std::to_string(world) + " -> " +
         std::to_string(r.new_world) + " ranks" + (replaced ? " (" + std::to_string(replaced) + " on spare slots)" : "") +
         ", going on from step " + std::to_string(r.resumed_at) + (r.resumed_at != r.steps ? " (a sharded update's last checkpoint)" : ""));
     recovering_since = *failed_at;
@@ -462,6 +490,8 @@ int main(int argc, char** argv) {
   app.add_option("--launcher-args", s.launcher_args, "extra arguments for the launcher, e.g. \"--oversubscribe\"");
   app.add_option("--host", s.host, "the address workers reach ddp-run at (default: 127.0.0.1; under srun, this host's name)");
   app.add_option("--leave-timeout", s.leave_timeout, "seconds the survivors get to leave their state")->capture_default_str();
+  app.add_option("--start-timeout", s.start_timeout, "seconds every rank of a membership gets to connect")
+      ->capture_default_str();
   app.add_option("--kill-every", s.kill_every, "fault injection: SIGKILL a random rank every this many seconds");
   app.add_option("--kill-seed", s.kill_seed, "seed of --kill-every's choice of rank")->capture_default_str();
   app.add_option("--kill-count", s.kill_count, "--kill-every injects at most this many faults");
@@ -469,6 +499,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (s.launcher.empty()) s.launcher = std::getenv("SLURM_JOB_ID") ? "srun" : "mpirun";
   if (s.min_world > s.nproc) fail("--min-world " + std::to_string(s.min_world) + " exceeds -n " + std::to_string(s.nproc));
+  if (s.kill_every > 0 && s.launcher != "mpirun")
+    fail("--kill-every kills workers by their process id on this host: it needs --launcher mpirun");
   ::signal(SIGPIPE, SIG_IGN);
   return run(s);
 }

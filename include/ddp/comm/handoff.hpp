@@ -63,9 +63,9 @@ class handoff {
     std::unique_lock lock(mutex_);
     auto& mine = left_.at(static_cast<std::size_t>(rank));
     if (mine.size() <= trainer) mine.resize(trainer + 1);
-    mine[trainer] = std::move(state);
+    mine[trainer] = state;
     lock.unlock();
-    if (listener_.left) listener_.left(rank, trainer, left_.at(static_cast<std::size_t>(rank))[trainer]);
+    if (listener_.left) listener_.left(rank, trainer, state);
     account(rank);
   }
   // Trainer `trainer` of `rank` ended normally: it leaves nothing.

@@ -213,6 +213,7 @@ class progress_thread {
       queue_->is_broken.store(true, std::memory_order_release);
     }
     queue_->waiters_cv.notify_all();
+    queue_->progress_cv.notify_all();
   }
   bool broken() const noexcept { return queue_->is_broken.load(std::memory_order_acquire); }
   // Operations that could wait for a peer forever must run where a broken queue can stop the
@@ -274,14 +275,18 @@ class progress_thread {
     auto& q = *queue_;
     std::unique_lock lock(q.mutex);
     for (;;) {
+      if (q.broken) return;  // nothing more runs (its owner may be gone: touch only the queue)
       if (q.runnable()) {
         q.run_head(lock);
         continue;
       }
       if (q.stopping && q.ops.empty() && !q.running()) return;
       lock.unlock();
-      const bool more = ddp::detail::spin_until([&] { return q.maybe_runnable() && grace_over(); }, q.options.spin,
-                                           ddp::detail::spin_kind::for_core);
+      // Waiters that never run operations leave nothing to wait for.
+      const bool waiters_run = q.waiters_run.load(std::memory_order_relaxed);
+      const bool more = ddp::detail::spin_until(
+          [&] { return q.is_broken.load(std::memory_order_acquire) || (q.maybe_runnable() && (!waiters_run || grace_over())); },
+          q.options.spin, ddp::detail::spin_kind::for_core);
       lock.lock();
       // Runnable, or a waiter took it meanwhile: spin again. A submission between the spin and
       // the lock found this thread awake and did not wake it: look once more before sleeping.

@@ -22,7 +22,9 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -50,6 +52,7 @@ class agent {
   // gave up): a communicator breaks its queue there. Returns an id for forget().
   int on_failure(std::function<void(int origin, const std::string& reason)> fail) {
     std::lock_guard lock(mutex_);
+    if (failed_) fail(failed_->first, failed_->second);  // a communicator made after the failure
     failures_[next_id_] = std::move(fail);
     return next_id_++;
   }
@@ -58,27 +61,35 @@ class agent {
     failures_.erase(id);
   }
 
-  // This rank gave up (a communicator's abort): ddp-run tells the others. A consequence of a
-  // failure already known changes nothing.
+  // This rank gave up (a communicator's abort): ddp-run hears it (every rank's own failure: when
+  // all ranks failed alike there is no one to go on with) and tells the others; this rank's
+  // communicators fail, and the process ends once its trainers are accounted for. A failure
+  // already known here only adds the report.
   void report_failure(const std::string& reason) {
-    if (failing_.load()) return;
-    {
-      std::lock_guard lock(leave_mutex_);
-      reason_ = "this rank failed: " + reason;
-    }
-    if (failing_.exchange(true)) return;
+    if (peer_failed()) return;  // a consequence: this rank's collectives failed with the peer's failure
     send(join({"failed", reason}));
-    fail_communicators(rank_, reason);
+    if (!start_failing(rank_, "this rank failed: " + reason)) return;
     start_leaving();
+  }
+  // The program ends by an exception (its MPI environment goes while unwinding): ddp-run hears of
+  // it, and the process goes on ending by itself (the program's handler prints the error).
+  void report_exit_by_exception() {
+    if (!peer_failed()) send(join({"failed", "the program ended by an exception (its output above says which)"}));
+    start_failing(rank_, "this rank ended by an exception");
+    exiting_.store(true);
   }
   // The program ended normally (its MPI environment is going).
   void finished() { send("bye"); }
-  // The process ends by an exception that no trainer saw: as report_failure, and it waits here
-  // (never returning) for the agent to end it once every trainer is accounted for.
-  [[noreturn]] void fail_and_wait(const std::string& reason) {
-    report_failure(reason);
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  // Whether this rank's communicators were failed (MPI must not be finalised then).
+  bool failing() const noexcept { return failing_.load(); }
+
+ private:
+  bool peer_failed() {
+    std::lock_guard lock(mutex_);
+    return failed_ && failed_->first != rank_;
   }
+
+ public:
 
  private:
   static agent* make() {
@@ -159,21 +170,16 @@ class agent {
     }
     send(join({"left", std::to_string(trainer), std::to_string(s.steps), s.whole ? "1" : "0", path.string(),
                s.checkpoint ? std::to_string(s.checkpoint->steps) : "", s.checkpoint ? s.checkpoint->dir : ""}));
+    left_any_.store(true);
   }
 
   void listen() {
     for (;;) {
       while (auto line = conn_.next_line()) {
         const auto f = fields(*line);
-        if (f[0] == "peer_failed" && f.size() >= 3 && !failing_.load()) {
-          {
-            std::lock_guard lock(leave_mutex_);
-            reason_ = "rank " + f[1] + " failed (" + f[2] + ")";
-          }
-          if (failing_.exchange(true)) continue;
-          fail_communicators(std::stoi(f[1]), f[2]);
+        if (f[0] == "peer_failed" && f.size() >= 3 &&
+            start_failing(std::stoi(f[1]), "rank " + f[1] + " failed (" + f[2] + ")", f[2]) && !exiting_.load())
           start_leaving();
-        }
       }
       if (!conn_.receive()) {
         std::fprintf(stderr, "ddp[run] rank %d: the connection to ddp-run closed; ending this worker\n", rank_);
@@ -183,26 +189,42 @@ class agent {
     }
   }
 
-  // Under the lock: a communicator that forgets its action waits until it has run.
-  void fail_communicators(int origin, const std::string& reason) {
+  // The first failure known here (a peer's, or this rank's own) fails the communicators; false
+  // for a later one. Under the lock: a communicator that forgets its action waits until it has
+  // run, and one made later fails at once (on_failure).
+  bool start_failing(int origin, const std::string& reason, const std::string& cause = {}) {
     std::lock_guard lock(mutex_);
-    for (auto& [id, fail] : failures_) fail(origin, reason);
+    if (failed_) return false;
+    failed_.emplace(origin, cause.empty() ? reason : cause);
+    reason_ = reason;
+    failing_.store(true);
+    for (auto& [id, fail] : failures_) fail(failed_->first, failed_->second);
+    return true;
   }
 
   // Once failing, the process ends as soon as every trainer built here left its state or ended
   // (on the thread of the last one, in its destructor): its communicators wait for a peer that
   // is gone and would never return, and the run goes on in the next membership.
   void end_if_accounted() {
-    if (failing_.load() && handoff_.all_accounted(rank_)) leave_now();
+    if (failing_.load() && !exiting_.load() && handoff_.all_accounted(rank_)) leave_now();
   }
   [[noreturn]] void leave_now() {
     std::lock_guard lock(leave_mutex_);  // once
-    send("saved");
-    std::fprintf(stderr, "ddp[run] rank %d: %s; it left the state of its last completed step for ddp-run\n", rank_,
-                 reason_.c_str());
+    std::string reason;
+    bool own = false;
+    {
+      std::lock_guard failure(mutex_);
+      reason = reason_;
+      own = failed_ && failed_->first == rank_;
+    }
+    const bool left = handoff_.all_accounted(rank_) && left_any_.load();
+    send(left ? "saved" : "nostate");
+    std::fprintf(stderr, "ddp[run] rank %d: %s; %s\n", rank_, reason.c_str(),
+                 left ? "it left the state of its last completed step for ddp-run"
+                      : "it ends without a state to leave (no trainer held one)");
     std::fflush(stdout);
     std::fflush(stderr);
-    std::_Exit(0);
+    std::_Exit(own ? 1 : 0);
   }
   // A rank with no trainer to wait for (or one that never unwinds: a thread stuck outside any
   // collective) ends after a while all the same.
@@ -226,7 +248,10 @@ class agent {
   std::map<int, std::function<void(int, const std::string&)>> failures_;
   int next_id_ = 0;
   std::atomic<bool> failing_{false};
-  std::string reason_;  // written before failing_ is read as set by the leaving threads
+  std::optional<std::pair<int, std::string>> failed_;  // the first failure known here: origin, cause (under mutex_)
+  std::string reason_;                                   // what this rank prints as it ends (under mutex_)
+  std::atomic<bool> left_any_{false};                    // a trainer's state went to disk
+  std::atomic<bool> exiting_{false};                     // the program ends by itself (an exception)
   std::mutex leave_mutex_;
 };
 

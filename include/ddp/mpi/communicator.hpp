@@ -216,7 +216,8 @@ class communicator {
   }
 
   // Ends the job: MPI cannot tell peers that wait in a collective to stop, but mpirun stops
-  // every rank when one aborts.
+  // every rank when one aborts. Under ddp-run it tells ddp-run instead (which tells the peers),
+  // fails this rank's collectives, and returns.
   void abort(const std::string& reason);
 
   // Under ddp-run, the hand-over of elastic training (comm/run_agent.hpp): trainers leave their state

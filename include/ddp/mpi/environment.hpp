@@ -38,10 +38,11 @@ class environment {
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
   // Under ddp-run, a process that an exception ends tells ddp-run (its peers may wait for it in a
-  // collective) and is ended by its agent once its trainers left their state (comm/run_agent.hpp).
+  // collective) and ends without MPI_Finalize, which would wait for them (comm/run_agent.hpp).
   ~environment() {
     if (auto* agent = run::agent::current()) {
-      if (std::uncaught_exceptions() > 0) agent->fail_and_wait("the program ended by an exception");
+      if (std::uncaught_exceptions() > 0) agent->report_exit_by_exception();
+      if (agent->failing()) return;
       agent->finished();
     }
     if (owner_) MPI_Finalize();

@@ -42,16 +42,22 @@ class trainer_handoff {
     return handoff_ ? handoff_.shared().resume_checkpoint(index_) : std::nullopt;
   }
   void leave(std::any file, bool whole, std::uint64_t steps, std::optional<elastic::saved_checkpoint> checkpoint) {
+    accounted_ = true;
     handoff_.shared().leave(handoff_.rank(), index_, {std::move(file), whole, steps, std::move(checkpoint)});
   }
   // Destroyed without an exception: it leaves nothing.
   void retire() noexcept {
-    if (!handoff_) return;
+    if (!handoff_ || accounted_) return;
+    accounted_ = true;
     try {
       handoff_.shared().retire(handoff_.rank(), index_);
     } catch (...) {
     }
   }
+  trainer_handoff(const trainer_handoff&) = delete;
+  trainer_handoff& operator=(const trainer_handoff&) = delete;
+  // A trainer whose constructor threw is accounted for too (it leaves nothing).
+  ~trainer_handoff() { retire(); }
   // Tells the hand-over of this trainer's first completed step in this membership (a launcher
   // times recovery by it, and injects faults only once a membership makes progress).
   void report_first_step(step_observer& observer) {
@@ -67,6 +73,7 @@ class trainer_handoff {
  private:
   elastic::rank_handoff handoff_;
   std::size_t index_ = 0;
+  bool accounted_ = false;  // it left its state or ended
   int uncaught_ = std::uncaught_exceptions();
 };
 

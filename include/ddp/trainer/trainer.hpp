@@ -218,7 +218,6 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // state of its last completed step for the ranks that go on.
   ~trainer() {
     if (handoff_.unwinding()) leave_state();
-    else handoff_.retire();
   }
 
   // The optimizer's hyper-parameters; changes apply from the next step (schedules).
