@@ -124,3 +124,17 @@ if(TARGET ddp_nn AND TARGET ddp_data)
 else()
   message(STATUS "ddp: ddp::runtime needs ddp::nn and ddp::data (OpenBLAS, zlib); not built")
 endif()
+
+# A program of ddp's (ddp-bench, ddp-run) goes to bin/ when it was built; a build that did not
+# build it (the main job builds only the example) installs the rest and says how to add it.
+function(ddp_install_program target)
+  if(NOT DDP_INSTALL)
+    return()
+  endif()
+  install(TARGETS ${target} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} OPTIONAL)
+  install(CODE "
+    if(NOT EXISTS \"$<TARGET_FILE:${target}>\")
+      message(STATUS \"ddp: skipped ${target}: not built in ${PROJECT_BINARY_DIR}; to install it: \"
+                     \"cmake --build ${PROJECT_BINARY_DIR} --target ${target}, then install again\")
+    endif()")
+endfunction()
