@@ -60,12 +60,13 @@ class handoff {
   }
   // What trainer `trainer` of `rank` leaves behind as its world fails.
   void leave(int rank, std::size_t trainer, left_state state) {
-    std::unique_lock lock(mutex_);
-    auto& mine = left_.at(static_cast<std::size_t>(rank));
-    if (mine.size() <= trainer) mine.resize(trainer + 1);
-    mine[trainer] = state;
-    lock.unlock();
-    if (listener_.left) listener_.left(rank, trainer, state);
+    if (listener_.left) listener_.left(rank, trainer, state);  // before it is stored: no copy, no lock held
+    {
+      std::lock_guard lock(mutex_);
+      auto& mine = left_.at(static_cast<std::size_t>(rank));
+      if (mine.size() <= trainer) mine.resize(trainer + 1);
+      mine[trainer] = std::move(state);
+    }
     account(rank);
   }
   // Trainer `trainer` of `rank` ended normally: it leaves nothing.
@@ -106,8 +107,11 @@ class handoff {
   // update) or from `checkpoint` (a sharded update's fall-back): what a previous membership left.
   void resume_from(std::size_t trainer, int rank, std::any file, std::optional<saved_checkpoint> checkpoint) {
     std::lock_guard lock(mutex_);
-    if (resume_.size() <= trainer) resume_.resize(trainer + 1), resume_whole_.resize(trainer + 1),
-                                   resume_checkpoint_.resize(trainer + 1);
+    if (resume_.size() <= trainer) {
+      resume_.resize(trainer + 1);
+      resume_whole_.resize(trainer + 1);
+      resume_checkpoint_.resize(trainer + 1);
+    }
     if (checkpoint) {
       resume_checkpoint_[trainer] = std::move(checkpoint);
       return;
