@@ -219,10 +219,7 @@ class progress_thread {
   // Operations that could wait for a peer forever must run where a broken queue can stop the
   // wait: only the progress thread runs them then (run_blocking() submits and waits; a waiter
   // never takes the head). Before the first submission.
-  void make_interruptible() noexcept {
-    interruptible_ = true;
-    queue_->waiters_run.store(false, std::memory_order_relaxed);
-  }
+  void make_interruptible() noexcept { queue_->waiters_run.store(false, std::memory_order_relaxed); }
 
   template <std::invocable Op>
   work submit(Op op) {
@@ -248,7 +245,7 @@ class progress_thread {
   void run_blocking(Op op) {
     auto& q = *queue_;
     std::unique_lock lock(q.mutex);
-    if (!q.ops.empty() || q.running() || interruptible_) {
+    if (!q.ops.empty() || q.running() || !q.waiters_run.load(std::memory_order_relaxed)) {
       lock.unlock();
       submit(std::move(op)).wait();
       return;
@@ -319,7 +316,6 @@ class progress_thread {
   // The progress thread's own: the head it saw waiting (by the operations started before it), and since when.
   std::uint64_t head_seen_ = 0;
   std::optional<std::chrono::steady_clock::time_point> head_seen_since_;
-  bool interruptible_ = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
 

@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -30,6 +29,7 @@
 
 #include "ddp/comm/handoff.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/files.hpp"
 #include "ddp/core/placement.hpp"
 #include "ddp/comm/run_channel.hpp"
 
@@ -141,10 +141,9 @@ class agent {
         handoff_.resume_from(trainer, rank_, {}, elastic::saved_checkpoint{f[3], std::stoull(f[2])});
       } else {
         // The file's bytes as the trainer wrote them: it checks and decodes them itself.
-        std::ifstream file(f[3], std::ios::binary);
-        std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-        if (!file.good() && !file.eof()) throw error("run", "resume", rank_, "cannot read " + f[3]);
-        handoff_.resume_from(trainer, rank_, elastic::encoded_state{std::move(bytes), f[3]}, std::nullopt);
+        handoff_.resume_from(trainer, rank_,
+                             elastic::encoded_state{detail::read_whole_file(f[3], "run", "resume", rank_), f[3]},
+                             std::nullopt);
       }
     }
   }
@@ -155,15 +154,8 @@ class agent {
                       ("rank-" + std::to_string(rank_) + "-trainer-" + std::to_string(trainer) + ".ddpckpt");
     try {
       std::filesystem::create_directories(path.parent_path());
-      const auto& bytes = std::any_cast<const elastic::encoded_state&>(s.file).bytes;
-      const auto tmp = path.string() + ".tmp";
-      {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-        out.flush();
-        if (!out) throw std::runtime_error("writing " + tmp + " failed");
-      }
-      std::filesystem::rename(tmp, path);  // whole or absent
+      detail::write_file_atomically(path, std::any_cast<const elastic::encoded_state&>(s.file).bytes, rank_, "run",
+                                    "leave");
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddp[run] rank %d could not write its state to %s: %s\n", rank_, path.c_str(), e.what());
       return;
