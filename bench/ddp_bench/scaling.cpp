@@ -4,6 +4,7 @@
 //   1 rank        one rank trains alone (the baseline);
 //   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch (update::replicated);
 //   N sharded     the same with update::sharded: each rank updates 1/N of the parameters;
+//   N sharded_gradients  update::sharded_gradients: also keeping only 1/N of the gradients;
 //   N x 1 rank    N independent single-rank trainings at the same time, no communication:
 //                 what this machine allows N ranks of this model, whatever ddp does;
 //   N ranks bf16  (--hooks bf16,fp16,powersgd) N ranks whose gradients travel in 16 bits, or as
@@ -116,14 +117,15 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     return s;
   };
   auto single = make_states(1, 1), parallel = make_states(ranks, ranks), sharded = make_states(ranks, ranks),
-       independent = make_states(ranks, 1), hooked = make_states(ranks, ranks);
+       independent = make_states(ranks, 1), hooked = make_states(ranks, ranks), zero2 = make_states(ranks, ranks);
 
   struct setup {
     std::string name;
     std::vector<double> rates;
   };
   const std::string n = std::to_string(ranks);
-  std::vector<setup> setups{{"1 rank", {}}, {n + " ranks", {}}, {n + " sharded", {}}, {n + " x 1 rank", {}}};
+  std::vector<setup> setups{{"1 rank", {}}, {n + " ranks", {}}, {n + " sharded", {}}, {n + " x 1 rank", {}},
+                            {n + " sharded_gradients", {}}};
   for (const auto& h : hooks) setups.push_back({n + " ranks " + h, {}});
   using replicated = ddp::update::replicated;
   auto run = [&](std::size_t which) {
@@ -131,9 +133,10 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     if (which == 1) return run_world<trainer_for<Optimizer>>(parallel, steps, batch, opt);
     if (which == 2) return run_world<trainer_for<Optimizer, ddp::update::sharded>>(sharded, steps, batch, opt);
     if (which == 3) return run_independent(independent, steps, batch, opt);
-    if (hooks[which - 4] == "bf16")
+    if (which == 4) return run_world<trainer_for<Optimizer, ddp::update::sharded_gradients>>(zero2, steps, batch, opt);
+    if (hooks[which - 5] == "bf16")
       return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
-    if (hooks[which - 4] == "powersgd")
+    if (hooks[which - 5] == "powersgd")
       return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::powersgd<4>>>(hooked, steps, batch, opt);
     return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::fp16>>(hooked, steps, batch, opt);
   };

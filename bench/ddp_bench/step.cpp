@@ -89,6 +89,7 @@ const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
 struct figures {
   double step = 0, compute = 0, reduction = 0, overlapped = 0, wait = 0, update = 0;
   double bytes = 0;
+  double memory = 0, memory_peak = 0;  // bytes for parameters, gradients and optimizer state: between steps, at most in one
 };
 
 // The parts of each step from rank 0's timeline.
@@ -159,6 +160,7 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     ddp::timeline timeline;
     if (breakdown) t.record_timeline(&timeline);
     double overlapped = 0, reduced = 0;
+    dev.reset_memory_high_water();
     ddp::comm::barrier(comm);
     const auto t0 = clock_type::now();
     for (int s = 0; s < p.steps; ++s) {
@@ -168,6 +170,8 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     }
     figures f;
     f.step = std::chrono::duration<double>(clock_type::now() - t0).count() / p.steps;
+    f.memory = static_cast<double>(t.memory().total());
+    f.memory_peak = f.memory + static_cast<double>(dev.memory_high_water() - dev.memory_in_use());
     ddp::comm::all_reduce(comm, std::span<double>(&f.step, 1), ddp::reduce_op::max);
     if (breakdown) read_timeline(timeline, f);
     f.overlapped = reduced > 0 ? overlapped / reduced : 0;
@@ -276,7 +280,14 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
     c.push_back(config<ddp::unused_params::detect_each_step>("unused_params", "detect_each_step"));
     c.push_back(config<ddp::unused_params::static_graph>("unused_params", "static_graph"));
   }
-  if (varies("update")) c.push_back(config<ddp::update::sharded>("update", "sharded"));
+  if (varies("update")) {
+    c.push_back(config<ddp::update::sharded>("update", "sharded"));
+    c.push_back(config<ddp::update::sharded_gradients>("update", "sharded_gradients"));
+    // Its peak drops below sharded's once buckets are small against the model.
+    c.push_back(config<ddp::update::sharded, ddp::bucket_cap<std::size_t{512} << 10>>("update", "sharded, 512 KiB"));
+    c.push_back(config<ddp::update::sharded_gradients, ddp::bucket_cap<std::size_t{512} << 10>>(
+        "update", "sharded_gradients, 512 KiB"));
+  }
   if (varies("comm_hook")) {
     c.push_back(config<ddp::comm_hook::bf16>("comm_hook", "bf16"));
     c.push_back(config<ddp::comm_hook::fp16>("comm_hook", "fp16"));
@@ -301,7 +312,7 @@ int run_step(const step_params& p) {
                  std::to_string(p.repeats) + " x " + std::to_string(p.steps) + " steps",
              {{"ranks", 5, 0}, {"slot", 13, 0}, {"policy", 22, 0}, {"step(ms)", 9, 3}, {"compute(ms)", 11, 3},
               {"reduce(ms)", 10, 3}, {"overlap", 7, 2}, {"wait(ms)", 9, 3}, {"update(ms)", 10, 3},
-              {"bytes/step", 11, 0}, {"vs_no_sync", 10, 3}});
+              {"bytes/step", 11, 0}, {"memory(MiB)", 11, 2}, {"peak(MiB)", 9, 2}, {"vs_no_sync", 10, 3}});
   out.begin(true);
   const auto configs = configurations(p.vary);
   for (const int world : p.ranks) {
@@ -325,11 +336,11 @@ int run_step(const step_params& p) {
       const auto& f = parts[i];
       out.add({static_cast<long long>(world), configs[i].slot, configs[i].policy, best[i] * 1e3, f.compute * 1e3,
                f.reduction * 1e3, f.overlapped, f.wait * 1e3, f.update * 1e3, static_cast<long long>(f.bytes),
-               best[i] / unsynchronised});
+               f.memory / (1 << 20), f.memory_peak / (1 << 20), best[i] / unsynchronised});
     }
     out.add({static_cast<long long>(world), std::string("no sync"), std::string(std::to_string(world) + " x by hand"),
              unsynchronised * 1e3, std::string("-"), std::string("-"), std::string("-"), std::string("-"),
-             std::string("-"), 0LL, 1.0});
+             std::string("-"), 0LL, std::string("-"), std::string("-"), 1.0});
     char line[200];
     std::snprintf(line, sizeof line, "world %d: the timeline recording costs %+.1f%% of the default step (%.3f against %.3f ms)",
                   world, 100 * (parts[0].step / best[0] - 1), parts[0].step * 1e3, best[0] * 1e3);

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/trainer/memory_held.hpp"
+
 namespace fmnist {
 
 struct config {
@@ -46,6 +48,8 @@ struct report {
   double samples_per_second = 0;
   std::string policies;
   double host_waits_per_step = -1;  // on a GPU: how often a step made the host wait for it
+  ddp::memory_held memory;           // rank 0's parameters, gradients and optimizer state between steps
+  std::size_t memory_peak = 0;       // and the most in a step (0: not reported)
 };
 
 }  // namespace fmnist

@@ -87,8 +87,8 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--update", c.update,
                  "Update policy: every rank updates every parameter (replicated), or each updates 1/N of them and "
-                 "the ranks gather the result (sharded)")
-      ->check(CLI::IsMember({"replicated", "sharded"}))->capture_default_str();
+                 "the ranks gather the result (sharded), also keeping only 1/N of the gradients (sharded_gradients)")
+      ->check(CLI::IsMember({"replicated", "sharded", "sharded_gradients"}))->capture_default_str();
   app.add_option("--hook", c.hook,
                  "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
                  "bits (bf16, fp16), half the bytes; or as rank-4 factors of each weight matrix with error "
@@ -209,6 +209,12 @@ int main(int argc, char** argv) {
               "loading)\n  throughput      %.0f samples/s over %d rank(s)\n  policies        %s\n  parameters      %s\n",
               100 * last.test_accuracy, last.epoch, r.train_seconds, wall, r.samples_per_second, c.ranks,
               r.policies.c_str(), c.precision == "f32" ? "f32" : (c.precision + " (f32 master copy)").c_str());
+  const auto mib = [](std::size_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  std::printf("  memory          %.2f MiB on rank 0 between steps (parameters %.2f, gradients %.2f, optimizer state "
+              "%.2f)",
+              mib(r.memory.total()), mib(r.memory.parameters), mib(r.memory.gradients), mib(r.memory.optimizer_state));
+  if (r.memory_peak) std::printf(", %.2f MiB at most in a step", mib(r.memory_peak));
+  std::printf("\n");
   if (r.host_waits_per_step >= 0)
     std::printf("  host waits      %.2f per step (the host waited for the GPU: copies to the host, the loss, "
                 "staged collectives)\n",

@@ -206,6 +206,10 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
     out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     out.samples_per_second = static_cast<double>((total_steps - first_step) * global_batch) / out.train_seconds;
     out.policies = policies.describe();
+    out.memory = trainer.memory();
+    // What a step allocates beyond that (sharded_gradients' buckets while they reduce).
+    if constexpr (requires { dev.memory_high_water(); })
+      out.memory_peak = out.memory.total() + (dev.memory_high_water() - dev.memory_in_use());
     if constexpr (requires { dev.host_waits(); })
       out.host_waits_per_step = static_cast<double>(waits_in_steps) / static_cast<double>(std::max<std::size_t>(1, step - first_step));
   }
@@ -255,10 +259,19 @@ void with_buffer_sync(const std::string& name, F f) {
   else if (name == "average_once_per_step") f(ddp::buffer_sync::average_once_per_step{});
   else f(ddp::buffer_sync::broadcast_once_per_step{});
 }
-template <class F>
+template <class Model, class F>
 void with_update(const std::string& name, F f) {
-  if (name == "sharded") f(ddp::update::sharded{});
-  else f(ddp::update::replicated{});
+  if (name == "sharded") {
+    f(ddp::update::sharded{});
+  } else if (name == "sharded_gradients") {
+    if constexpr (ddp::places_gradients<Model>) f(ddp::update::sharded_gradients{});
+    else
+      throw std::invalid_argument("--update sharded_gradients places the model's gradients layer by layer, which this "
+                                  "platform's model does not offer (set_layer_hooks, place_gradient): use --update "
+                                  "sharded");
+  } else {
+    f(ddp::update::replicated{});
+  }
 }
 template <class F>
 void with_unused(const std::string& name, F f) {
@@ -310,7 +323,7 @@ void train_with_flags(Comm& comm, typename Platform::device& dev, const config& 
                                     "buffers are already the same, and averaging them can change their last bit): "
                                     "use broadcast_once_per_step or none");
       } else {
-        with_update(c.update, [&](auto update) {
+        with_update<typename Platform::model>(c.update, [&](auto update) {
           with_unused(c.unused_params, [&](auto unused) {
             with_sampler(reduction_t::virtual_shards != 0 ? std::string("distributed") : c.sampler, [&](auto sampler) {
               using sampler_t = std::conditional_t<reduction_t::virtual_shards != 0, ddp::sampler::distributed<true, ddp::sampler::tail::pad>,

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -175,6 +176,7 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   int no_sync = 0, sharded = 0;
   std::map<std::string, long long> hooked, reduced;
   std::map<int, long long> plain, no_buffers;
+  std::map<std::string, std::array<double, 3>> updates;  // "policy ranks": bytes, memory, peak
   for (const auto& row : j.at("rows")) {
     CAPTURE(row.dump());
     CHECK(row.at("step(ms)").get<double>() > 0);
@@ -193,6 +195,11 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
     if (row.at("slot") == "reduction") reduced[row.at("policy").get<std::string>() + std::to_string(row.at("ranks").get<int>())] =
         row.at("bytes/step").get<long long>();
     if (row.at("slot") == "defaults") plain[row.at("ranks").get<int>()] = row.at("bytes/step").get<long long>();
+    CHECK(row.at("memory(MiB)").get<double>() > 0);
+    CHECK(row.at("peak(MiB)").get<double>() >= row.at("memory(MiB)").get<double>());
+    if (row.at("slot") == "update" || row.at("slot") == "defaults")
+      updates[row.at("policy").get<std::string>() + " " + std::to_string(row.at("ranks").get<int>())] = {
+          row.at("bytes/step").get<double>(), row.at("memory(MiB)").get<double>(), row.at("peak(MiB)").get<double>()};
     if (row.at("policy") == "none") no_buffers[row.at("ranks").get<int>()] = row.at("bytes/step").get<long long>();
   }
   CHECK(no_sync == 2);
@@ -210,8 +217,13 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   CHECK(reduced.at("plain, 8 shards2") == plain.at(2));
   CHECK(reduced.at("invariant<8>2") > 2 * grads + buffers);
   CHECK(reduced.at("invariant<8>2") <= 2 * grads + grads / 16 + 4 * 16 + buffers);
-  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, sharded, bf16, fp16, powersgd, 2 reductions, no sync
-  CHECK(j.at("rows").size() == 2 * 16);
+  // The update strategies: sharded_gradients moves sharded's bytes and holds less between steps at
+  // 2 ranks (what it holds in a step depends on the buckets against the model: zero_test.cpp).
+  CHECK(updates.at("sharded_gradients 2")[0] == updates.at("sharded 2")[0]);
+  CHECK(updates.at("sharded_gradients 2")[1] < updates.at("sharded 2")[1]);
+  CHECK(updates.at("sharded_gradients, 512 KiB 2")[1] < updates.at("sharded, 512 KiB 2")[1]);
+  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, 4 updates, bf16, fp16, powersgd, 2 reductions, no sync
+  CHECK(j.at("rows").size() == 2 * 19);
 }
 
 TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
@@ -229,6 +241,6 @@ TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
   while (header < lines.size() && lines[header].starts_with("#")) ++header;
   REQUIRE(header + 4 < lines.size() + 1);
   CHECK(lines[header] == "setup,samples/s,min,max,vs_1_rank,vs_ceiling");
-  CHECK(lines.size() - header - 1 == 5);  // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank, 2 ranks bf16
+  CHECK(lines.size() - header - 1 == 6);  // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank, 2 sharded_gradients, 2 ranks bf16
   CHECK(lines.back().starts_with("2 ranks bf16,"));
 }

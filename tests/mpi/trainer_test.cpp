@@ -27,8 +27,9 @@ TEST_CASE_TEMPLATE("mpi: N processes equal one process on the global batch", Syn
   }
 }
 
-TEST_CASE("mpi: update::sharded leaves every process with bitwise the parameters of update::replicated") {
-  using ddp::mpi::communicator, ddp::update::replicated, ddp::update::sharded;
+TEST_CASE("mpi: update::sharded and sharded_gradients leave every process with bitwise the parameters of "
+          "update::replicated") {
+  using ddp::mpi::communicator, ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients;
   using sync = ddp::buffer_sync::broadcast_once_per_step;
   using detect = ddp::unused_params::detect_each_step;
   auto& comm = mpi_test::comm();
@@ -37,6 +38,8 @@ TEST_CASE("mpi: update::sharded leaves every process with bitwise the parameters
     CHECK(run_rank<sync, detect, communicator, sharded>(comm, how).params ==
           run_rank<sync, detect, communicator, replicated>(comm, how).params);
     CHECK(run_rank<sync, detect, communicator, sharded, ddp::optim::adamw>(comm, how).params ==
+          run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
+    CHECK(run_rank<sync, detect, communicator, sharded_gradients, ddp::optim::adamw>(comm, how).params ==
           run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
   }
 }

@@ -220,6 +220,13 @@ TEST_CASE("GPU trainer with update::sharded (in-place reduce_scatter and all_gat
   check_same(train_on_gpu<ddp::optim::adamw, ddp::update::sharded>(data, 2, opt), train_on_host(data, 2, opt));
 }
 
+TEST_CASE("GPU trainer with update::sharded_gradients (the gradients placed layer by layer, device memory held only "
+          "while they reduce) equals the host trainer: AdamW with two micro-batches per step") {
+  const auto data = make_batches(4);
+  const auto opt = noise_proof_adamw;
+  check_same(train_on_gpu<ddp::optim::adamw, ddp::update::sharded_gradients>(data, 2, opt), train_on_host(data, 2, opt));
+}
+
 namespace {
 
 // batch_norm's running mean, then its running variance.
@@ -340,7 +347,7 @@ TEST_CASE("cuda batch_norm counts one batch per training forward (num_batches_tr
 }
 
 TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3 host ranks", Update,
-                   ddp::update::replicated, ddp::update::sharded) {
+                   ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients) {
   // The buckets, the shard that does not start at 0 (sharded), the control floats: the trainer's
   // multi-rank logic on the CUDA device, which NCCL's one-rank-per-GPU rule keeps from one GPU.
   const auto data = make_batches(4);
@@ -351,7 +358,8 @@ TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3
 }
 
 TEST_CASE_TEMPLATE("reduction::invariant<4> on the GPU: 1, 2, 3 and 4 ranks on one GPU (staged) give the same bits, "
-                   "and the host's to rounding", Update, ddp::update::replicated, ddp::update::sharded) {
+                   "and the host's to rounding", Update, ddp::update::replicated, ddp::update::sharded,
+                   ddp::update::sharded_gradients) {
   // Each rank runs its virtual shards of every 16-sample batch as micro-batches of 4; the exact
   // sum stages the buckets through host memory (block maxima, integers, average).
   using gpu_mlp = ddp::nn::sequential<g::linear, g::relu, g::linear>;

@@ -42,7 +42,7 @@ void check_invariance(Optimizer opt) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("reduction::invariant: the same parameter bits at 1, 2, 3, 4, 6 and 8 ranks", Update,
-                   ddp::update::replicated, ddp::update::sharded) {
+                   ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients) {
   SUBCASE("sgd with momentum") {
     check_invariance<Update>(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-3f});
   }
@@ -114,7 +114,7 @@ TEST_CASE("reduction::invariant: a step with another number of micro-batches tha
 }
 
 TEST_CASE_TEMPLATE("reduction::invariant: saved at 4 ranks and resumed at 3, 1 or 8, bitwise the run that never stopped",
-                   Update, ddp::update::replicated, ddp::update::sharded) {
+                   Update, ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients) {
   const ddp::optim::adamw opt{.lr = 0.01f, .weight_decay = 1e-2f};
   using invariant = ddp::reduction::invariant<shards>;
   const auto dir = std::filesystem::temp_directory_path() / ("ddp_invariance_test_" + std::to_string(::getpid()));

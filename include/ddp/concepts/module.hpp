@@ -23,7 +23,16 @@
 //        // the same for parameter i's value; under update::sharded the trainer gathers the
 //        // updated parameters there, so nothing is copied after the gather.
 //   Both: storage == nullptr gives the module its own storage back (the contents copied
-//   there); a trainer does that when it is destroyed, before its buckets go.
+//   there, zeros where the gradient was placed nowhere); a trainer does that when it is
+//   destroyed, before its buckets go.
+//   void set_layer_hooks(ddp::layer_hooks* hooks);  void place_gradient(std::size_t i, float* storage);
+//        // the module calls hooks->before_backward(first, count) before a layer's backward
+//        // writes the gradients of parameters [first, first + count) (ddp/core/layer_hooks.hpp;
+//        // nullptr: no hooks); place_gradient points parameter i's gradient at storage as it is
+//        // there, copying nothing (nullptr: nowhere, and the module's own gradient memory goes;
+//        // the trainer places it again before a backward writes it). update::sharded_gradients
+//        // needs both: a layer's full gradients then live only from its backward until their
+//        // bucket's reduce_scatter completes.
 //   void eval();  void train(bool on = true);  bool training() const;
 //        // evaluation mode: forward saves nothing for a backward and layers such as batch_norm
 //        // use their running statistics; trainer.evaluate() switches to it and back.
@@ -44,6 +53,7 @@
 #include <vector>
 
 #include "ddp/core/buffer_version.hpp"
+#include "ddp/core/layer_hooks.hpp"
 #include "ddp/core/ready_sink.hpp"
 #include "ddp/core/tensor.hpp"
 
@@ -96,6 +106,12 @@ concept binds_gradient_storage = requires(M& m, std::size_t i, float* p) { m.bin
 
 template <class M>
 concept binds_parameter_storage = requires(M& m, std::size_t i, float* p) { m.bind_parameter(i, p); };
+
+template <class M>
+concept places_gradients = requires(M& m, layer_hooks* h, std::size_t i, float* p) {
+  m.set_layer_hooks(h);
+  m.place_gradient(i, p);
+};
 
 template <class M>
 concept defers_buffer_updates = requires(M& m, bool on, std::span<const float> records) {

@@ -39,7 +39,7 @@ class device {
   // none of its temporaries' memory reserved for the rest of the process.
   ~device() {
     if (blas_) cublasDestroy(blas_);
-    deallocate(reduction_scratch_, 0);
+    deallocate(reduction_scratch_, reduction_scratch_bytes);
     cudaSetDevice(site_.device);
     cudaStreamSynchronize(stream());  // the temporaries freed on it are back in the pool once it gets there
     trim_pools();
@@ -75,16 +75,27 @@ class device {
     activate();
     void* p = nullptr;
     check(cudaMalloc(&p, bytes), "cudaMalloc", site_);
+    const std::size_t now = in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    for (std::size_t seen = high_water_.load(std::memory_order_relaxed);
+         seen < now && !high_water_.compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
+    }
     return p;
   }
+  // The bytes allocated through allocate() and not yet freed (a trainer's buckets, gathered
+  // parameters, optimizer state; not the stream-ordered pool of device_vector), and the most
+  // there were at once since construction or the last reset.
+  std::size_t memory_in_use() const noexcept { return in_use_.load(std::memory_order_relaxed); }
+  std::size_t memory_high_water() const noexcept { return high_water_.load(std::memory_order_relaxed); }
+  void reset_memory_high_water() noexcept { high_water_.store(memory_in_use(), std::memory_order_relaxed); }
   // Waits for the device first, so that no queued kernel (on any stream: NCCL's too) still reads
   // the memory: cudaFree itself only "may" synchronise (CUDA 13's header).
-  void deallocate(void* p, std::size_t) noexcept {
+  void deallocate(void* p, std::size_t bytes) noexcept {
     if (!p) return;
     cudaSetDevice(site_.device);
     note_host_wait();
     cudaDeviceSynchronize();
     cudaFree(p);
+    in_use_.fetch_sub(bytes, std::memory_order_relaxed);
   }
 
   void copy(void* dst, const void* src, std::size_t bytes) { enqueue_copy(dst, src, bytes, cudaMemcpyDeviceToDevice); }
@@ -123,7 +134,7 @@ class device {
   double sum_of_squares(const float* x, std::size_t n) {
     activate();
     if (!reduction_scratch_)
-      reduction_scratch_ = static_cast<double*>(allocate((kernels::sum_of_squares_blocks + 1) * sizeof(double)));
+      reduction_scratch_ = static_cast<double*>(allocate(reduction_scratch_bytes));
     check(kernels::sum_of_squares(x, n, reduction_scratch_, reduction_scratch_ + kernels::sum_of_squares_blocks,
                                   stream()),
           "sum_of_squares kernel", site_);
@@ -269,8 +280,11 @@ class device {
   pinned_staging staging_{site_};  // after stream_: its buffers go before the stream
   kernels::launch_limits limits_;
   cublasHandle_t blas_ = nullptr;
+  static constexpr std::size_t reduction_scratch_bytes = (kernels::sum_of_squares_blocks + 1) * sizeof(double);
   double* reduction_scratch_ = nullptr;  // sum_of_squares: per-block partials, then the result
   std::atomic<std::uint64_t> host_waits_{0};
+  std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> high_water_{0};
 };
 
 static_assert(diagnose_device<device>());

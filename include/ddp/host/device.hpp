@@ -1,5 +1,6 @@
 #pragma once
 // The host device: tensors in CPU memory, kernels run at once on the calling thread.
+#include <atomic>
 #include <cstdlib>
 #include <new>
 #include <optional>
@@ -18,10 +19,26 @@ class device {
   static constexpr device_kind kind = device_kind::cpu;
   static constexpr std::size_t alignment = 64;
 
+  device() = default;
+  // A copy is another handle on the host: its memory meter starts at zero.
+  device(const device&) noexcept {}
+  device& operator=(const device&) noexcept { return *this; }
+
   device_id id() const noexcept { return device_id::cpu(); }
 
   void* allocate(std::size_t bytes);
-  void deallocate(void* p, std::size_t) noexcept { std::free(p); }
+  void deallocate(void* p, std::size_t bytes) noexcept {
+    if (!p) return;
+    std::free(p);
+    in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+
+  // The bytes allocated through this device and not yet freed (a trainer's buckets, gathered
+  // parameters, optimizer state: what it holds besides the module's own storage), and the most
+  // there were at once since construction or the last reset.
+  std::size_t memory_in_use() const noexcept { return in_use_.load(std::memory_order_relaxed); }
+  std::size_t memory_high_water() const noexcept { return high_water_.load(std::memory_order_relaxed); }
+  void reset_memory_high_water() noexcept { high_water_.store(memory_in_use(), std::memory_order_relaxed); }
 
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes && dst != src) std::memcpy(dst, src, bytes);
@@ -51,6 +68,10 @@ class device {
   void synchronize() noexcept {}
   // Host memory carries no attributes to read; the module's declared device is taken as is.
   std::optional<device_id> locate(const void*) const noexcept { return std::nullopt; }
+
+ private:
+  std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> high_water_{0};
 };
 
 static_assert(diagnose_device<device>());
@@ -63,6 +84,10 @@ DDP_RUNTIME_INLINE void* device::allocate(std::size_t bytes) {
   if (!p)
     throw error("host", "allocate", -1,
                 "out of memory allocating " + std::to_string(bytes) + " bytes");
+  const std::size_t now = in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  for (std::size_t seen = high_water_.load(std::memory_order_relaxed);
+       seen < now && !high_water_.compare_exchange_weak(seen, now, std::memory_order_relaxed);) {
+  }
   return p;
 }
 

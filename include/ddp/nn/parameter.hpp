@@ -40,6 +40,9 @@ class parameter {
   // The value lives at `storage` from now on (a trainer's gathered parameters, update::sharded);
   // nullptr: back in the parameter's own storage.
   void bind_value(float* storage) { bind(storage, value_, own_value_); }
+  // The gradient is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
+  // goes too) until placed again (update::sharded_gradients, layer by layer in backward).
+  void place_gradient(float* storage);
 
   parameter_ref ref(const std::string& prefix) const;
 
@@ -172,15 +175,30 @@ DDP_RUNTIME_INLINE void parameter::bind(float* storage, float*& where, std::vect
                            ": only f32 storage can be bound");
   if (!storage) {
     if (own.empty()) {
-      own.assign(where, where + numel_);
+      if (where) own.assign(where, where + numel_);
+      else own.assign(numel_, 0.0f);  // placed nowhere: no gradient held
       where = own.data();
     }
+    return;
+  }
+  if (!where) {  // placed nowhere: a zero gradient
+    std::fill(storage, storage + numel_, 0.0f);
+    where = storage;
     return;
   }
   if (storage != where) std::memcpy(storage, where, numel_ * sizeof(float));
   where = storage;
   own.clear();
   own.shrink_to_fit();
+}
+
+DDP_RUNTIME_INLINE void parameter::place_gradient(float* storage) {
+  if (type_ != dtype::f32)
+    throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                           ": only an f32 gradient can be placed");
+  grad_ = storage;
+  own_grad_.clear();
+  own_grad_.shrink_to_fit();
 }
 
 DDP_RUNTIME_INLINE void parameter::widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const {

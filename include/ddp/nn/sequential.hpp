@@ -22,6 +22,11 @@
 
 namespace ddp::nn {
 
+// A layer whose parameters can have their gradient placed (ddp::nn::parameter and
+// ddp::nn::cuda::parameter can).
+template <class L>
+concept places_layer_gradients = requires(L& l, float* storage) { l.params()[0].place_gradient(storage); };
+
 template <layer First, layer... Rest>
 class sequential {
   static_assert((std::is_same_v<typename First::matrix_type, typename Rest::matrix_type> && ...),
@@ -82,6 +87,7 @@ class sequential {
     --pending_;
     matrix_type g = grad_output;
     for_each_layer_reverse([&](auto& l, std::size_t k) {
+      if (hooks_ && l.params().size()) hooks_->before_backward(first_param_[k], l.params().size());
       g = l.backward(g, /*need_dx=*/k > 0 || input_gradient_);
       auto ps = l.params();
       for (std::size_t i = 0; i < ps.size(); ++i) {
@@ -107,6 +113,18 @@ class sequential {
   }
   void bind_parameter(std::size_t index, float* storage) {
     with_parameter(index, [&](auto& p) { p.bind_value(storage); });
+  }
+  // Layer by layer in backward (update::sharded_gradients): before a layer's backward the hooks
+  // hear of its parameters, and the trainer places their gradients (ddp/concepts/module.hpp).
+  void set_layer_hooks(layer_hooks* hooks) noexcept
+    requires(places_layer_gradients<First> && (places_layer_gradients<Rest> && ...))
+  {
+    hooks_ = hooks;
+  }
+  void place_gradient(std::size_t index, float* storage)
+    requires(places_layer_gradients<First> && (places_layer_gradients<Rest> && ...))
+  {
+    with_parameter(index, [&](auto& p) { p.place_gradient(storage); });
   }
 
   // Deferred buffer updates (reduction::invariant): nn/deferred_updates.hpp.
@@ -153,6 +171,7 @@ class sequential {
   std::array<std::size_t, 1 + sizeof...(Rest)> first_param_{};
   std::size_t param_count_ = 0;
   std::size_t pending_ = 0;
+  layer_hooks* hooks_ = nullptr;
   bool training_ = true;
   bool input_gradient_ = false;
 };

@@ -12,6 +12,15 @@
 //               move the bytes of one all_reduce. A module that binds parameter storage
 //               (`bind_parameter`) keeps its parameters in the gathered memory; otherwise the
 //               trainer copies them in and out once per step.
+//   sharded_gradients
+//               sharded, and the rank keeps only its shard of the gradients (ZeRO stage 2): a
+//               bucket's full gradients get memory when the first of its layers starts its
+//               backward and give it back once their reduce_scatter completed, with at most
+//               `gradient_buckets_in_flight` buckets reducing at once (launching one more first
+//               completes the oldest, on every rank alike). The same collectives and arithmetic
+//               as sharded, so the same bits. Needs a module that places gradients layer by layer
+//               (set_layer_hooks and place_gradient: ddp/concepts/module.hpp). Micro-batches
+//               before the step's last keep their gradients whole until the step reduces them.
 //
 // A policy of this slot is a type with
 //   using slot = ddp::update::slot;  static constexpr std::string_view name;
@@ -22,6 +31,9 @@
 //   void reduce(ddp::update::bucket_ops&);        // the bucket's gradients are ready
 //   void after_update(ddp::update::bucket_ops&);  // this rank updated its part of the bucket
 //   void finish(ddp::update::bucket_ops&);        // every bucket is updated; before step() returns
+// and, optionally,
+//   static constexpr std::size_t gradient_buckets_in_flight;  // > 0: keep only this rank's shard
+//        // of the gradients, at most this many buckets' full gradients reducing at once
 // Collectives are issued in bucket order on every rank; each operation of bucket_ops is one.
 #include <concepts>
 #include <cstddef>
@@ -94,6 +106,19 @@ struct sharded {
   void finish(bucket_ops& b) { b.finish_parameters(); }
 };
 
+struct sharded_gradients : sharded {
+  static constexpr std::string_view name = "sharded_gradients";
+  static constexpr std::size_t gradient_buckets_in_flight = 2;
+};
+
+// 0 unless the policy keeps only its shard of the gradients.
+template <class P>
+consteval std::size_t gradient_buckets_in_flight() {
+  if constexpr (requires { { P::gradient_buckets_in_flight } -> std::convertible_to<std::size_t>; })
+    return P::gradient_buckets_in_flight;
+  else return 0;
+}
+
 struct slot {
   static constexpr std::string_view name = "update";
   using default_policy = replicated;
@@ -115,6 +140,10 @@ consteval bool diagnose() {
                 },
                 "ddp: a policy in the update slot lacks one of `reduce`, `after_update`, `finish` "
                 "(each taking ddp::update::bucket_ops&; see ddp/policy/update.hpp)");
+  static_assert(gradient_buckets_in_flight<P>() == 0 || P::gathers_parameters,
+                "ddp: a policy in the update slot that keeps only its shard of the gradients "
+                "(gradient_buckets_in_flight) updates only its shard of the parameters, so it must gather them: "
+                "`gathers_parameters = true` with an equal-shards plan, as update::sharded");
   return policy<P>;
 }
 

@@ -11,6 +11,9 @@
 // Memory of grads (and of values, when the update policy gathers parameters): the parameters'
 // slots in [0, numel), zero padding up to `padded`, then `control` floats (the reducer's control
 // channel: last bucket only). This rank updates [shard_begin, shard_begin + shard).
+// When the update policy keeps only its shard of the gradients (update::sharded_gradients), grads
+// is held from a backward's first gradient to the completed reduction only: then this rank's
+// shard and the control floats are copied out and the rest goes.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +52,7 @@ struct bucket_shape {
   bool gathers = false;         // the update policy gathers parameters: keep `values`
   bool binds_values = false;    // the module keeps its parameters in `values`
   bool binds_gradients = false; // the module's gradients live in `grads`
+  bool releases_gradients = false;  // `grads` is held only while needed; the shard is kept
   std::size_t virtual_shards = 0;  // reduction::invariant<V>: the exact sum over V micro-batches
 };
 
@@ -61,17 +65,19 @@ class bucket final : public update::bucket_ops {
   bucket(Comm& comm, Device& dev, comm_hook_part<Device>& hook, const std::uint64_t& steps, const bucket_shape& shape,
          std::vector<std::size_t> params)
       : comm_(&comm), device_(&dev), hook_(&hook), steps_(&steps), shape_(shape), params_(std::move(params)),
-        grads_(zeroed(shape.layout.padded + shape.control)),
-        values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()) {
+        grads_(shape.releases_gradients ? device_array<Device, float>() : zeroed(shape.layout.padded + shape.control)),
+        values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()),
+        kept_shard_(shape.releases_gradients ? zeroed(shape.layout.shard) : device_array<Device, float>()),
+        kept_control_(shape.releases_gradients ? zeroed(shape.control) : device_array<Device, float>()) {
     if (shape.virtual_shards) exact_.emplace(comm, dev, shape.layout.padded, shape.virtual_shards);
   }
 
   // ---- built by the reducer, parameter by parameter -------------------------------------
 
   // An f32 parameter's gradient; returns where it lives in the bucket (to bind the module's
-  // gradient there when it binds gradient storage).
+  // gradient there when it binds gradient storage; nullptr while the bucket holds no gradients).
   float* add_gradient(float* module_grad, std::size_t offset, std::size_t count) {
-    float* in_bucket = grads_.data() + offset;
+    float* in_bucket = held() ? grads_.data() + offset : nullptr;
     segments_.push_back({shape_.binds_gradients ? in_bucket : module_grad, offset, count});
     return in_bucket;
   }
@@ -101,6 +107,37 @@ class bucket final : public update::bucket_ops {
   bool ready_one() noexcept { return --pending_ == 0; }
   bool ready() const noexcept { return pending_ == 0; }
 
+  // ---- the full gradients, when the update policy keeps only its shard --------------------
+
+  bool releases_gradients() const noexcept { return shape_.releases_gradients; }
+  bool held() const noexcept { return !shape_.releases_gradients || held_; }
+  // Memory for the full gradients (zeroed); true when it was not held (the module's gradients of
+  // this bucket are then to be placed at gradient_memory() + offset).
+  bool hold_gradients() {
+    if (held()) return false;
+    grads_ = zeroed(padded() + shape_.control);
+    held_ = true;
+    for (auto& s : segments_) s.tensor = grads_.data() + s.offset;
+    return true;
+  }
+  float* gradient_memory() noexcept { return grads_.data(); }
+  // Bytes held now: gradients (with the control floats and a releasing bucket's kept shard) and
+  // the gathered parameters.
+  std::size_t gradient_bytes() const noexcept {
+    return (grads_.size() + kept_shard_.size() + kept_control_.size()) * sizeof(float);
+  }
+  std::size_t parameter_bytes() const noexcept { return values_.size() * sizeof(float); }
+  // After complete_reduction: this rank's shard and the control floats stay, the rest goes
+  // (the caller places the module's gradients nowhere first).
+  void release_gradients() {
+    if (!shape_.releases_gradients || !held_) return;
+    device_->copy(kept_shard_.data(), grads_.data() + shard_begin(), shard() * sizeof(float));
+    device_->copy(kept_control_.data(), grads_.data() + padded(), shape_.control * sizeof(float));
+    grads_ = device_array<Device, float>();
+    held_ = false;
+    for (auto& s : segments_) s.tensor = nullptr;
+  }
+
   // Gradients into bucket memory, the control floats after them, then the update policy's
   // collective.
   void launch(update_part& update, std::span<const float> control) {
@@ -125,16 +162,18 @@ class bucket final : public update::bucket_ops {
   }
   // The averaged control floats (after complete_reduction).
   void read_control(std::span<float> out) const {
-    device_->copy_to_host(out.data(), grads_.data() + padded(), out.size_bytes());
+    const float* control = held() ? grads_.data() + padded() : kept_control_.data();
+    device_->copy_to_host(out.data(), control, out.size_bytes());
     rethrow_failures();
   }
   // The gradients' reduction (the hook's first collective), when one went out.
   const std::optional<work_type>& reduction() const noexcept { return work_; }
 
   void zero_gradients() {
-    if (shape_.binds_gradients)
+    if (shape_.releases_gradients) device_->fill_zero(kept_shard_.data(), shard() * sizeof(float));
+    if (held() && shape_.binds_gradients)
       device_->fill_zero(grads_.data(), numel() * sizeof(float));
-    else
+    else if (held())
       for (const auto& s : segments_) device_->fill_zero(s.tensor, s.count * sizeof(float));
     for (const auto& h : half_grads_) device_->fill_zero(h.tensor, h.count * size_of(h.type));
   }
@@ -168,7 +207,9 @@ class bucket final : public update::bucket_ops {
   std::size_t shard_begin() const noexcept { return shape_.layout.begin; }
   bool sharded() const noexcept { return shard() < padded(); }
   // This rank's shard of the averaged gradients.
-  float* gradient_shard() noexcept { return grads_.data() + shard_begin(); }
+  float* gradient_shard() noexcept {
+    return shape_.releases_gradients && !held_ ? kept_shard_.data() : grads_.data() + shard_begin();
+  }
   // The averaged gradients back into the module's own gradient tensors (optim::external).
   void unpack_gradients() {
     if (!shape_.binds_gradients) device_->unpack(segments_, grads_.data());
@@ -327,6 +368,8 @@ class bucket final : public update::bucket_ops {
   std::vector<comm_hook::tensor_layout> tensors_;  // each parameter's place and matrix shape
   device_array<Device, float> grads_;
   device_array<Device, float> values_;            // gathered parameters, when the update policy gathers
+  device_array<Device, float> kept_shard_;        // releasing: this rank's shard of the averaged gradients
+  device_array<Device, float> kept_control_;      // releasing: the averaged control floats
   std::vector<device_array<Device, float>> hook_scratch_;  // the hook's (before the works: freed after them)
   std::vector<device_array<Device, float>> hook_state_;    // the hook's, saved in checkpoints
   std::optional<exact_sum<Comm, Device>> exact_;           // reduction::invariant's (before the works too)
@@ -335,6 +378,7 @@ class bucket final : public update::bucket_ops {
   std::vector<work_type> more_;                   // the hook's further collectives in this step
   std::optional<work_type> control_work_;         // the control floats', when not part of work_
   std::optional<work_type> gather_;               // the updated parameters' all_gather
+  bool held_ = false;                  // releasing: grads_ is allocated
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
   bool control_in_reduction_ = false;  // the control floats ride in work_
 };

@@ -8,6 +8,11 @@
 //   control channel  the last bucket carries this rank's micro-batch count and the
 //                    unused-parameter policy's floats, averaged with the gradients
 //   the hook's state kept per bucket, saved in checkpoints with the bucket layout
+//   gradient memory  under an update policy that keeps only its shard of the gradients, a bucket
+//                    holds its full gradients from the backward of its first layer (the module's
+//                    layer hooks) until its reduction completed, and the module's gradients are
+//                    placed there meanwhile; launching a bucket beyond the policy's bound first
+//                    completes the oldest in flight, at the same point on every rank
 //
 // It is built from the bucket policy's plan and the update policy's layout, both checked here:
 // a plan that leaves a parameter out, puts two in one place or runs past its bucket, and a
@@ -18,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,6 +38,7 @@
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/consensus.hpp"
+#include "ddp/trainer/memory_held.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/step_observer.hpp"
@@ -72,7 +79,8 @@ class gradient_reducer {
       if (b + 1 == plan.buckets.size()) shape.control = 1 + (w.reports ? w.unused_params.control_floats(params.size()) : 0);
       shape.gathers = w.update.gathers_parameters();
       shape.binds_values = w.binds_values;
-      shape.binds_gradients = w.binds_gradients;
+      shape.releases_gradients = w.update.gradient_buckets_in_flight() > 0;
+      shape.binds_gradients = w.binds_gradients || shape.releases_gradients;  // placed, layer by layer
       shape.virtual_shards = w.reduction.virtual_shards();
       problem = layout_problem(shape);
       shapes.push_back(shape);
@@ -86,7 +94,7 @@ class gradient_reducer {
       auto& bk = buckets_[p.slot.bucket];
       if (p.type == dtype::f32) {
         float* in_bucket = bk.add_gradient(p.grad, p.slot.offset, p.numel);
-        if (w.binds_gradients) p.grad = in_bucket;
+        if (w.binds_gradients || bk.releases_gradients()) p.grad = in_bucket;  // nullptr until held
       } else {
         bk.add_half_gradient(p.module_grad, p.type, p.slot.offset, p.numel);
       }
@@ -114,11 +122,38 @@ class gradient_reducer {
 
   // ---- a step --------------------------------------------------------------------------------
 
+  // ---- gradient memory held only while needed (update::sharded_gradients) -------------------
+
+  bool releases_gradients() const noexcept { return w_.update.gradient_buckets_in_flight() > 0; }
+  // The buckets' gradients and gathered parameters, and what the module keeps itself: values not
+  // bound into the gathered copy, gradients neither bound nor placed (trainer/memory_held.hpp).
+  memory_held memory() const noexcept {
+    memory_held m;
+    for (const auto& bk : buckets_) m.gradients += bk.gradient_bytes(), m.parameters += bk.parameter_bytes();
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      const std::size_t bytes = p.numel * size_of(p.type);
+      if (!w_.binds_values || p.type != dtype::f32) m.parameters += bytes;
+      if (p.type != dtype::f32 || !(w_.binds_gradients || releases_gradients())) m.gradients += bytes;
+    }
+    return m;
+  }
+  // How the module's gradient of parameter i is pointed at memory (nullptr: nowhere); set by the
+  // component that knows the module (trainer/storage_return.hpp), empty to stop.
+  void set_gradient_placement(std::function<void(std::size_t, float*)> place) { place_ = std::move(place); }
+  // The module's layer hook: backward is about to write the gradients of parameters [first,
+  // first + count).
+  void hold_gradients(std::size_t first, std::size_t count) {
+    for (std::size_t i = first; i < first + count && i < params_.size(); ++i)
+      if (params_[i].type == dtype::f32) hold(buckets_[params_[i].slot.bucket]);
+  }
+
   void begin_micro_batch() noexcept { ++micro_batches_; }
   // A micro-batch before the step's last ended. Under an exact sum its gradients are set aside and
   // the next starts from zero; otherwise they accumulate in place.
   void end_accumulated_micro_batch() {
     if (!w_.reduction.virtual_shards()) return;
+    for (auto& bk : buckets_) hold(bk);
     for (auto& bk : buckets_) bk.set_aside_micro_batch();
     for (auto& bk : buckets_) bk.zero_gradients();
   }
@@ -168,7 +203,7 @@ class gradient_reducer {
     next_launch_ = buckets_.size();
     {
       auto span = w_.observer.phase("wait for reductions", w_.steps);
-      for (auto& bk : buckets_) bk.complete_reduction();
+      for (; next_complete_ < buckets_.size(); ++next_complete_) complete(buckets_[next_complete_]);
     }
     w_.observer.record_reductions(buckets_, w_.steps, w_.update.name(), w_.hook.name());
   }
@@ -236,6 +271,7 @@ class gradient_reducer {
   void end_step() {
     for (auto& bk : buckets_) bk.clear_works();
     next_launch_ = 0;
+    next_complete_ = 0;
     micro_batches_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
   }
@@ -253,6 +289,9 @@ class gradient_reducer {
 
   std::optional<std::string> capture_refusal() const {
     if (micro_batches_ != 0) return "accumulate() micro-batches are waiting for their step(); capture between steps";
+    if (releases_gradients())
+      return "update::" + std::string(w_.update.name()) + " allocates and frees the buckets' gradients in every "
+             "step, which a captured step cannot; use update::sharded to capture";
     if (w_.reduction.virtual_shards())
       return "reduction::invariant sums each step's micro-batches on the host, which a captured step cannot; "
              "run it uncaptured";
@@ -337,9 +376,25 @@ class gradient_reducer {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready()) launch(next_launch_++);
   }
 
+  void hold(bucket_type& bk) {
+    if (!bk.hold_gradients() || !place_) return;
+    for (const auto i : bk.parameters())
+      if (params_[i].type == dtype::f32) place_(i, bk.gradient_memory() + params_[i].slot.offset);
+  }
+  // The bucket's reduction completes; its full gradients go when the policy keeps only the shard.
+  void complete(bucket_type& bk) {
+    bk.complete_reduction();
+    if (!bk.releases_gradients() || !bk.held()) return;
+    if (place_)
+      for (const auto i : bk.parameters())
+        if (params_[i].type == dtype::f32) place_(i, nullptr);
+    bk.release_gradients();
+  }
+
   void launch(std::size_t b) {
     const auto began = w_.observer.launch_begins();
     auto& bk = buckets_[b];
+    hold(bk);  // a bucket none of whose parameters got a gradient in this backward
     std::vector<float> control;
     if (bk.control_floats() && !capturing_) {  // captured: every replay is one micro-batch on every rank, nothing read
       control.assign(bk.control_floats(), 0.0f);
@@ -349,6 +404,9 @@ class gradient_reducer {
     }
     bk.launch(w_.update, control);
     w_.observer.launched(b, buckets_.size(), began, w_.steps);
+    // Every rank launches in bucket order, so every rank completes the oldest at the same point.
+    if (const std::size_t bound = w_.update.gradient_buckets_in_flight())
+      for (; next_complete_ + bound <= b; ++next_complete_) complete(buckets_[next_complete_]);
   }
 
   // ---- the plan and the layout, checked --------------------------------------------------------
@@ -440,11 +498,13 @@ class gradient_reducer {
   std::vector<char> used_;      // reported in any backward of this step
   std::vector<char> reported_;  // reported in the final backward
   std::size_t next_launch_ = 0;
+  std::size_t next_complete_ = 0;  // buckets [0, next_complete_) completed their reduction in this step
   std::size_t micro_batches_ = 0;
   bool collecting_ = false;  // inside the step's final backward
   bool shadowing_ = false;
   bool capturing_ = false;
   unused_view view_{*this};
+  std::function<void(std::size_t, float*)> place_;  // the module's place_gradient
 };
 
 }  // namespace ddp::detail

@@ -35,6 +35,9 @@ class master_weights {
     for (const auto& h : halves_)
       device_.cast(const_buffer{h.module_value, h.count, h.type}, mutable_buffer{h.master, h.count, dtype::f32});
   }
+  // The f32 masters, in bytes.
+  std::size_t bytes() const noexcept { return masters_.size() * sizeof(float); }
+
   // The module's 16-bit values: its master copies, rounded to nearest even.
   void round_into_module() {
     for (const auto& h : halves_)

@@ -79,6 +79,8 @@ struct unused_params_adapter final : unused_params_part {
 struct update_part {
   virtual std::string_view name() const noexcept = 0;
   virtual bool gathers_parameters() const noexcept = 0;
+  // > 0: only this rank's shard of the gradients is kept, at most this many buckets in flight.
+  virtual std::size_t gradient_buckets_in_flight() const noexcept = 0;
   virtual update::layout plan(std::size_t numel, int rank, int ranks) const = 0;
   virtual void reduce(update::bucket_ops&) = 0;
   virtual void after_update(update::bucket_ops&) = 0;
@@ -93,6 +95,7 @@ struct update_adapter final : update_part {
   P policy;
   std::string_view name() const noexcept override { return P::name; }
   bool gathers_parameters() const noexcept override { return P::gathers_parameters; }
+  std::size_t gradient_buckets_in_flight() const noexcept override { return update::gradient_buckets_in_flight<P>(); }
   update::layout plan(std::size_t numel, int rank, int ranks) const override { return policy.plan(numel, rank, ranks); }
   void reduce(update::bucket_ops& b) override { policy.reduce(b); }
   void after_update(update::bucket_ops& b) override { policy.after_update(b); }

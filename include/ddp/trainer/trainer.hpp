@@ -114,6 +114,16 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
   static_assert(external_fits_update(),
                 "ddp: optim::external leaves the update to your optimizer, which needs every parameter's averaged "
                 "gradient; under update::sharded a rank holds only its shard: use update::replicated");
+  static constexpr bool module_places_gradients() {
+    if constexpr (valid) return update::gradient_buckets_in_flight<get<update::slot>>() == 0 || places_gradients<Module>;
+    else return true;
+  }
+  static_assert(module_places_gradients(),
+                "ddp: this update policy (update::sharded_gradients, or one that declares gradient_buckets_in_flight) "
+                "keeps only this rank's shard of the gradients, so it places the module's gradients layer by layer "
+                "in backward: the module needs `void set_layer_hooks(ddp::layer_hooks*)` (calling before_backward "
+                "before each layer's backward) and `void place_gradient(std::size_t i, float* storage)` "
+                "(ddp/concepts/module.hpp; ddp::nn::sequential has both); or use update::sharded");
   static constexpr bool hook_fits_reduction() {
     if constexpr (valid)
       return get<reduction::slot>::virtual_shards == 0 || std::is_same_v<get<comm_hook::slot>, comm_hook::none>;

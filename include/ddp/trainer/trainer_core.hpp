@@ -86,7 +86,7 @@ class trainer_core {
                   binds_gradient_storage<Module>, binds_values()}),
         update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets(),
                 /*exact_norm=*/reduction_part().virtual_shards() != 0),
-        storage_(module, params_, binds_values()),
+        storage_(module, params_, binds_values(), reducer_),
         shard_buffers_(module, comm, dev, buffers_, reduction_part().virtual_shards()) {
     sync_part().prepare(sync_context_);
     params_.broadcast(comm_, dev);
@@ -167,6 +167,10 @@ class trainer_core {
   std::size_t bucket_count() const noexcept { return reducer_.buckets().size(); }
   std::vector<std::size_t> bucket_sizes() const { return reducer_.bucket_sizes(); }
   const overlap_timing& last_step_overlap() const noexcept { return observer_.overlap(); }
+  // What this rank's trainer holds on its device now, by kind (trainer/memory_held.hpp).
+  memory_held memory() const noexcept {
+    return reducer_.memory() + memory_held{.parameters = masters_.bytes(), .optimizer_state = update_.state_bytes()};
+  }
   // Records every following step's phases into `t` (nullptr stops); ddp::write_chrome_trace
   // writes them (trainer/timeline.hpp). `t` must outlive the recording.
   void record_timeline(timeline* t) noexcept { observer_.record_into(t); }

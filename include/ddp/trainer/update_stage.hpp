@@ -125,6 +125,13 @@ class update_stage {
   }
   std::size_t group_count() const noexcept { return groups_.size(); }
 
+  // The optimizer state this rank keeps, in bytes.
+  std::size_t state_bytes() const noexcept {
+    std::size_t floats = 0;
+    for (const auto& s : state_) floats += s.size();
+    return floats * sizeof(float);
+  }
+
   // ---- capture -------------------------------------------------------------------------------
 
   std::optional<std::string> capture_refusal() const {

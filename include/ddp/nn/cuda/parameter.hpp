@@ -39,6 +39,15 @@ class parameter {
   void bind_gradient(float* storage) { bind(storage, grad_, own_grad_); }
   // The value lives at `storage` (a trainer's gathered parameters, update::sharded) from now on.
   void bind_value(float* storage) { bind(storage, value_, own_value_); }
+  // The gradient is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
+  // goes too) until placed again (update::sharded_gradients, layer by layer in backward).
+  void place_gradient(float* storage) {
+    if (type_ != dtype::f32)
+      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                             ": only an f32 gradient can be placed");
+    grad_ = storage;
+    own_grad_ = {};
+  }
 
   parameter_ref ref(const std::string& prefix) const {
     const auto where = device_id::cuda(dev_->ordinal());
@@ -95,12 +104,14 @@ class parameter {
     if (!storage) {
       if (own.size() == 0 && numel_ > 0) {
         own = ddp::cuda::device_vector<float>(*dev_, numel_);
-        dev_->copy(own.data(), where, numel_ * sizeof(float));
+        if (where) dev_->copy(own.data(), where, numel_ * sizeof(float));
+        else dev_->fill_zero(own.data(), numel_ * sizeof(float));  // placed nowhere: no gradient held
         where = own.data();
       }
       return;
     }
-    if (storage != where) dev_->copy(storage, where, numel_ * sizeof(float));
+    if (!where) dev_->fill_zero(storage, numel_ * sizeof(float));
+    else if (storage != where) dev_->copy(storage, where, numel_ * sizeof(float));
     where = storage;
     own = {};
   }

@@ -1,0 +1,227 @@
+// Update strategies that shard more than the optimizer state. update::sharded_gradients (ZeRO
+// stage 2) gives the bits of update::replicated in every set-up that sharded covers, moves the
+// bytes of update::sharded, and holds the memory its formula says: this rank's shard of the
+// gradients, the full gradients of a few buckets only while they reduce.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "ddp/ddp.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "trainer/counting_communicator.hpp"
+#include "trainer/equivalence.hpp"
+#include "trainer/test_model.hpp"
+
+namespace {
+
+using namespace equivalence;
+using ddp::inproc::communicator;
+using sync_once = ddp::buffer_sync::broadcast_once_per_step;
+
+template <class Update, class Unused, class Optimizer, class Hook = ddp::comm_hook::none>
+std::vector<run_result> train(int world, shape how) {
+  return ddp::inproc::launch(world, [&](communicator& comm) {
+    return run_rank<sync_once, Unused, communicator, Update, Optimizer, test::mlp, Hook>(comm, how);
+  });
+}
+
+// Ten layers of 24 x 24 weights: one bucket each under bucket_cap<2400>, reduced while the
+// layers before them compute.
+using ddp::nn::linear, ddp::nn::relu;
+using deep_mlp = ddp::nn::sequential<linear, relu, linear, relu, linear, relu, linear, relu, linear, relu, linear, relu,
+                                     linear, relu, linear, relu, linear, relu, linear>;
+deep_mlp make_deep_mlp() {
+  constexpr std::size_t w = 24;
+  return deep_mlp(linear(test::in_features, w, 1), relu(), linear(w, w, 2), relu(), linear(w, w, 3), relu(),
+                  linear(w, w, 4), relu(), linear(w, w, 5), relu(), linear(w, w, 6), relu(), linear(w, w, 7), relu(),
+                  linear(w, w, 8), relu(), linear(w, w, 9), relu(), linear(w, test::classes, 10));
+}
+
+// Floats of a bucket of n under a policy that cuts it into equal shards of 16-float multiples.
+std::size_t shard_of(std::size_t n, int world) {
+  const auto w = static_cast<std::size_t>(world);
+  return (n + w * 16 - 1) / (w * 16) * 16;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("update::sharded_gradients leaves every rank with bitwise the parameters of update::replicated",
+                   Unused, ddp::unused_params::forbid, ddp::unused_params::detect_each_step) {
+  using ddp::update::replicated, ddp::update::sharded_gradients;
+  for (int world : {1, 2, 3, 4})
+    for (auto how : {shape::one_forward, shape::two_forwards, shape::two_micro_batches}) {
+      CAPTURE(world);
+      CAPTURE(static_cast<int>(how));
+      const auto rep = train<replicated, Unused, ddp::optim::sgd>(world, how);
+      const auto zero2 = train<sharded_gradients, Unused, ddp::optim::sgd>(world, how);
+      const auto rep_a = train<replicated, Unused, ddp::optim::adamw>(world, how);
+      const auto zero2_a = train<sharded_gradients, Unused, ddp::optim::adamw>(world, how);
+      for (std::size_t r = 0; r < rep.size(); ++r) {
+        CHECK(zero2[r].params == rep[r].params);
+        CHECK(zero2_a[r].params == rep_a[r].params);
+        CHECK(zero2[r].running_mean == rep[r].running_mean);
+      }
+    }
+}
+
+TEST_CASE("update::sharded_gradients with a communication hook and with Join gives update::sharded's bits") {
+  using ddp::update::sharded, ddp::update::sharded_gradients, ddp::unused_params::forbid;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const auto zero1 = train<sharded, forbid, ddp::optim::sgd, ddp::comm_hook::bf16>(world, shape::two_micro_batches);
+    const auto zero2 =
+        train<sharded_gradients, forbid, ddp::optim::sgd, ddp::comm_hook::bf16>(world, shape::two_micro_batches);
+    for (std::size_t r = 0; r < zero1.size(); ++r) CHECK(zero2[r].params == zero1[r].params);
+
+    auto join = [&]<class Update>() {
+      return ddp::inproc::launch(world, [&](communicator& comm) { return run_join_rank<sync_once, forbid, communicator, Update>(comm); });
+    };
+    const auto rep = join.template operator()<ddp::update::replicated>();
+    const auto joined = join.template operator()<sharded_gradients>();
+    for (std::size_t r = 0; r < rep.size(); ++r) {
+      CHECK(joined[r].first == rep[r].first);
+      CHECK(joined[r].second == rep[r].second);
+    }
+  }
+}
+
+TEST_CASE("bytes per step: update::sharded_gradients moves update::sharded's bytes, one all_reduce's over padded buckets") {
+  constexpr int world = 4;
+  struct counted {
+    test::collective_bytes step;
+    std::vector<std::size_t> buckets;
+  };
+  auto run = [&]<class Update>() {
+    return ddp::inproc::launch(world, [&](communicator& inner) {
+      test::counting_communicator<communicator> comm(inner);
+      auto model = test::make_mlp(seed);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::buffer_sync::none, ddp::unused_params::unchecked, Update, ddp::bucket_cap<256>,
+                   ddp::use_communicator<test::counting_communicator<communicator>>>
+          trainer(model, comm, dev, sgd);
+      const auto b = test::make_batch(per_rank_batch, 70 + static_cast<std::uint64_t>(inner.rank()));
+      const auto before = comm.bytes();
+      for (int s = 0; s < 2; ++s)
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      const auto moved = comm.bytes() - before;
+      return counted{{moved.all_reduce / 2, moved.reduce_scatter / 2, moved.all_gather / 2, moved.broadcast / 2},
+                     trainer.bucket_sizes()};
+    })[0];
+  };
+  const auto rep = run.template operator()<ddp::update::replicated>();
+  const auto zero1 = run.template operator()<ddp::update::sharded>();
+  const auto zero2 = run.template operator()<ddp::update::sharded_gradients>();
+  REQUIRE(rep.buckets.size() > 3);
+  const double ring = 3.0 / 4.0, control = 4.0;  // the micro-batch count, one float
+  double numel = 0, padded = 0;
+  for (const auto n : rep.buckets) numel += 4.0 * static_cast<double>(n), padded += 4.0 * world * shard_of(n, world);
+  CHECK(rep.step.all_reduce == doctest::Approx(2 * ring * (numel + control)));
+  CHECK(rep.step.reduce_scatter + rep.step.all_gather + rep.step.broadcast == 0);
+  for (const auto& z : {zero1, zero2}) {
+    CHECK(z.step.reduce_scatter == doctest::Approx(ring * padded));
+    CHECK(z.step.all_gather == doctest::Approx(ring * padded));
+    CHECK(z.step.all_reduce == doctest::Approx(2 * ring * control));
+  }
+  CHECK(zero2.step.total() == zero1.step.total());
+}
+
+TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, and the full gradients of a few "
+          "buckets only while they reduce") {
+  constexpr int world = 4;
+  constexpr std::size_t in_flight = ddp::update::sharded_gradients::gradient_buckets_in_flight;
+  struct measured {
+    ddp::memory_held held;
+    std::size_t device_in_use = 0, step_peak = 0, parameter_floats = 0;
+    std::vector<std::size_t> buckets;
+    bool module_gradients_released = false;
+  };
+  auto run = [&]<class Update>() {
+    return ddp::inproc::launch(world, [&](communicator& comm) {
+      auto model = make_deep_mlp();
+      ddp::host::device dev;
+      ddp::trainer<deep_mlp, Update, ddp::optim::adamw, ddp::bucket_cap<2400>> trainer(model, comm, dev, adamw);
+      measured m;
+      m.held = trainer.memory();
+      m.device_in_use = dev.memory_in_use();
+      m.buckets = trainer.bucket_sizes();
+      for (const ddp::parameter_ref p : model.parameters()) m.parameter_floats += p.value.numel();
+      dev.reset_memory_high_water();
+      const auto b = test::make_batch(per_rank_batch, 80 + static_cast<std::uint64_t>(comm.rank()));
+      for (int s = 0; s < 3; ++s)
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      m.step_peak = dev.memory_high_water() - m.device_in_use;
+      m.module_gradients_released = model.layer<0>().params()[0].grad().data() == nullptr;
+      CHECK(trainer.memory().total() == m.held.total());  // between steps, as after construction
+      return m;
+    })[0];
+  };
+  const auto rep = run.template operator()<ddp::update::replicated>();
+  const auto zero1 = run.template operator()<ddp::update::sharded>();
+  const auto zero2 = run.template operator()<ddp::update::sharded_gradients>();
+  std::size_t numel = 0, shards = 0, largest = 0;
+  for (const auto n : rep.buckets) {
+    numel += n, shards += shard_of(n, world);
+    largest = std::max(largest, world * shard_of(n, world) + 2);  // with the control floats
+  }
+  REQUIRE(rep.buckets.size() >= 8);
+  // The control floats: the micro-batch count and unused_params::forbid's flag. AdamW keeps two
+  // state floats per parameter.
+  const std::size_t control = 2, f = sizeof(float), slots = 2;
+  // The formula per strategy, in floats: parameters (the module's own, or the gathered copy it is
+  // bound into), gradients (bound into the buckets, or this rank's shard), optimizer state.
+  CHECK(rep.held.gradients == (numel + control) * f);
+  CHECK(rep.held.parameters == rep.parameter_floats * f);  // its buckets align each parameter: numel is a little more
+  CHECK(rep.held.optimizer_state == slots * numel * f);
+  CHECK(zero1.held.gradients == (world * shards + control) * f);
+  CHECK(zero1.held.parameters == world * shards * f);
+  CHECK(zero1.held.optimizer_state == slots * shards * f);
+  CHECK(zero2.held.gradients == (shards + control) * f);
+  CHECK(zero2.held.parameters == world * shards * f);
+  CHECK(zero2.held.optimizer_state == slots * shards * f);
+  // The device holds all of it but replicated's parameters (the module's own), and the same rest
+  // (the buffers' staging) under every strategy.
+  const std::size_t rest = zero1.device_in_use - zero1.held.total();
+  CHECK(zero2.device_in_use - zero2.held.total() == rest);
+  CHECK(rep.device_in_use == rep.held.total() - rep.parameter_floats * f + rest);
+  // In a step: replicated and sharded allocate nothing; sharded_gradients at most the buckets in
+  // flight and the one a layer's backward is filling (a layer spans at most two here).
+  CHECK(rep.step_peak == 0);
+  CHECK(zero1.step_peak == 0);
+  CHECK(zero2.step_peak > 0);
+  CHECK(zero2.step_peak <= (in_flight + 2) * largest * f);
+  CHECK(zero2.step_peak * 2 < world * shards * f);  // less than half the full gradients
+  CHECK(zero2.module_gradients_released);
+  CHECK_FALSE(rep.module_gradients_released);
+}
+
+TEST_CASE("update::sharded_gradients: a checkpoint resumes bitwise, and the trainer gives the module its gradients "
+          "back") {
+  const auto dir = std::filesystem::temp_directory_path() / "ddp_zero2_checkpoint";
+  std::filesystem::remove_all(dir);
+  auto run = [&](int steps, bool save, bool load) {
+    return ddp::inproc::launch(2, [&](communicator& comm) {
+      auto model = test::make_mlp(seed);
+      ddp::host::device dev;
+      {
+        ddp::trainer<test::mlp, ddp::update::sharded_gradients, ddp::optim::adamw, ddp::bucket_cap<256>> trainer(
+            model, comm, dev, adamw);
+        if (load) trainer.load(dir);
+        for (int s = static_cast<int>(trainer.steps()); s < steps; ++s) {
+          const auto b = test::make_batch(per_rank_batch, 90 + static_cast<std::uint64_t>(10 * s + comm.rank()));
+          trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+        }
+        if (save) trainer.save(dir);
+      }
+      const auto g = model.layer<0>().params()[0].grad();
+      CHECK(g.data() != nullptr);
+      CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
+      return test::parameter_values(model);
+    });
+  };
+  const auto whole = run(4, false, false);
+  run(2, true, false);
+  const auto resumed = run(4, false, true);
+  CHECK(resumed == whole);
+  std::filesystem::remove_all(dir);
+}
