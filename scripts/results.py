@@ -78,6 +78,11 @@ def parse_example(text):
     m = re.search(r"^  policies\s+(.*)$", text, re.M)
     if m:
         summary["policies"] = m[1].strip()
+    m = re.search(r"^  memory\s+([\d.]+) MiB on rank 0 between steps.*?(?:, ([\d.]+) MiB at most in a step)?$", text, re.M)
+    if m:
+        summary["memory_mib"] = float(m[1])
+        if m[2]:
+            summary["memory_peak_mib"] = float(m[2])
     if not epochs or "test_accuracy" not in summary:
         raise ValueError("no epoch line or summary in the example's output")
     return {"epochs": epochs, "summary": summary}
@@ -261,9 +266,10 @@ def render_step(doc):
         overlap = r["overlap"]
         rows.append([r["ranks"], r["slot"], r["policy"], fmt(r["step(ms)"]), fmt(r["compute(ms)"]),
                      fmt(r["reduce(ms)"]), "—" if r["slot"] == "no sync" else f"{100 * overlap:.0f}%",
-                     fmt(r["wait(ms)"]), fmt(r["update(ms)"]), fmt(r["bytes/step"]), fmt(r["vs_no_sync"], 3)])
+                     fmt(r["wait(ms)"]), fmt(r["update(ms)"]), fmt(r["bytes/step"]),
+                     fmt(r.get("memory(MiB)", "-"), 2), fmt(r.get("peak(MiB)", "-"), 2), fmt(r["vs_no_sync"], 3)])
     header = ["ranks", "slot", "policy", "step (ms)", "compute", "reduce", "overlap", "wait", "update",
-              "bytes/step", "vs no sync"]
+              "bytes/step", "memory (MiB)", "in a step", "vs no sync"]
     notes = [n for n in doc["notes"] if n.startswith("world")]
     return "\n".join([provenance(doc), "", f"Model: {doc['title']}.", "", table(header, rows), ""] +
                      [f"- {n}" for n in notes])
@@ -398,9 +404,10 @@ def render_example(figs, names, reference_name):
         lines = [(x["train_loss"], x["train_accuracy"], x["test_accuracy"]) for x in e]
         same = "—" if n == reference_name or reference_lines is None or n.endswith("1rank") else \
             ("yes" if lines == reference_lines else "no")
+        memory = f"{s['memory_mib']:.2f}, {s.get('memory_peak_mib', s['memory_mib']):.2f}" if "memory_mib" in s else "—"
         rows.append([f"`{flags}`", f"{s['test_accuracy']:.2f}%", f"{e[0]['test_accuracy']:.2f}%", len(e),
                      fmt(s["training_s"], 1), fmt(int(s["samples/s"])), f"{s['samples/s'] / base_rate:.2f}×",
-                     f"{d['run']['peak_rss_mb']:.0f}", same])
+                     memory, f"{d['run']['peak_rss_mb']:.0f}", same])
         runs.append(d["run"])
     if not runs:
         return "\n".join(n.removeprefix("- ") for n in notes)
@@ -413,7 +420,7 @@ def render_example(figs, names, reference_name):
             f"{last['date'].replace('T', ' ').replace('Z', ' UTC')} on {m['cpu']}, {m['threads']} hardware threads; "
             f"load average before each: {loads}.")
     header = ["flags", "test accuracy", "after epoch 1", "epochs", "training (s)", "samples/s", "vs first row",
-              "peak RSS (MiB)", "same epoch lines as the defaults at 2 ranks"]
+              "memory: between steps, in a step (MiB)", "peak RSS (MiB)", "same epoch lines as the defaults at 2 ranks"]
     return "\n".join([text, "", table(header, rows)] + ([""] + notes if notes else []))
 
 
@@ -512,7 +519,8 @@ def renderers(figs):
         "lose": one("lose", render_lose),
         "ddp_run": lambda: render_ddp_run(figs),
         "example": lambda: render_example(figs, ["example_1rank", "example_2ranks", "example_2ranks_sharded",
-                                                 "example_2ranks_invariant", "example_mpi_2ranks"],
+                                                 "example_2ranks_sharded_gradients", "example_2ranks_invariant",
+                                                 "example_mpi_2ranks"],
                                           "example_2ranks"),
         "example_loader": lambda: render_example(figs, ["example_epoch1", "example_epoch1_prefetch",
                                                         "example_epoch1_mapped"], "example_epoch1"),

@@ -109,6 +109,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   const auto& comm = trainer.communicator();
   const bool lead = comm.rank() == 0;
   const std::size_t shards = policies.virtual_shards();
+  if constexpr (requires { dev.reset_memory_high_water(); }) dev.reset_memory_high_water();
   const auto world = static_cast<std::size_t>(comm.size());
   // --global-batch, or --batch per rank; under --reduction invariant the loader makes one shard.
   const std::size_t global_batch = c.global_batch ? c.global_batch : c.batch * world;

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <stdexcept>
 
 #include "ddp/ddp.hpp"
+#include "ddp/host/linalg.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "ddp/policy/powersgd.hpp"
 #include "trainer/counting_communicator.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
@@ -86,6 +89,101 @@ TEST_CASE("update::sharded_gradients with a communication hook and with Join giv
   }
 }
 
+TEST_CASE("update::sharded_gradients gives update::sharded's bits with PowerSGD, fp16, static_graph, bf16 parameters, "
+          "clipping and micro-batches, and around backwards outside its steps") {
+  struct options {
+    bool micro_batches = true, bf16 = false;
+    float clip = 0;
+  };
+  auto train_deep = [&]<class Update, class... More>(int world, options o) {
+    return ddp::inproc::launch(world, [&](communicator& comm) {
+      auto model = make_deep_mlp();
+      if (o.bf16) model.cast_parameters(ddp::dtype::bf16);
+      ddp::host::device dev;
+      ddp::trainer<deep_mlp, Update, ddp::optim::adamw, ddp::bucket_cap<2400>, More...> trainer(model, comm, dev, adamw);
+      if constexpr ((std::is_same_v<More, ddp::comm_hook::powersgd<1>> || ...))
+        trainer.template policy<ddp::comm_hook::slot>().start_after = 0;  // compressed from the first step
+      if (o.clip > 0) trainer.clip_gradient_norm(o.clip);
+      for (int s = 0; s < 3; ++s) {
+        const auto b = test::make_batch(8, 100 + static_cast<std::uint64_t>(10 * s + comm.rank()));
+        auto on = [](const test::batch& x) {
+          return [&x](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x.x), x.y).grad); };
+        };
+        if (!o.micro_batches) {
+          trainer.step(on(b));
+          continue;
+        }
+        const auto first = b.rows(0, 4), second = b.rows(4, 8);
+        trainer.accumulate(on(first));
+        trainer.step(on(second));
+      }
+      return test::held_values(model);
+    });
+  };
+  using ddp::update::sharded, ddp::update::sharded_gradients;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    using psgd = ddp::comm_hook::powersgd<1>;
+    CHECK(train_deep.template operator()<sharded, psgd>(world, {}) ==
+          train_deep.template operator()<sharded_gradients, psgd>(world, {}));
+    CHECK(train_deep.template operator()<sharded, ddp::comm_hook::fp16>(world, {.micro_batches = false}) ==
+          train_deep.template operator()<sharded_gradients, ddp::comm_hook::fp16>(world, {.micro_batches = false}));
+    CHECK(train_deep.template operator()<sharded, ddp::unused_params::static_graph>(world, {}) ==
+          train_deep.template operator()<sharded_gradients, ddp::unused_params::static_graph>(world, {}));
+    CHECK(train_deep.template operator()<sharded>(world, {.bf16 = true}) ==
+          train_deep.template operator()<sharded_gradients>(world, {.bf16 = true}));
+    CHECK(train_deep.template operator()<sharded>(world, {.micro_batches = false, .clip = 0.05f}) ==
+          train_deep.template operator()<sharded_gradients>(world, {.micro_batches = false, .clip = 0.05f}));
+  }
+  // A backward outside the trainer's steps (a GAN's discriminator in the generator's step) holds
+  // its buckets until the next step reduces them, or until zero_gradients().
+  auto gan = [&]<class Update>(bool zero) {
+    return ddp::inproc::launch(2, [&](communicator& comm) {
+      auto model = make_deep_mlp();
+      ddp::host::device dev;
+      ddp::trainer<deep_mlp, Update, ddp::optim::adamw, ddp::bucket_cap<2400>> trainer(model, comm, dev, adamw);
+      for (int s = 0; s < 3; ++s) {
+        const auto b = test::make_batch(8, 300 + static_cast<std::uint64_t>(10 * s + comm.rank()));
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+        model.backward(ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y).grad, ddp::ready_sink{});
+        if (zero) trainer.zero_gradients();
+      }
+      return test::parameter_values(model);
+    });
+  };
+  CHECK(gan.template operator()<sharded>(true) == gan.template operator()<sharded_gradients>(true));
+  CHECK(gan.template operator()<sharded>(false) == gan.template operator()<sharded_gradients>(false));
+}
+
+TEST_CASE("update::sharded_gradients: a step that throws after its backward leaves the module its gradients when the "
+          "trainer goes, and a new trainer trains it") {
+  auto model = make_deep_mlp();
+  CHECK_THROWS_WITH(ddp::inproc::launch(1,
+                                        [&](communicator& comm) {
+                                          ddp::host::device dev;
+                                          ddp::trainer<deep_mlp, ddp::update::sharded_gradients, ddp::bucket_cap<2400>>
+                                              trainer(model, comm, dev, sgd);
+                                          const auto b = test::make_batch(8, 7);
+                                          trainer.step([&](auto& r) {
+                                            r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad);
+                                            throw std::runtime_error("a failure after backward");
+                                          });
+                                          return 0;
+                                        }),
+                    doctest::Contains("a failure after backward"));
+  // Buckets completed and released, and buckets still held, when the step failed: every gradient
+  // is back in the module's own storage.
+  for (const auto g : {model.layer<0>().params()[0].grad(), model.layer<18>().params()[0].grad()}) CHECK(g.data() != nullptr);
+  ddp::inproc::launch(1, [&](communicator& comm) {
+    ddp::host::device dev;
+    ddp::trainer<deep_mlp, ddp::update::sharded_gradients, ddp::bucket_cap<2400>> again(model, comm, dev, sgd);
+    const auto b = test::make_batch(8, 8);
+    again.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    CHECK(again.steps() == 1);
+    return 0;
+  });
+}
+
 TEST_CASE("bytes per step: update::sharded_gradients moves update::sharded's bytes, one all_reduce's over padded buckets") {
   constexpr int world = 4;
   struct counted {
@@ -127,11 +225,11 @@ TEST_CASE("bytes per step: update::sharded_gradients moves update::sharded's byt
 }
 
 TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, and the full gradients of a few "
-          "buckets only while they reduce") {
+          "buckets only while they reduce, in memory it keeps for the next step") {
   constexpr int world = 4;
   constexpr std::size_t in_flight = ddp::update::sharded_gradients::gradient_buckets_in_flight;
   struct measured {
-    ddp::memory_held held;
+    ddp::memory_held held, after_steps;
     std::size_t device_in_use = 0, step_peak = 0, parameter_floats = 0;
     std::vector<std::size_t> buckets;
     bool module_gradients_released = false;
@@ -152,17 +250,19 @@ TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, a
         trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
       m.step_peak = dev.memory_high_water() - m.device_in_use;
       m.module_gradients_released = model.layer<0>().params()[0].grad().data() == nullptr;
-      CHECK(trainer.memory().total() == m.held.total());  // between steps, as after construction
+      m.after_steps = trainer.memory();
+      CHECK(dev.memory_in_use() - m.device_in_use == m.after_steps.total() - m.held.total());
       return m;
     })[0];
   };
   const auto rep = run.template operator()<ddp::update::replicated>();
   const auto zero1 = run.template operator()<ddp::update::sharded>();
   const auto zero2 = run.template operator()<ddp::update::sharded_gradients>();
-  std::size_t numel = 0, shards = 0, largest = 0;
-  for (const auto n : rep.buckets) {
+  std::size_t numel = 0, shards = 0, largest = 0;  // largest: the pool's arrays, in floats
+  for (std::size_t b = 0; b < rep.buckets.size(); ++b) {
+    const std::size_t n = rep.buckets[b];
     numel += n, shards += shard_of(n, world);
-    largest = std::max(largest, world * shard_of(n, world) + 2);  // with the control floats
+    largest = std::max(largest, world * shard_of(n, world) + (b + 1 == rep.buckets.size() ? 2 : 0));  // control floats
   }
   REQUIRE(rep.buckets.size() >= 8);
   // The control floats: the micro-batch count and unused_params::forbid's flag. AdamW keeps two
@@ -184,11 +284,16 @@ TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, a
   const std::size_t rest = zero1.device_in_use - zero1.held.total();
   CHECK(zero2.device_in_use - zero2.held.total() == rest);
   CHECK(rep.device_in_use == rep.held.total() - rep.parameter_floats * f + rest);
-  // In a step: replicated and sharded allocate nothing; sharded_gradients at most the buckets in
-  // flight and the one a layer's backward is filling (a layer spans at most two here).
+  // In a step: replicated and sharded allocate nothing; sharded_gradients lends memory for at most
+  // the buckets in flight and the one a layer's backward is filling (a layer spans at most two
+  // here) from a pool that it keeps: the most it lent at once.
   CHECK(rep.step_peak == 0);
   CHECK(zero1.step_peak == 0);
+  CHECK(rep.after_steps.total() == rep.held.total());
+  CHECK(zero1.after_steps.total() == zero1.held.total());
   CHECK(zero2.step_peak > 0);
+  CHECK(zero2.after_steps.gradients - zero2.held.gradients == zero2.step_peak);
+  CHECK(zero2.step_peak % (largest * f) == 0);
   CHECK(zero2.step_peak <= (in_flight + 2) * largest * f);
   CHECK(zero2.step_peak * 2 < world * shards * f);  // less than half the full gradients
   CHECK(zero2.module_gradients_released);

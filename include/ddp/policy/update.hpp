@@ -15,12 +15,13 @@
 //   sharded_gradients
 //               sharded, and the rank keeps only its shard of the gradients (ZeRO stage 2): a
 //               bucket's full gradients get memory when the first of its layers starts its
-//               backward and give it back once their reduce_scatter completed, with at most
-//               `gradient_buckets_in_flight` buckets reducing at once (launching one more first
-//               completes the oldest, on every rank alike). The same collectives and arithmetic
-//               as sharded, so the same bits. Needs a module that places gradients layer by layer
-//               (set_layer_hooks and place_gradient: ddp/concepts/module.hpp). Micro-batches
-//               before the step's last keep their gradients whole until the step reduces them.
+//               backward and give it back once their reduce_scatter completed; once a bucket
+//               launched, the oldest beyond `gradient_buckets_in_flight` complete (on every rank
+//               alike). The memory is taken from a pool of arrays of the largest bucket's size,
+//               kept from step to step. The same collectives and arithmetic as sharded, so the
+//               same bits. Needs a module that places gradients layer by layer (set_layer_hooks,
+//               place_gradient and bind_gradient: ddp/concepts/module.hpp). Micro-batches before
+//               the step's last keep their gradients whole until the step reduces them.
 //
 // A policy of this slot is a type with
 //   using slot = ddp::update::slot;  static constexpr std::string_view name;

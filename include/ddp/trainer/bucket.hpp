@@ -12,8 +12,9 @@
 // slots in [0, numel), zero padding up to `padded`, then `control` floats (the reducer's control
 // channel: last bucket only). This rank updates [shard_begin, shard_begin + shard).
 // When the update policy keeps only its shard of the gradients (update::sharded_gradients), grads
-// is held from a backward's first gradient to the completed reduction only: then this rank's
-// shard and the control floats are copied out and the rest goes.
+// is held from a backward's first gradient to the completed reduction only (memory the reducer
+// gives from its pool): then this rank's shard and the control floats are copied out and the
+// memory goes back.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -111,14 +112,14 @@ class bucket final : public update::bucket_ops {
 
   bool releases_gradients() const noexcept { return shape_.releases_gradients; }
   bool held() const noexcept { return !shape_.releases_gradients || held_; }
-  // Memory for the full gradients (zeroed); true when it was not held (the module's gradients of
-  // this bucket are then to be placed at gradient_memory() + offset).
-  bool hold_gradients() {
-    if (held()) return false;
-    grads_ = zeroed(padded() + shape_.control);
+  std::size_t held_floats() const noexcept { return padded() + shape_.control; }
+  // Holds the full gradients in `memory` (at least held_floats(), zeroed here); the module's
+  // gradients of this bucket are then to be placed at gradient_memory() + offset.
+  void hold_gradients(device_array<Device, float> memory) {
+    device_->fill_zero(memory.data(), held_floats() * sizeof(float));
+    grads_ = std::move(memory);
     held_ = true;
     for (auto& s : segments_) s.tensor = grads_.data() + s.offset;
-    return true;
   }
   float* gradient_memory() noexcept { return grads_.data(); }
   // Bytes held now: gradients (with the control floats and a releasing bucket's kept shard) and
@@ -127,16 +128,17 @@ class bucket final : public update::bucket_ops {
     return (grads_.size() + kept_shard_.size() + kept_control_.size()) * sizeof(float);
   }
   std::size_t parameter_bytes() const noexcept { return values_.size() * sizeof(float); }
-  // After complete_reduction: this rank's shard and the control floats stay, the rest goes
-  // (the caller places the module's gradients nowhere first).
-  void release_gradients() {
-    if (!shape_.releases_gradients || !held_) return;
+  // After complete_reduction: this rank's shard and the control floats stay, the memory goes
+  // back to the caller (who placed the module's gradients nowhere first).
+  device_array<Device, float> release_gradients() {
     device_->copy(kept_shard_.data(), grads_.data() + shard_begin(), shard() * sizeof(float));
     device_->copy(kept_control_.data(), grads_.data() + padded(), shape_.control * sizeof(float));
-    grads_ = device_array<Device, float>();
     held_ = false;
     for (auto& s : segments_) s.tensor = nullptr;
+    return std::move(grads_);
   }
+  // The step's reduction of this bucket completed (until clear_works).
+  bool completed() const noexcept { return completed_; }
 
   // Gradients into bucket memory, the control floats after them, then the update policy's
   // collective.
@@ -148,6 +150,7 @@ class bucket final : public update::bucket_ops {
   }
   // Waits for the reduction and lets the hook complete it: the averaged gradients are in place.
   void complete_reduction() {
+    completed_ = true;
     hook_view io(*this);
     io.wait();
     if (control_work_) control_work_->wait();
@@ -192,7 +195,10 @@ class bucket final : public update::bucket_ops {
       if (*w) quietly(**w);
     for (auto& w : more_) quietly(w);
   }
-  void clear_works() { work_.reset(), more_.clear(), control_work_.reset(), gather_.reset(); }
+  void clear_works() {
+    work_.reset(), more_.clear(), control_work_.reset(), gather_.reset();
+    completed_ = false;
+  }
 
   // The hook's state (PowerSGD's error feedback), for checkpoints.
   std::vector<device_array<Device, float>>& hook_state() noexcept { return hook_state_; }
@@ -378,7 +384,8 @@ class bucket final : public update::bucket_ops {
   std::vector<work_type> more_;                   // the hook's further collectives in this step
   std::optional<work_type> control_work_;         // the control floats', when not part of work_
   std::optional<work_type> gather_;               // the updated parameters' all_gather
-  bool held_ = false;                  // releasing: grads_ is allocated
+  bool held_ = false;                  // releasing: grads_ holds pool memory
+  bool completed_ = false;             // this step's reduction completed
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
   bool control_in_reduction_ = false;  // the control floats ride in work_
 };

@@ -11,8 +11,10 @@
 //   gradient memory  under an update policy that keeps only its shard of the gradients, a bucket
 //                    holds its full gradients from the backward of its first layer (the module's
 //                    layer hooks) until its reduction completed, and the module's gradients are
-//                    placed there meanwhile; launching a bucket beyond the policy's bound first
-//                    completes the oldest in flight, at the same point on every rank
+//                    placed there meanwhile; once a bucket launched, the oldest beyond the
+//                    policy's bound complete, at the same point on every rank. The memory comes
+//                    from a pool of arrays of the largest bucket's size, so a step allocates
+//                    nothing once the pool holds as many as were ever held at once
 //
 // It is built from the bucket policy's plan and the update policy's layout, both checked here:
 // a plan that leaves a parameter out, puts two in one place or runs past its bucket, and a
@@ -88,6 +90,8 @@ class gradient_reducer {
     agree_or_throw(comm, dev, problem, "construct", "the bucket plan or the update layout cannot be used");
     buckets_.reserve(shapes.size());
     for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[shape.index]);
+    for (const auto& bk : buckets_)
+      if (bk.releases_gradients()) pool_floats_ = std::max(pool_floats_, bk.held_floats());
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i];
       p.slot = plan.slots[i];
@@ -130,6 +134,7 @@ class gradient_reducer {
   memory_held memory() const noexcept {
     memory_held m;
     for (const auto& bk : buckets_) m.gradients += bk.gradient_bytes(), m.parameters += bk.parameter_bytes();
+    for (const auto& a : spare_gradients_) m.gradients += a.size() * sizeof(float);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto& p = params_[i];
       const std::size_t bytes = p.numel * size_of(p.type);
@@ -145,7 +150,7 @@ class gradient_reducer {
   // first + count).
   void hold_gradients(std::size_t first, std::size_t count) {
     for (std::size_t i = first; i < first + count && i < params_.size(); ++i)
-      if (params_[i].type == dtype::f32) hold(buckets_[params_[i].slot.bucket]);
+      if (params_[i].type == dtype::f32) hold(buckets_[params_[i].slot.bucket], i);
   }
 
   void begin_micro_batch() noexcept { ++micro_batches_; }
@@ -153,7 +158,8 @@ class gradient_reducer {
   // the next starts from zero; otherwise they accumulate in place.
   void end_accumulated_micro_batch() {
     if (!w_.reduction.virtual_shards()) return;
-    for (auto& bk : buckets_) hold(bk);
+    for (auto& bk : buckets_)
+      if (bk.releases_gradients()) hold(bk, bk.parameters().empty() ? 0 : bk.parameters().front());
     for (auto& bk : buckets_) bk.set_aside_micro_batch();
     for (auto& bk : buckets_) bk.zero_gradients();
   }
@@ -376,25 +382,43 @@ class gradient_reducer {
     while (next_launch_ < buckets_.size() && buckets_[next_launch_].ready()) launch(next_launch_++);
   }
 
-  void hold(bucket_type& bk) {
-    if (!bk.hold_gradients() || !place_) return;
-    for (const auto i : bk.parameters())
-      if (params_[i].type == dtype::f32) place_(i, bk.gradient_memory() + params_[i].slot.offset);
+  // Memory for the bucket's full gradients, for parameter `i`'s backward (or its launch).
+  void hold(bucket_type& bk, std::size_t i) {
+    if (bk.held()) return;
+    if (bk.completed())
+      throw error("trainer", "backward", comm_.rank(),
+                  "parameter '" + params_.name(i) + "' is about to get a gradient after its bucket's reduction "
+                  "completed in this step (update::" + std::string(w_.update.name()) + " keeps only this rank's "
+                  "shard from then on): the unused-parameter policy expected no gradient for a parameter of "
+                  "bucket " + std::to_string(bk.index()) + "; use unused_params::detect_each_step, or keep the "
+                  "parameter out of backward");
+    device_array<Device, float> memory;
+    if (spare_gradients_.empty()) {
+      memory = device_array<Device, float>(device_, pool_floats_);
+    } else {
+      memory = std::move(spare_gradients_.back());
+      spare_gradients_.pop_back();
+    }
+    bk.hold_gradients(std::move(memory));
+    if (place_)
+      for (const auto p : bk.parameters())
+        if (params_[p].type == dtype::f32) place_(p, bk.gradient_memory() + params_[p].slot.offset);
   }
-  // The bucket's reduction completes; its full gradients go when the policy keeps only the shard.
+  // The bucket's reduction completes; its full gradients go back to the pool when the policy keeps
+  // only the shard.
   void complete(bucket_type& bk) {
     bk.complete_reduction();
     if (!bk.releases_gradients() || !bk.held()) return;
     if (place_)
       for (const auto i : bk.parameters())
         if (params_[i].type == dtype::f32) place_(i, nullptr);
-    bk.release_gradients();
+    spare_gradients_.push_back(bk.release_gradients());
   }
 
   void launch(std::size_t b) {
     const auto began = w_.observer.launch_begins();
     auto& bk = buckets_[b];
-    hold(bk);  // a bucket none of whose parameters got a gradient in this backward
+    if (bk.releases_gradients()) hold(bk, bk.parameters().empty() ? 0 : bk.parameters().front());  // none got one
     std::vector<float> control;
     if (bk.control_floats() && !capturing_) {  // captured: every replay is one micro-batch on every rank, nothing read
       control.assign(bk.control_floats(), 0.0f);
@@ -505,6 +529,8 @@ class gradient_reducer {
   bool capturing_ = false;
   unused_view view_{*this};
   std::function<void(std::size_t, float*)> place_;  // the module's place_gradient
+  std::size_t pool_floats_ = 0;                      // the largest releasing bucket's held_floats()
+  std::vector<device_array<Device, float>> spare_gradients_;  // held by no bucket now
 };
 
 }  // namespace ddp::detail

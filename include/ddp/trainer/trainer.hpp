@@ -115,7 +115,9 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "ddp: optim::external leaves the update to your optimizer, which needs every parameter's averaged "
                 "gradient; under update::sharded a rank holds only its shard: use update::replicated");
   static constexpr bool module_places_gradients() {
-    if constexpr (valid) return update::gradient_buckets_in_flight<get<update::slot>>() == 0 || places_gradients<Module>;
+    if constexpr (valid)
+      return update::gradient_buckets_in_flight<get<update::slot>>() == 0 ||
+             (places_gradients<Module> && binds_gradient_storage<Module>);
     else return true;
   }
   static_assert(module_places_gradients(),
@@ -123,7 +125,8 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "keeps only this rank's shard of the gradients, so it places the module's gradients layer by layer "
                 "in backward: the module needs `void set_layer_hooks(ddp::layer_hooks*)` (calling before_backward "
                 "before each layer's backward) and `void place_gradient(std::size_t i, float* storage)` "
-                "(ddp/concepts/module.hpp; ddp::nn::sequential has both); or use update::sharded");
+                "(ddp/concepts/module.hpp), and `void bind_gradient(std::size_t i, float* storage)` to take its "
+                "gradients back when the trainer goes; ddp::nn::sequential has all three. Or use update::sharded");
   static constexpr bool hook_fits_reduction() {
     if constexpr (valid)
       return get<reduction::slot>::virtual_shards == 0 || std::is_same_v<get<comm_hook::slot>, comm_hook::none>;
