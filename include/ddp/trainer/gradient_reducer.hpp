@@ -35,6 +35,7 @@
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/layer_hooks.hpp"
 #include "ddp/policy/bucket_cap.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/trainer/bucket.hpp"
@@ -51,8 +52,9 @@ namespace ddp::detail {
 using saved_bucket = std::array<std::size_t, 4>;
 inline std::vector<saved_bucket> saved_bucket_layout(const checkpoint_file& f) { return number_rows<4>(f.text("buckets")); }
 
+// It is the module's layer hooks too (update::sharded_gradients): before_backward holds memory.
 template <communicator Comm, device Device>
-class gradient_reducer {
+class gradient_reducer final : public layer_hooks {
  public:
   using bucket_type = bucket<Comm, Device>;
 
@@ -148,7 +150,7 @@ class gradient_reducer {
   void set_gradient_placement(std::function<void(std::size_t, float*)> place) { place_ = std::move(place); }
   // The module's layer hook: backward is about to write the gradients of parameters [first,
   // first + count).
-  void hold_gradients(std::size_t first, std::size_t count) {
+  void before_backward(std::size_t first, std::size_t count) override {
     for (std::size_t i = first; i < first + count && i < params_.size(); ++i)
       if (params_[i].type == dtype::f32) hold(buckets_[params_[i].slot.bucket], i);
   }

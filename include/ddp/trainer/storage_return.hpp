@@ -3,12 +3,11 @@
 // parameters, its values) in bucket memory: a storage_return points the module there once the
 // reducer has placed every parameter, and hands the storage back to the module before the
 // buckets go, also when construction fails half-way. Under an update policy that keeps only its
-// shard of the gradients, it places the module's gradients nowhere instead, and the module's
-// layer hooks let the reducer place them layer by layer in backward.
+// shard of the gradients, it places the module's gradients nowhere instead, and makes the
+// reducer the module's layer hooks, which places them layer by layer in backward.
 #include <cstddef>
+#include <functional>
 #include <vector>
-
-#include "ddp/core/layer_hooks.hpp"
 
 #include "ddp/concepts/module.hpp"
 #include "ddp/core/dtype.hpp"
@@ -31,22 +30,22 @@ class storage_return {
   // says they now live.
   template <class Reducer>
   storage_return(Module& module, const parameter_table& params, bool values, Reducer& reducer)
-      : module_(&module), hooks_(reducer) {
+      : module_(&module) {
     try {
       if constexpr (places_gradients<Module>)
         if (reducer.releases_gradients()) {
           reducer.set_gradient_placement([m = module_](std::size_t i, float* at) { m->place_gradient(i, at); });
+          stop_placing_ = [&reducer] { reducer.set_gradient_placement({}); };
           for (std::size_t i = 0; i < params.size(); ++i)
             if (params[i].type == dtype::f32) {
               module.place_gradient(i, nullptr);
               gradients_.push_back(i);
             }
-          module.set_layer_hooks(&hooks_);
-          placed_ = true;
+          module.set_layer_hooks(&reducer);
         }
       for (std::size_t i = 0; i < params.size(); ++i) {
         if constexpr (binds_gradient_storage<Module>)
-          if (params[i].type == dtype::f32 && !placed_) {
+          if (params[i].type == dtype::f32 && !stop_placing_) {
             module.bind_gradient(i, params[i].grad);
             gradients_.push_back(i);
           }
@@ -69,9 +68,9 @@ class storage_return {
   void give_back() noexcept {
     try {
       if constexpr (places_gradients<Module>)
-        if (placed_) {
+        if (stop_placing_) {
           module_->set_layer_hooks(nullptr);
-          hooks_.stop();
+          stop_placing_();
         }
       if constexpr (binds_gradient_storage<Module>)
         for (const auto i : gradients_) module_->bind_gradient(i, nullptr);
@@ -81,27 +80,10 @@ class storage_return {
     }
   }
 
-  // The module's layer hooks, forwarded to the reducer.
-  class layer_hooks_to_reducer final : public layer_hooks {
-   public:
-    template <class Reducer>
-    explicit layer_hooks_to_reducer(Reducer& r)
-        : reducer_(&r), hold_([](void* r, std::size_t first, std::size_t count) {
-            static_cast<Reducer*>(r)->hold_gradients(first, count);
-          }),
-          stop_([](void* r) noexcept { static_cast<Reducer*>(r)->set_gradient_placement({}); }) {}
-    void before_backward(std::size_t first, std::size_t count) override { hold_(reducer_, first, count); }
-    void stop() noexcept { stop_(reducer_); }
-
-   private:
-    void* reducer_;
-    void (*hold_)(void*, std::size_t, std::size_t);
-    void (*stop_)(void*) noexcept;
-  };
-
   Module* module_;
-  layer_hooks_to_reducer hooks_;
-  bool placed_ = false;                 // the gradients are placed layer by layer
+  // Set while the reducer places the module's gradients layer by layer (it is the module's layer
+  // hooks): stops the placing, when the module takes its gradients back.
+  std::function<void()> stop_placing_;
   std::vector<std::size_t> gradients_;  // parameters with bound gradients
   std::vector<std::size_t> values_;     // parameters with bound values
 };
