@@ -1,11 +1,12 @@
 // The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md, docs/benchmarking.md and
-// docs/policies.md (PowerSGD), compiled.
+// docs/policies.md (PowerSGD, one_of), compiled.
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <span>
+#include <string>
 
 #include "common.hpp"
 #include "ddp/host/linalg.hpp"
@@ -33,6 +34,23 @@ void powersgd(model& module, ddp::inproc::communicator& comm, ddp::host::device&
 
   ddp::trainer<model, ddp::comm_hook::powersgd<4>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
   trainer.policy<ddp::comm_hook::slot>().start_after = 500;  // plain steps first
+  // [end doc]
+}
+
+struct command_line {
+  std::string buffer_sync = "none", unused_params = "static_graph";
+};
+
+void choose_at_run_time(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev,
+                        const command_line& flags) {
+  // [doc: policies.md]
+  #include <ddp/ddp.hpp>
+
+  using sync = ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none>;
+  using unused = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::static_graph>;
+  ddp::trainer<model, sync, unused> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+  trainer.policy<ddp::buffer_sync::slot>().select(flags.buffer_sync);  // on every rank, before the first step
+  trainer.policy<ddp::unused_params::slot>().select(flags.unused_params);
   // [end doc]
 }
 
@@ -400,6 +418,8 @@ void instantiate() {
     parameter_groups(trainer);
     clipping(trainer, plain[0]);
     mixed_precision(comm, dev, plain[0]);
+    model other = make_model(2);
+    choose_at_run_time(other, comm, dev, {});
     join(trainer, plain);
     timeline(trainer, plain);
     using_the_loader(trainer, 1);

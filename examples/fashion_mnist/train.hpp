@@ -56,7 +56,7 @@ using train_loader = ddp::data::loader<fashion_mnist, decltype(&fashion_mnist::c
 using train_batches = ddp::data::batch_stream<ddp::data::weighted_batch<fashion_mnist::batch>>;
 
 // What the run needs of a trainer beyond its core (ddp::trainer_core, which every combination
-// of policies shares), behind one small interface: each of the 192 combinations then compiles
+// of policies shares), behind one small interface: each of the 30 combinations then compiles
 // a few forwarding functions, and the run itself is compiled once per core.
 class trainer_policies {
  public:
@@ -216,9 +216,18 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   }
 }
 
-// --hook: chosen at run time inside one trainer type, so it does not multiply the combinations.
+// --hook, --buffer-sync and --unused-params: chosen at run time inside one trainer type (a one_of,
+// ddp/policy/one_of.hpp), so they do not multiply the combinations the example compiles.
 using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16,
                                            ddp::comm_hook::powersgd<4>>;
+using buffer_sync_choice =
+    ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none,
+                             ddp::buffer_sync::broadcast_each_forward, ddp::buffer_sync::average_once_per_step>;
+// reduction::invariant refuses a collective per forward and the average: the choice leaves them out.
+using invariant_buffer_sync_choice =
+    ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none>;
+using unused_params_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
+                                                        ddp::unused_params::static_graph>;
 
 inline void select_hook(hook_choice& hook, const config& c) {
   hook.select(c.hook == "powersgd" ? ddp::comm_hook::powersgd<4>::name : std::string_view(c.hook));
@@ -249,17 +258,12 @@ void train_on_rank(typename Trainer::communicator_type& comm, typename Platform:
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
   if constexpr (std::is_same_v<typename Trainer::comm_hook_policy, hook_choice>)
     select_hook(trainer.template policy<ddp::comm_hook::slot>(), c);
+  trainer.template policy<ddp::buffer_sync::slot>().select(c.buffer_sync);
+  trainer.template policy<ddp::unused_params::slot>().select(c.unused_params);
   policies_of<Trainer> policies(trainer);
   run_rank<Platform, typename Trainer::core_type>(trainer, policies, dev, c, train_set, test_set, out);
 }
 
-template <class F>
-void with_buffer_sync(const std::string& name, F f) {
-  if (name == "none") f(ddp::buffer_sync::none{});
-  else if (name == "broadcast_each_forward") f(ddp::buffer_sync::broadcast_each_forward{});
-  else if (name == "average_once_per_step") f(ddp::buffer_sync::average_once_per_step{});
-  else f(ddp::buffer_sync::broadcast_once_per_step{});
-}
 template <class Model, class F>
 void with_update(const std::string& name, F f) {
   if (name == "sharded") {
@@ -275,12 +279,6 @@ void with_update(const std::string& name, F f) {
   }
 }
 template <class F>
-void with_unused(const std::string& name, F f) {
-  if (name == "forbid") f(ddp::unused_params::forbid{});
-  else if (name == "detect_each_step") f(ddp::unused_params::detect_each_step{});
-  else if (name == "static_graph") f(ddp::unused_params::static_graph{});
-}
-template <class F>
 void with_sampler(const std::string& name, F f) {
   using ddp::sampler::tail;
   if (name == "distributed") f(ddp::sampler::distributed<true, tail::pad>{});
@@ -292,14 +290,19 @@ void with_sampler(const std::string& name, F f) {
 // (a hook would round before the sum) and, to keep the example's build short, the default sampler.
 template <class F>
 void with_reduction(const config& c, F f) {
-  if (c.reduction != "invariant") return f(ddp::reduction::plain{}, hook_choice{});
+  if (c.reduction != "invariant") return f(ddp::reduction::plain{}, hook_choice{}, buffer_sync_choice{});
   if (c.hook != "none")
     throw std::invalid_argument("--reduction invariant sums the gradients exactly as they are; --hook " + c.hook +
                                 " would round them first: use --hook none");
   if (c.sampler != "distributed")
     throw std::invalid_argument("--reduction invariant deals each step as 8 virtual shards with the distributed "
                                 "sampler; --sampler " + c.sampler + " is not offered with it");
-  f(ddp::reduction::invariant<8>{}, ddp::comm_hook::none{});
+  if (c.buffer_sync == "broadcast_each_forward" || c.buffer_sync == "average_once_per_step")
+    throw std::invalid_argument("--reduction invariant: --buffer-sync " + c.buffer_sync + " is refused (a broadcast "
+                                "per forward would pair one rank's broadcast with another's reduction; every rank's "
+                                "buffers are already the same, and averaging them can change their last bit): "
+                                "use broadcast_once_per_step or none");
+  f(ddp::reduction::invariant<8>{}, ddp::comm_hook::none{}, invariant_buffer_sync_choice{});
 }
 template <class F>
 void with_optimizer(const std::string& name, F f) {
@@ -308,38 +311,25 @@ void with_optimizer(const std::string& name, F f) {
 }
 
 // One rank's training with the trainer type the flags name. Every trainer type shares one
-// trainer_core per communicator (docs/trainer.md), so each of the 192 combinations costs a thin
+// trainer_core per communicator (docs/trainer.md), so each of the 30 combinations costs a thin
 // layer, not a copy of the step.
 template <class Comm, class Platform>
 void train_with_flags(Comm& comm, typename Platform::device& dev, const config& c, const fashion_mnist& train_set,
                       const fashion_mnist& test_set, report& out) {
-  with_reduction(c, [&](auto reduction, auto hook) {
+  with_reduction(c, [&](auto reduction, auto hook, auto sync) {
     using reduction_t = decltype(reduction);
-    with_buffer_sync(c.buffer_sync, [&](auto sync) {
-      using sync_t = decltype(sync);
-      if constexpr (reduction_t::virtual_shards != 0 && (std::is_same_v<sync_t, ddp::buffer_sync::broadcast_each_forward> ||
-                                                         std::is_same_v<sync_t, ddp::buffer_sync::average_once_per_step>)) {
-        throw std::invalid_argument("--reduction invariant: --buffer-sync " + c.buffer_sync + " is refused (a broadcast "
-                                    "per forward would pair one rank's broadcast with another's reduction; every rank's "
-                                    "buffers are already the same, and averaging them can change their last bit): "
-                                    "use broadcast_once_per_step or none");
-      } else {
-        with_update<typename Platform::model>(c.update, [&](auto update) {
-          with_unused(c.unused_params, [&](auto unused) {
-            with_sampler(reduction_t::virtual_shards != 0 ? std::string("distributed") : c.sampler, [&](auto sampler) {
-              using sampler_t = std::conditional_t<reduction_t::virtual_shards != 0, ddp::sampler::distributed<true, ddp::sampler::tail::pad>,
-                                                   decltype(sampler)>;
-              with_optimizer(c.optimizer, [&](auto optimizer) {
-                using trainer_t =
-                    ddp::trainer<typename Platform::model, reduction_t, decltype(sync), decltype(update),
-                                 decltype(unused), sampler_t, decltype(optimizer), decltype(hook),
-                                 ddp::use_communicator<Comm>, ddp::use_device<typename Platform::device>>;
-                train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
-              });
-            });
-          });
+    with_update<typename Platform::model>(c.update, [&](auto update) {
+      with_sampler(reduction_t::virtual_shards != 0 ? std::string("distributed") : c.sampler, [&](auto sampler) {
+        using sampler_t = std::conditional_t<reduction_t::virtual_shards != 0,
+                                             ddp::sampler::distributed<true, ddp::sampler::tail::pad>, decltype(sampler)>;
+        with_optimizer(c.optimizer, [&](auto optimizer) {
+          using trainer_t =
+              ddp::trainer<typename Platform::model, reduction_t, decltype(sync), decltype(update), unused_params_choice,
+                           sampler_t, decltype(optimizer), decltype(hook), ddp::use_communicator<Comm>,
+                           ddp::use_device<typename Platform::device>>;
+          train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
         });
-      }
+      });
     });
   });
 }

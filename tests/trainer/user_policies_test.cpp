@@ -4,6 +4,7 @@
 
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "support/on_ranks.hpp"
 #include "support/user_policies.hpp"
 #include "trainer/invariance.hpp"
 #include "trainer/test_model.hpp"
@@ -322,4 +323,107 @@ TEST_CASE("a user's reduction policy (four virtual shards) gives the same bits a
   for (int world : {2, 3, 4})
     for (const auto& rank : invariance::train<user::four_shards, ddp::update::replicated>(world, opt))
       CHECK(invariance::bitwise_equal(rank, one));
+}
+
+namespace {
+using sync_choice = ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none,
+                                             ddp::buffer_sync::average_once_per_step>;
+using unused_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
+                                                 ddp::unused_params::static_graph>;
+
+auto choose(std::string sync, std::string unused) {
+  return [=](auto& t) {
+    t.template policy<ddp::buffer_sync::slot>().select(sync);
+    t.template policy<ddp::unused_params::slot>().select(unused);
+  };
+}
+
+// A buffer sync that counts its calls, to see when a one_of prepares it.
+struct prepare_probe {
+  using slot = ddp::buffer_sync::slot;
+  static constexpr std::string_view name = "prepare_probe";
+  int prepared = 0;
+  int prepared_before_first_forward = -1;
+  void prepare(ddp::buffer_sync::context&) { ++prepared; }
+  void before_forward(ddp::buffer_sync::context&) {
+    if (prepared_before_first_forward < 0) prepared_before_first_forward = prepared;
+  }
+  void synchronize(ddp::buffer_sync::context&) {}
+};
+}  // namespace
+
+TEST_CASE("one_of: policies chosen while the program runs train as the policies themselves, bit for bit") {
+  check_same(train<sync_choice, unused_choice>(3, 3, choose("none", "static_graph")),
+             train<ddp::buffer_sync::none, ddp::unused_params::static_graph>(3, 3));
+  check_same(train<sync_choice, unused_choice>(3, 3, choose("average_once_per_step", "detect_each_step")),
+             train<ddp::buffer_sync::average_once_per_step, ddp::unused_params::detect_each_step>(3, 3));
+  // The trainer, and so its checkpoints, name the policies chosen, as the policies themselves do.
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(11);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, sync_choice, unused_choice> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
+    choose("none", "static_graph")(trainer);
+    auto same_model = test::make_mlp(11);
+    ddp::trainer<test::mlp, ddp::buffer_sync::none, ddp::unused_params::static_graph> fixed(same_model, comm, dev,
+                                                                                          ddp::optim::sgd{.lr = 0.05f});
+    CHECK(trainer.describe() == fixed.describe());
+    CHECK(test::contains(trainer.describe(), "buffer_sync=none, unused_params=static_graph"));
+  });
+}
+
+TEST_CASE("one_of: the chosen unused-parameter policy decides, over buckets planned for any choice") {
+  // forbid: a parameter one rank skipped is an error naming it, on every rank.
+  const auto o = test::on_ranks(2, [](ddp::inproc::communicator& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy, unused_choice> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
+    trainer.policy<ddp::unused_params::slot>().select("forbid");
+    model.use_aux = comm.rank() == 0;
+    const auto b = test::make_batch(6, 20 + static_cast<std::uint64_t>(comm.rank()));
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  });
+  REQUIRE(o.all_threw());
+  for (const auto& e : o.errors) CHECK(test::contains(e, "'aux.weight' (no gradient on rank(s) 1)"));
+  // static_graph after forbid's first steps: it learns the set in its own first step and then
+  // leaves the parameter no rank uses untouched.
+  ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy, unused_choice> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
+    auto step = [&](int s) {
+      const auto b = test::make_batch(6, 400 + static_cast<std::uint64_t>(s * 2 + comm.rank()));
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    };
+    step(0);  // forbid, every parameter used
+    trainer.policy<ddp::unused_params::slot>().select("static_graph");
+    model.use_aux = false;
+    const auto before = test::parameter_values(model);
+    for (int s = 1; s < 4; ++s) step(s);
+    const auto after = test::parameter_values(model);
+    CHECK(after[0] != before[0]);
+    CHECK(after[2] == before[2]);
+    CHECK(trainer.skipped_parameters() == std::vector<std::string>{"aux.weight", "aux.bias"});
+  });
+}
+
+TEST_CASE("one_of: an unknown name lists the choices, and a policy chosen is prepared before its first use") {
+  ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(11);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::buffer_sync::one_of<ddp::buffer_sync::none, prepare_probe>> trainer(
+        model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
+    auto& sync = trainer.policy<ddp::buffer_sync::slot>();
+    CHECK_THROWS_WITH_AS(sync.select("broadcast"),
+                         "ddp: buffer_sync::one_of has no policy named 'broadcast'; choose one of none, prepare_probe",
+                         std::invalid_argument);
+    CHECK(sync.selected() == "none");  // a failed select keeps the choice
+    sync.select("prepare_probe");
+    const auto b = test::make_batch(8, 3 + static_cast<std::uint64_t>(comm.rank()));
+    for (int s = 0; s < 2; ++s)
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    const auto* probe = std::get_if<prepare_probe>(&sync.chosen);
+    REQUIRE(probe != nullptr);
+    CHECK(probe->prepared == 1);
+    CHECK(probe->prepared_before_first_forward == 1);
+  });
 }

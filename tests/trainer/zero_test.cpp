@@ -243,7 +243,7 @@ TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, a
       m.held = trainer.memory();
       m.device_in_use = dev.memory_in_use();
       m.buckets = trainer.bucket_sizes();
-      for (const ddp::parameter_ref p : model.parameters()) m.parameter_floats += p.value.numel();
+      for (const ddp::parameter_ref& p : model.parameters()) m.parameter_floats += p.value.numel();
       dev.reset_memory_high_water();
       const auto b = test::make_batch(per_rank_batch, 80 + static_cast<std::uint64_t>(comm.rank()));
       for (int s = 0; s < 3; ++s)

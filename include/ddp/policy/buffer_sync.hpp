@@ -9,6 +9,7 @@
 //                             forward. Any number of forwards per step is safe. The default.
 //   average_once_per_step     before the first forward, floating buffers are averaged over the
 //                             ranks and integer buffers broadcast from rank 0.
+//   one_of<P...>              one of the policies P, chosen while the program runs (select(name)).
 //
 // A policy of this slot is a type with
 //   using slot = ddp::buffer_sync::slot;  static constexpr std::string_view name;
@@ -33,7 +34,9 @@
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
+#include "ddp/policy/one_of.hpp"
 #include "ddp/policy/slots.hpp"
 
 namespace ddp::policy::buffer_sync {
@@ -100,6 +103,45 @@ struct average_once_per_step {
   }
   void synchronize(context& c) { c.average_buffers(); }
 };
+
+// One of several policies, chosen while the program runs (ddp/policy/one_of.hpp), in one trainer
+// type: `trainer.policy<ddp::buffer_sync::slot>().select("none")` before the first step. The
+// chosen policy's prepare runs before its first use, so a choice it refuses fails there.
+template <policy... Ps>
+struct one_of : ddp::policy::run_time_choice<buffer_sync::slot, Ps...> {
+  using slot = buffer_sync::slot;
+  static constexpr std::string_view name = "one_of";
+  void select(std::string_view policy_name) {
+    ddp::policy::run_time_choice<buffer_sync::slot, Ps...>::select(policy_name);
+    prepared_ = false;
+  }
+  void prepare(context& c) {
+    this->visit([&](auto& p) {
+      if constexpr (requires { p.prepare(c); }) p.prepare(c);
+    });
+    prepared_ = true;
+  }
+  void before_forward(context& c) {
+    if (!prepared_) prepare(c);
+    this->visit([&](auto& p) { p.before_forward(c); });
+  }
+  void synchronize(context& c) {
+    if (!prepared_) prepare(c);
+    this->visit([&](auto& p) { p.synchronize(c); });
+  }
+
+ private:
+  bool prepared_ = false;
+};
+
+// The policies reduction::invariant refuses: a collective per forward (ranks run as many forwards
+// as they hold shards) or an average (which can change the last bit of equal buffers). A one_of is
+// refused when it could choose one.
+template <class P>
+inline constexpr bool refused_under_invariant =
+    std::is_same_v<P, broadcast_each_forward> || std::is_same_v<P, average_once_per_step>;
+template <class... Ps>
+inline constexpr bool refused_under_invariant<one_of<Ps...>> = (refused_under_invariant<Ps> || ...);
 
 struct slot {
   static constexpr std::string_view name = "buffer_sync";

@@ -29,14 +29,13 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
-#include <stdexcept>
 #include <string>
 #include <string_view>
-#include <variant>
 
 #include "ddp/core/buffer.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/reduce_op.hpp"
+#include "ddp/policy/one_of.hpp"
 #include "ddp/policy/slots.hpp"
 
 namespace ddp::policy::comm_hook {
@@ -152,38 +151,19 @@ using fp16 = compress<dtype::f16>;
 using bf16 = compress<dtype::bf16>;
 
 // One of several hooks, chosen while the program runs (a command-line flag), in one trainer type:
-// `trainer.policy<ddp::comm_hook::slot>().select("bf16")` between steps. The first is the
-// initial choice. Checkpoints record the choice (describe()), so a run resumes with the hook it
-// was saved with.
+// `trainer.policy<ddp::comm_hook::slot>().select("bf16")` between steps (ddp/policy/one_of.hpp).
 template <policy... Hooks>
-struct one_of {
-  static_assert(sizeof...(Hooks) > 0, "ddp: comm_hook::one_of needs at least one hook");
+struct one_of : ddp::policy::run_time_choice<comm_hook::slot, Hooks...> {
   using slot = comm_hook::slot;
   static constexpr std::string_view name = "one_of";
-  std::variant<Hooks...> chosen;
-
-  void select(std::string_view hook) {
-    const bool found = ((Hooks::name == hook ? (chosen.template emplace<Hooks>(), true) : false) || ...);
-    if (!found) {
-      std::string names;
-      ((names += (names.empty() ? "" : ", ") + std::string(Hooks::name)), ...);
-      throw std::invalid_argument("ddp: comm_hook::one_of has no hook named '" + std::string(hook) + "'; choose one of " +
-                                  names);
-    }
-  }
-  std::string_view selected() const {
-    return std::visit([](const auto& h) { return std::remove_cvref_t<decltype(h)>::name; }, chosen);
-  }
-  // The selected hook's name, which describes the trainer and its checkpoints.
-  std::string describe() const { return std::string(selected()); }
   // Templates, so that a hook that takes bucket_io_on<Device> gets it.
   template <class IO>
   void reduce(IO& b) {
-    std::visit([&](auto& h) { h.reduce(b); }, chosen);
+    this->visit([&](auto& h) { h.reduce(b); });
   }
   template <class IO>
   void finish(IO& b) {
-    std::visit([&](auto& h) { h.finish(b); }, chosen);
+    this->visit([&](auto& h) { h.finish(b); });
   }
 };
 

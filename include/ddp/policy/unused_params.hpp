@@ -13,6 +13,7 @@
 //   unchecked          every parameter counts as used, nothing is checked: for a module that
 //                      cannot report ready gradients. A parameter no rank used is updated with a
 //                      zero gradient (weight decay and momentum still move it); no rank hangs.
+//   one_of<P...>       one of the policies P, chosen while the program runs (select(name)).
 // Every policy but unchecked needs a module that reports ready gradients: without reports an
 // unused parameter cannot be told apart, so forbid would pass it silently.
 //
@@ -56,6 +57,7 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/policy/one_of.hpp"
 #include "ddp/policy/slots.hpp"
 
 namespace ddp::policy::unused_params {
@@ -220,6 +222,45 @@ struct unchecked {
   std::size_t control_floats(std::size_t) const { return 0; }
   void write_control(const step_view&, std::span<float>) {}
   void after_reduction(step_view&, std::span<const float>, std::span<char>) {}  // every parameter is updated
+};
+
+// One of several policies, chosen while the program runs (ddp/policy/one_of.hpp), in one trainer
+// type: `trainer.policy<ddp::unused_params::slot>().select("detect_each_step")` before the first
+// step. The buckets are planned once, so the control floats have room for any choice; the
+// chosen policy uses a prefix.
+template <policy... Ps>
+struct one_of : ddp::policy::run_time_choice<unused_params::slot, Ps...> {
+  using slot = unused_params::slot;
+  static constexpr std::string_view name = "one_of";
+  // The module reports ready gradients when any choice needs it.
+  static constexpr bool needs_ready_reports = (Ps::needs_ready_reports || ...);
+
+  std::size_t control_floats(std::size_t parameters) const {
+    std::size_t most = 0;
+    ((most = std::max(most, Ps{}.control_floats(parameters))), ...);
+    return most;
+  }
+  void write_control(const step_view& v, std::span<float> control) {
+    this->visit([&](auto& p) {
+      const std::size_t used = p.control_floats(v.parameter_count());
+      std::fill(control.begin() + static_cast<std::ptrdiff_t>(used), control.end(), 0.0f);
+      p.write_control(v, control.first(used));
+    });
+  }
+  void after_reduction(step_view& v, std::span<const float> averaged, std::span<char> update) {
+    this->visit([&](auto& p) { p.after_reduction(v, averaged.first(p.control_floats(v.parameter_count())), update); });
+  }
+  bool expects_gradient(std::size_t i) const {
+    return this->visit([&](const auto& p) {
+      if constexpr (requires { p.expects_gradient(i); }) return static_cast<bool>(p.expects_gradient(i));
+      else return true;
+    });
+  }
+  void on_unexpected_gradient(step_view& v, std::size_t i) {
+    this->visit([&](auto& p) {
+      if constexpr (requires { p.on_unexpected_gradient(v, i); }) p.on_unexpected_gradient(v, i);
+    });
+  }
 };
 
 struct slot {

@@ -25,6 +25,13 @@
 
 namespace ddp::detail {
 
+// A policy's name, or for a run-time choice (a one_of) the name of the policy it chose.
+template <class P>
+std::string_view policy_name(const P& p) noexcept {
+  if constexpr (requires { p.selected(); }) return p.selected();
+  else return P::name;
+}
+
 struct buffer_sync_part {
   virtual std::string_view name() const noexcept = 0;
   virtual void prepare(buffer_sync::context&) = 0;
@@ -38,7 +45,7 @@ struct buffer_sync_part {
 template <buffer_sync::policy P>
 struct buffer_sync_adapter final : buffer_sync_part {
   P policy;
-  std::string_view name() const noexcept override { return P::name; }
+  std::string_view name() const noexcept override { return policy_name(policy); }
   void prepare(buffer_sync::context& c) override {
     if constexpr (requires { policy.prepare(c); }) policy.prepare(c);
   }
@@ -61,7 +68,7 @@ struct unused_params_part {
 template <unused_params::policy P>
 struct unused_params_adapter final : unused_params_part {
   P policy;
-  std::string_view name() const noexcept override { return P::name; }
+  std::string_view name() const noexcept override { return policy_name(policy); }
   std::size_t control_floats(std::size_t n) const override { return policy.control_floats(n); }
   void write_control(const unused_params::step_view& v, std::span<float> c) override { policy.write_control(v, c); }
   void after_reduction(unused_params::step_view& v, std::span<const float> a, std::span<char> u) override {
@@ -93,7 +100,7 @@ struct update_part {
 template <update::policy P>
 struct update_adapter final : update_part {
   P policy;
-  std::string_view name() const noexcept override { return P::name; }
+  std::string_view name() const noexcept override { return policy_name(policy); }
   bool gathers_parameters() const noexcept override { return P::gathers_parameters; }
   std::size_t gradient_buckets_in_flight() const noexcept override { return update::gradient_buckets_in_flight<P>(); }
   update::layout plan(std::size_t numel, int rank, int ranks) const override { return policy.plan(numel, rank, ranks); }
@@ -118,7 +125,7 @@ struct comm_hook_part {
 template <comm_hook::policy P, class Device>
 struct comm_hook_adapter final : comm_hook_part<Device> {
   P policy;
-  std::string_view name() const noexcept override { return P::name; }
+  std::string_view name() const noexcept override { return policy_name(policy); }
   bool capturable() const noexcept override {
     if constexpr (requires { { P::capturable } -> std::convertible_to<bool>; }) return P::capturable;
     else return false;
@@ -139,7 +146,7 @@ struct reduction_part {
 template <reduction::policy P>
 struct reduction_adapter final : reduction_part {
   P policy;
-  std::string_view name() const noexcept override { return P::name; }
+  std::string_view name() const noexcept override { return policy_name(policy); }
   std::size_t virtual_shards() const noexcept override { return P::virtual_shards; }
 };
 

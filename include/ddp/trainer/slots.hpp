@@ -52,14 +52,17 @@ struct slot_descriptor;
 
 // The common case: described by the policy type's name, compared by checkpoints.
 // describe_type<P>() describes the type; describe<P>(holder) what the trainer holds (the same,
-// unless a policy chooses at run time).
+// unless a policy chooses at run time: a one_of, ddp/policy/one_of.hpp).
 struct named_description {
   static constexpr bool described = true;
   static constexpr bool in_checkpoint = true;
   template <class P>
   static std::string describe_type() { return std::string(P::name); }
   template <class P, class H>
-  static std::string describe(const H&) { return describe_type<P>(); }
+  static std::string describe(const H& h) {
+    if constexpr (requires { h.policy.selected(); }) return std::string(h.policy.selected());
+    else return describe_type<P>();
+  }
 };
 
 template <>

@@ -138,9 +138,7 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "comm_hook::none with reduction::invariant");
   static constexpr bool buffer_sync_fits_reduction() {
     if constexpr (valid)
-      return get<reduction::slot>::virtual_shards == 0 ||
-             !(std::is_same_v<get<buffer_sync::slot>, buffer_sync::broadcast_each_forward> ||
-               std::is_same_v<get<buffer_sync::slot>, buffer_sync::average_once_per_step>);
+      return get<reduction::slot>::virtual_shards == 0 || !buffer_sync::refused_under_invariant<get<buffer_sync::slot>>;
     else return true;
   }
   static_assert(buffer_sync_fits_reduction(),
@@ -148,7 +146,8 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "when the world size does not divide V: a collective per forward (buffer_sync::"
                 "broadcast_each_forward) would pair with another rank's reduction; and every rank's buffers are "
                 "already the same after each step, where an average of N equal floats can change their last bit "
-                "(buffer_sync::average_once_per_step). Use broadcast_once_per_step (the default) or none");
+                "(buffer_sync::average_once_per_step), and a buffer_sync::one_of must not offer either. Use "
+                "broadcast_once_per_step (the default) or none");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
   template <class Slot>
