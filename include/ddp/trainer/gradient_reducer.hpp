@@ -13,8 +13,10 @@
 //                    layer hooks) until its reduction completed, and the module's gradients are
 //                    placed there meanwhile; once a bucket launched, the oldest beyond the
 //                    policy's bound complete, at the same point on every rank. The memory comes
-//                    from a pool of arrays of the largest bucket's size, so a step allocates
-//                    nothing once the pool holds as many as were ever held at once
+//                    from a pool of arrays kept across steps, each given to a bucket it fits (the
+//                    smallest that does), made at the bucket's own size when none does: the pool
+//                    settles in the first steps, after which a step allocates nothing, and a
+//                    large layer does not make every array large
 //
 // It is built from the bucket policy's plan and the update policy's layout, both checked here:
 // a plan that leaves a parameter out, puts two in one place or runs past its bucket, and a
@@ -92,8 +94,6 @@ class gradient_reducer final : public layer_hooks {
     agree_or_throw(comm, dev, problem, "construct", "the bucket plan or the update layout cannot be used");
     buckets_.reserve(shapes.size());
     for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[shape.index]);
-    for (const auto& bk : buckets_)
-      if (bk.releases_gradients()) pool_floats_ = std::max(pool_floats_, bk.held_floats());
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i];
       p.slot = plan.slots[i];
@@ -394,17 +394,28 @@ class gradient_reducer final : public layer_hooks {
                   "shard from then on): the unused-parameter policy expected no gradient for a parameter of "
                   "bucket " + std::to_string(bk.index()) + "; use unused_params::detect_each_step, or keep the "
                   "parameter out of backward");
-    device_array<Device, float> memory;
-    if (spare_gradients_.empty()) {
-      memory = device_array<Device, float>(device_, pool_floats_);
-    } else {
-      memory = std::move(spare_gradients_.back());
-      spare_gradients_.pop_back();
-    }
-    bk.hold_gradients(std::move(memory));
+    bk.hold_gradients(spare_gradients_for(bk.held_floats()));
     if (place_)
       for (const auto p : bk.parameters())
         if (params_[p].type == dtype::f32) place_(p, bk.gradient_memory() + params_[p].slot.offset);
+  }
+  // The smallest spare array that holds `floats`; else a new one of that size, which replaces the
+  // largest spare (too small) so that the pool never holds more arrays than were in use at once.
+  // Arrays are only replaced by larger ones and added, so the pool settles in the first steps.
+  device_array<Device, float> spare_gradients_for(std::size_t floats) {
+    if (spare_gradients_.empty()) return device_array<Device, float>(device_, floats);
+    auto best = spare_gradients_.end(), largest = spare_gradients_.begin();
+    for (auto it = spare_gradients_.begin(); it != spare_gradients_.end(); ++it) {
+      if (it->size() >= floats && (best == spare_gradients_.end() || it->size() < best->size())) best = it;
+      if (it->size() > largest->size()) largest = it;
+    }
+    if (best == spare_gradients_.end()) {
+      spare_gradients_.erase(largest);  // freed before the new one is made: the high-water mark is the pool's
+      return device_array<Device, float>(device_, floats);
+    }
+    auto memory = std::move(*best);
+    spare_gradients_.erase(best);
+    return memory;
   }
   // The bucket's reduction completes; its full gradients go back to the pool when the policy keeps
   // only the shard.
@@ -531,7 +542,6 @@ class gradient_reducer final : public layer_hooks {
   bool capturing_ = false;
   unused_view view_{*this};
   std::function<void(std::size_t, float*)> place_;  // the module's place_gradient
-  std::size_t pool_floats_ = 0;                      // the largest releasing bucket's held_floats()
   std::vector<device_array<Device, float>> spare_gradients_;  // held by no bucket now
 };
 
