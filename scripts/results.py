@@ -336,11 +336,14 @@ def render_plain(doc):
 
 
 def render_lose(doc):
+    rejoin = bool(doc["rows"]) and "rejoin_ms" in doc["rows"][0]  # figures measured before --rejoin have none
     rows = []
     for r in doc["rows"]:
         rows.append([r["ranks"], r["then"], f"{r['update']}, {r['optimizer']}", r["lost"], r["handover_ms"],
-                     r["recovery_ms"], short_hash(r["hash"]), r["same"]])
-    header = ["ranks", "then", "set-up", "lost", "handover (ms)", "recovery (ms)", "hash", "same"]
+                     r["recovery_ms"]] + ([r["back"], r["rejoin_ms"]] if rejoin else []) +
+                    [short_hash(r["hash"]), r["same"]])
+    header = (["ranks", "then", "set-up", "lost", "handover (ms)", "recovery (ms)"] +
+              (["back", "rejoin (ms)"] if rejoin else []) + ["hash", "same"])
     return "\n".join([provenance(doc), "", table(header, rows), ""] + [f"- {n}" for n in doc["notes"]])
 
 

@@ -79,7 +79,7 @@ if [ $quick = 1 ]; then
   step=(--params 20K --steps 2 --repeats 1)
   scaling=(--rounds 1 --steps 2)
   invariance=(--steps 5 --hidden 64)
-  invariance_ranks=1,2 mpi_worlds="1 2" lose_at=1@2
+  invariance_ranks=1,2 mpi_worlds="1 2" lose_at=1@2 rejoin_after=2
   epochs=(--epochs 1) one_epoch=(--epochs 1)
   # A slice of the real data set (1,280 training and 256 test images), so that an epoch is 10 steps.
   "$py" - "$scratch/fm" <<'EOF'
@@ -103,7 +103,7 @@ else
   step=(--params 1.3M --steps 30 --repeats 5)
   scaling=(--rounds 15 --steps 80)
   invariance=(--steps 50)
-  invariance_ranks=1,2,3,4,6,8 mpi_worlds="1 2 3 4" lose_at=1@20
+  invariance_ranks=1,2,3,4,6,8 mpi_worlds="1 2 3 4" lose_at=1@20 rejoin_after=10
   epochs=() one_epoch=(--epochs 1)
   data=()
   kernels=(--benchmark_filter='memcpy|scale|pack|sgd|adamw|narrow|widen' --benchmark_min_time=0.2)
@@ -142,7 +142,7 @@ fi
 measure invariance_plain bench --exit 1 -- "$bench" invariance "${invariance[@]}" --ranks 1,2,3 --update replicated \
   --optimizer sgd --reduction plain "${data[@]}" --out "$figs/invariance_plain.json"
 measure lose bench -- "$bench" invariance "${invariance[@]}" --ranks $invariance_ranks --update replicated \
-  --lose $lose_at "${data[@]}" --out "$figs/lose.json"
+  --lose $lose_at --rejoin $rejoin_after "${data[@]}" --out "$figs/lose.json"
 
 echo "== the Fashion-MNIST example"
 measure example_1rank example -- "$example" --ranks 1 "${epochs[@]}" "${data[@]}" --no-progress

@@ -73,6 +73,7 @@ struct invariance_params {
   std::size_t hidden = 512;
   std::string expect;  // a hash every run must give (--backend mpi: compare with an in-process one)
   std::string lose;    // "R@S": rank R throws in step S, the others go on (in-process, launch_elastic)
+  int rejoin = 0;      // with lose: the lost rank joins again that many steps later (0: never)
   std::string data_dir;
   std::string out;
 };

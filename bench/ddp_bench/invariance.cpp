@@ -14,6 +14,9 @@
 // (docs/elastic.md). The hash must still be the uninterrupted runs'; the table adds the new world
 // size, the time from the throw to the new membership's start (handover_ms: the survivors unwind
 // and hand over their state) and to the first step the remaining ranks complete (recovery_ms).
+// --rejoin K: a rank joins them again K steps later (elastic_control::grow); the table adds the
+// world size then and the time from that step boundary to the first step the larger world
+// completes (rejoin_ms).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -83,11 +86,14 @@ auto epoch_steps(Trainer& t, loader_t& loader, std::uint64_t seed, std::uint64_t
 struct lost_rank {
   int rank = -1;
   std::uint64_t step = 0;
+  std::uint64_t rejoin = 0;  // steps after the loss at which a rank joins again (0: never)
   using clock = std::chrono::steady_clock;
-  std::atomic<clock::rep> thrown_at{0}, first_step_after{0};
-  std::chrono::microseconds recovery() const {
-    return std::chrono::duration_cast<std::chrono::microseconds>(clock::duration(first_step_after - thrown_at));
+  std::atomic<clock::rep> thrown_at{0}, first_step_after{0}, boundary_at{0}, first_step_rejoined{0};
+  static std::chrono::microseconds between(clock::rep from, clock::rep to) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(clock::duration(to - from));
   }
+  std::chrono::microseconds recovery() const { return between(thrown_at, first_step_after); }
+  std::chrono::microseconds rejoining() const { return between(boundary_at, first_step_rejoined); }
 };
 
 // Which membership of an elastic run this rank is in (0: the first, or not elastic).
@@ -115,6 +121,9 @@ std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_m
   while (t.steps() < static_cast<std::uint64_t>(p.steps)) {
     for (const auto& step : epoch_steps(t, loader, 0, t.epochs_started())) {
       std::size_t micro = 0;
+      // The boundary where the lost rank joins again: this step ends the membership instead.
+      if (lose && lose->rejoin && membership == 1 && comm.rank() == 0 && t.steps() == lose->step + lose->rejoin)
+        lose->boundary_at = lost_rank::clock::now().time_since_epoch().count();
       t.step(step, [&](auto& r, const auto& b) {
         if (lose && membership == 0 && comm.rank() == lose->rank && t.steps() == lose->step && ++micro == step.size()) {
           lose->thrown_at = lost_rank::clock::now().time_since_epoch().count();
@@ -124,7 +133,8 @@ std::uint64_t train_rank(Comm& comm, const invariance_params& p, const fashion_m
         r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
       });
       if (lose && membership > 0 && first_step && comm.rank() == 0)
-        lose->first_step_after = lost_rank::clock::now().time_since_epoch().count();
+        (membership == 1 ? lose->first_step_after : lose->first_step_rejoined) =
+            lost_rank::clock::now().time_since_epoch().count();
       first_step = false;
       if (t.steps() == static_cast<std::uint64_t>(p.steps)) break;
     }
@@ -171,6 +181,14 @@ void parse_lose(const std::string& text, lost_rank& out) {
   }
 }
 
+std::vector<column> lose_columns(bool rejoin) {
+  std::vector<column> c{{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10}, {"lost", 8},
+                        {"then", 5}, {"handover_ms", 12}, {"recovery_ms", 12}};
+  if (rejoin) c.insert(c.end(), {{"back", 5}, {"rejoin_ms", 10}});
+  c.insert(c.end(), {{"hash", 17}, {"same", 5}});
+  return c;
+}
+
 std::vector<setup> setups(const invariance_params& p) {
   std::vector<setup> all;
   for (const auto& u : p.updates)
@@ -197,6 +215,13 @@ int run_invariance(const invariance_params& p) {
                                     "the optimizer state goes with it (docs/elastic.md)");
     if (lose.step >= static_cast<std::uint64_t>(p.steps))
       throw std::invalid_argument("--lose " + p.lose + ": the run has only " + std::to_string(p.steps) + " steps");
+    lose.rejoin = static_cast<std::uint64_t>(p.rejoin);
+    if (lose.rejoin && lose.step + lose.rejoin >= static_cast<std::uint64_t>(p.steps))
+      throw std::invalid_argument("--rejoin " + std::to_string(p.rejoin) + ": step " +
+                                  std::to_string(lose.step + lose.rejoin) + " is past the run's " +
+                                  std::to_string(p.steps) + " steps");
+  } else if (p.rejoin) {
+    throw std::invalid_argument("--rejoin needs --lose: the rank that joins again is the one lost");
   }
   const auto data = fashion_mnist::load(fashion_mnist::split::train, dir);
   report out("invariance",
@@ -205,10 +230,7 @@ int run_invariance(const invariance_params& p) {
                  std::to_string(shards) + " virtual shards), reduction " + p.reduction,
              p.lose.empty() ? std::vector<column>{{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10},
                                                   {"hash", 17}, {"same", 5}}
-                            : std::vector<column>{{"ranks", 6}, {"backend", 8}, {"update", 11}, {"optimizer", 10},
-                                                  {"lost", 8}, {"then", 5}, {"handover_ms", 12}, {"recovery_ms", 12},
-                                                  {"hash", 17},
-                                                  {"same", 5}});
+                            : lose_columns(p.rejoin != 0));
   std::map<std::string, std::string> first;  // per set-up: the first world size's hash
   bool all_agree = true, lead = true;
   // --lose: the lost rank, the world size that went on and the recovery time of the last run.
@@ -262,26 +284,33 @@ int run_invariance(const invariance_params& p) {
         } else if (world == 1 || lose.rank >= world) {  // nothing to lose: the uninterrupted run
           const auto hashes =
               ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) { return run_any(comm, p, data, s); });
-          lost_cells = {std::string("-"), std::string("-"), std::string("-"), std::string("-")};
+          lost_cells.assign(lose.rejoin ? 6 : 4, std::string("-"));
           record(world, "inproc", s, hashes);
         } else {
           std::vector<std::uint64_t> hashes;
           std::mutex m;
-          lose.thrown_at = 0, lose.first_step_after = 0;
-          const auto elastic = ddp::inproc::launch_elastic(world, [&](ddp::inproc::communicator& comm) {
-            const auto h = run_any(comm, p, data, s, &lose);
-            std::lock_guard lock(m);
-            hashes.resize(static_cast<std::size_t>(comm.size()));
-            hashes[static_cast<std::size_t>(comm.rank())] = h;
-          });
+          lose.thrown_at = 0, lose.first_step_after = 0, lose.boundary_at = 0, lose.first_step_rejoined = 0;
+          ddp::inproc::elastic_control control;
+          if (lose.rejoin) control.grow(1, lose.step + lose.rejoin);
+          const auto elastic = ddp::inproc::launch_elastic(
+              world,
+              [&](ddp::inproc::communicator& comm) {
+                const auto h = run_any(comm, p, data, s, &lose);
+                std::lock_guard lock(m);
+                hashes.resize(static_cast<std::size_t>(comm.size()));
+                hashes[static_cast<std::size_t>(comm.rank())] = h;
+              },
+              {.control = &control});
           auto ms = [](std::chrono::microseconds us) {
             char text[32];
             std::snprintf(text, sizeof text, "%.1f", static_cast<double>(us.count()) / 1000.0);
             return std::string(text);
           };
           lost_cells = {std::to_string(lose.rank) + "@" + std::to_string(lose.step),
-                        static_cast<long long>(elastic.world_size), ms(elastic.changes.at(0).to_restart),
+                        static_cast<long long>(elastic.changes.at(0).new_world), ms(elastic.changes.at(0).to_restart),
                         ms(lose.recovery())};
+          if (lose.rejoin)
+            lost_cells.insert(lost_cells.end(), {static_cast<long long>(elastic.world_size), ms(lose.rejoining())});
           record(world, "inproc", s, hashes);
         }
       }

@@ -154,6 +154,9 @@ int main(int argc, char** argv) {
   invariance->add_option("--expect", iv.expect, "the hash every run must give (e.g. an in-process run's)");
   invariance->add_option("--lose", iv.lose, "RANK@STEP: that rank throws in that step, the others go on "
                                             "(launch_elastic); the hash must not change");
+  invariance->add_option("--rejoin", iv.rejoin, "with --lose: a rank joins again that many steps after the loss "
+                                                "(elastic_control::grow); the hash must not change")
+      ->check(CLI::Range(1, 1000000));
   invariance->add_option("--data-dir", iv.data_dir, "directory with the Fashion-MNIST .gz files (default: Debian's)");
   invariance->add_option("--out", iv.out, "also write the table to this .json or .csv file");
 

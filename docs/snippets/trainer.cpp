@@ -445,6 +445,7 @@ void elastic(const fashion_mnist& train_set, std::uint64_t epochs) {
   #include <ddp/inproc/elastic.hpp>
   #include <ddp/nn/cross_entropy.hpp>
 
+  ddp::inproc::elastic_control control;  // control.grow(n), from any thread: n more ranks join
   const auto report = ddp::inproc::launch_elastic(4, [&](ddp::inproc::communicator& comm) {
     model module = make_model(1);
     ddp::host::device dev;
@@ -455,10 +456,10 @@ void elastic(const fashion_mnist& train_set, std::uint64_t epochs) {
         trainer.step([&](auto& replica) {
           replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
         });
-  }, {.max_restarts = 3});
-  for (const auto& c : report.changes)
-    std::printf("rank %d failed after %llu steps: %s; %d -> %d ranks\n", c.failed_rank,
-                static_cast<unsigned long long>(c.steps), c.cause.c_str(), c.old_world, c.new_world);
+  }, {.max_restarts = 3, .control = &control});
+  for (const auto& c : report.changes)  // a lost rank (failed_rank, its error) or ranks that joined (joined)
+    std::printf("after %llu steps: %s; %d -> %d ranks\n", static_cast<unsigned long long>(c.steps),
+                c.cause.c_str(), c.old_world, c.new_world);
   // [end doc]
 }
 

@@ -4,8 +4,8 @@
 # SGD-momentum and AdamW, gives one hash of parameters and buffers per set-up; under mpirun
 # (when MPIRUN... is given) np 1 to 4 give the in-process hashes; the plain reduction dealt the
 # same way gives different hashes and exits 1 (the check can fail). With a rank lost in step 20
-# (--lose 1@20: launch_elastic, the others go on) every world size still gives the uninterrupted
-# run's hash.
+# (--lose 1@20: launch_elastic, the others go on) and joining again in step 30 (--rejoin 10: the
+# world grows back to its size) every world size still gives the uninterrupted run's hash.
 #   tests/bench/invariance_sweep.sh DDP_BENCH OUT_DIR [MPIRUN...]
 set -uo pipefail
 bench=$1 out=$2
@@ -29,9 +29,9 @@ if [ $# -gt 0 ]; then
   done
 fi
 
-"$bench" invariance --steps 50 --ranks 1,3,8 --update replicated --lose 1@20 --out "$out/lose.json" |
-  tee "$out/lose.txt" || fail "losing rank 1 in step 20 changed the hash (exit $?)"
-lost_hash=$(awk '$2 == "inproc" && $4 == "sgd" && $5 == "1@20" { print $9; exit }' "$out/lose.txt")
+"$bench" invariance --steps 50 --ranks 1,3,8 --update replicated --lose 1@20 --rejoin 10 --out "$out/lose.json" |
+  tee "$out/lose.txt" || fail "losing rank 1 in step 20 and its joining again in step 30 changed the hash (exit $?)"
+lost_hash=$(awk '$2 == "inproc" && $4 == "sgd" && $5 == "1@20" && $9 == $1 { print $11; exit }' "$out/lose.txt")
 [ "$lost_hash" = "$(hash_of replicated sgd)" ] ||
   fail "the run that lost a rank gave $lost_hash, the uninterrupted sweep $(hash_of replicated sgd)"
 

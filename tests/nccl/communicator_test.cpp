@@ -226,3 +226,18 @@ TEST_CASE("ncclInvalidUsage hints two ranks on one GPU only where a communicator
   CHECK(in_call.find("two ranks on one GPU") == std::string::npos);
   CHECK(in_call.find("rejected an argument") != std::string::npos);
 }
+
+TEST_CASE("under on_failure::revoke a failure revokes NCCL (ncclCommRevoke), later collectives throw it, and a shrink "
+          "that leaves nobody out or leaves the caller out is refused (ncclCommShrink itself needs two GPUs)") {
+  ddp::nccl::options opts;
+  opts.failure_action = ddp::nccl::options::on_failure::revoke;
+  on_one_gpu(
+      [](auto&, ddp::nccl::communicator& comm, ddp::cuda::device&) {
+        comm.abort("a peer is gone");
+        CHECK_THROWS_WITH_AS(comm.barrier(), doctest::Contains("a peer is gone"), ddp::peer_error);
+        CHECK_THROWS_WITH(comm.shrink({}), doctest::Contains("no rank is excluded"));
+        CHECK_THROWS_WITH(comm.shrink({0}), doctest::Contains("only the ranks that remain call shrink"));
+        CHECK_THROWS_WITH(comm.shrink({1}), doctest::Contains("distinct ranks of the communicator"));
+      },
+      opts, /*aborts=*/true);
+}

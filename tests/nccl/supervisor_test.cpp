@@ -32,8 +32,10 @@ struct fake_nccl {
   std::atomic<steady::rep> busy_until{steady::time_point::max().time_since_epoch().count()};
   std::atomic<bool> release{false};  // a case gave up on a hung caller: everything finishes now
   std::atomic<bool> error{false};    // the next poll reports an error
-  std::atomic<bool> live{false}, aborted{false};
+  std::atomic<bool> live{false}, aborted{false}, revoked{false};
   std::atomic<int> polls{0};
+  // After a revoke, how long until the communicator is quiescent (its collectives stopped).
+  steady::duration quiesce = 50ms;
 
   void busy_for(steady::duration d) { busy_until = (steady::now() + d).time_since_epoch().count(); }
   void busy_forever() { busy_until = steady::time_point::max().time_since_epoch().count(); }
@@ -52,6 +54,11 @@ struct fake_handle {
   nd::call_result poll(const char*) const { return nccl->answer(); }
   void abort() noexcept {
     if (nccl->live.exchange(false)) nccl->aborted = true;
+  }
+  bool revoke() noexcept {
+    nccl->revoked = true;
+    nccl->busy_for(nccl->quiesce);
+    return true;
   }
   nd::call_result finalize() { return {nd::call_state::done, {}}; }
   void destroy() noexcept { nccl->live = false; }
@@ -297,4 +304,90 @@ TEST_CASE("a collective queued after NCCL settled it is timed from when its stre
     CHECK_FALSE(contains(t.what(), "still connecting"));
   }
   CHECK(nccl.aborted);
+}
+
+TEST_CASE("under on_failure::revoke a failure revokes NCCL instead of aborting it, and the ranks that remain shrink it "
+          "once it is quiescent (a fake NCCL, no GPU)") {
+  fake_nccl nccl;
+  fake_peers peers;
+  ddp::nccl::options opts;
+  opts.timeout = 1h;
+  opts.init_timeout = 5s;
+  opts.failure_action = ddp::nccl::options::on_failure::revoke;
+  supervisor s(1, "cuda:1", opts, peers.channel(), fake_handle{&nccl});
+  start_now(s, nccl);
+  s.start_watching();
+  auto e = std::make_shared<fake_collective>("all_reduce", 9);
+  std::thread later([&] {
+    std::this_thread::sleep_for(30ms);
+    peers.fail(2, "rank 2 failed: its process died");
+  });
+  auto submitted = bounded(nccl, [&] { s.submit(e, [](fake_handle& h) { return h.call(); }, [] { return true; }); });
+  later.join();
+  CHECK_THROWS_AS(submitted.get(), ddp::peer_error);
+  CHECK(nccl.revoked);
+  CHECK_FALSE(nccl.aborted);
+  CHECK(nccl.live);
+  // Revoked, it takes no collective.
+  CHECK_THROWS_WITH_AS(s.submit(e, [](fake_handle& h) { return h.call(); }, [] { return true; }),
+                       doctest::Contains("rank 2 failed: its process died"), ddp::peer_error);
+
+  // The shrink runs once NCCL says the revoked communicator is quiescent, not before.
+  SUBCASE("quiescent in time") {
+    nccl.busy_for(80ms);
+    const auto began = steady::now();
+    std::optional<steady::duration> shrunk_after;
+    fake_nccl child_nccl;
+    child_nccl.busy_for(0s);  // its own start-up finishes at once
+    supervisor child(1, "cuda:1", {}, peers.channel(), fake_handle{&child_nccl});
+    bounded(nccl, [&] {
+      child.start([&](fake_handle& h) {
+        return s.when_quiescent("ncclCommShrink", [&](fake_handle&, bool) {
+          shrunk_after = steady::now() - began;
+          return h.init();
+        });
+      });
+    }).get();
+    REQUIRE(shrunk_after);
+    CHECK(*shrunk_after >= 70ms);
+    CHECK(child_nccl.live);
+  }
+  SUBCASE("NCCL reports its error: the shrink is told, to end the parent's operations first") {
+    nccl.error = true;
+    std::optional<bool> errored;
+    bounded(nccl, [&] {
+      s.when_quiescent("ncclCommShrink", [&](fake_handle&, bool e) {
+        errored = e;
+        return nd::call_result{};
+      });
+    }).get();
+    REQUIRE(errored);
+    CHECK(*errored);
+  }
+  SUBCASE("never quiescent: bounded by init_timeout") {
+    nccl.quiesce = 1h;
+    ddp::nccl::options short_opts = opts;
+    short_opts.init_timeout = 100ms;
+    supervisor impatient(1, "cuda:1", short_opts, peers.channel(), fake_handle{&nccl});
+    // The same fake, revoked and never quiescent: a second supervisor over it, failed the same way.
+    nccl.live = true;
+    impatient.fail({1, "rank 1 failed: test", false});
+    auto waited = bounded(nccl, [&] {
+      impatient.when_quiescent("ncclCommShrink", [](fake_handle&, bool) { return nd::call_result{}; });
+    });
+    CHECK_THROWS_WITH(waited.get(), doctest::Contains("did not become quiescent within 100 ms"));
+  }
+}
+
+TEST_CASE("a communicator that aborts on failure (the default) cannot be shrunk after one, and says why (a fake NCCL, "
+          "no GPU)") {
+  fake_nccl nccl;
+  fake_peers peers;
+  supervisor s(0, "cuda:0", {}, peers.channel(), fake_handle{&nccl});
+  start_now(s, nccl);
+  s.fail({0, "rank 0 failed: test", false});
+  CHECK(nccl.aborted);
+  CHECK_FALSE(nccl.revoked);
+  CHECK_THROWS_WITH(s.when_quiescent("ncclCommShrink", [](fake_handle&, bool) { return nd::call_result{}; }),
+                    doctest::Contains("on_failure::revoke"));
 }

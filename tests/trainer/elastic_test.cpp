@@ -2,12 +2,14 @@
 // micro-batch, the ranks that remain continue from the last completed step without restarting
 // the process, every sample of the epoch is taken exactly once across the memberships, and
 // under reduction::invariant the final parameters are bitwise those of an uninterrupted run.
+// Ranks that join at a step boundary start from a peer's state and keep the same properties.
 // A checkpoint saved in the middle of an epoch continues at another world size the same way.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -71,11 +73,13 @@ constexpr std::size_t rows = 96, epochs = 2;
 // Two epochs of `data` under reduction::invariant<8> (epoch_shards, shard batches of 3: 24 samples
 // a step, 4 steps an epoch), restarted where a fault strikes. The loop is the one any run that
 // resumes from a checkpoint has: it goes on from the trainer's epoch and step.
-// With `checkpoints`, a checkpoint is saved there every 2 steps.
+// With `checkpoints`, a checkpoint is saved there every 2 steps; `before_step(comm, steps)` runs
+// before each step.
+using step_hook = std::function<void(const ddp::inproc::communicator&, std::uint64_t steps)>;
 template <class Update, class Model, class Optimizer>
 void invariant_rank(ddp::inproc::communicator& comm, const indexed_rows& data, Optimizer opt,
                     const std::vector<fault>& faults, taken_samples& taken, run_result& result,
-                    const fs::path& checkpoints = {}) {
+                    const fs::path& checkpoints = {}, const step_hook& before_step = {}) {
   Model model = [] {
     if constexpr (std::is_same_v<Model, invariance::bn_mlp>) return invariance::make_bn_mlp(7);
     else return test::make_mlp(7);
@@ -88,6 +92,7 @@ void invariant_rank(ddp::inproc::communicator& comm, const indexed_rows& data, O
   while (trainer.epochs_started() < epochs) {
     const std::uint64_t epoch = trainer.epochs_started();
     for (const auto& shards : trainer.epoch_shards(loader)) {
+      if (before_step) before_step(comm, trainer.steps());
       std::size_t micro = 0;
       std::vector<std::size_t> mine;
       trainer.step(shards, [&](auto& replica, const auto& b) {
@@ -109,16 +114,22 @@ void invariant_rank(ddp::inproc::communicator& comm, const indexed_rows& data, O
   result.params[static_cast<std::size_t>(comm.rank())] = parameters_of(invariance::underlying(model));
 }
 
+// The uninterrupted run, at one rank: its parameters (each sample taken once per epoch).
 template <class Update, class Model, class Optimizer>
-void check_invariant_elastic(Optimizer opt) {
-  const indexed_rows data(rows);
-  // The uninterrupted run, at one rank.
+std::vector<float> one_rank_run(const indexed_rows& data, Optimizer opt) {
   run_result reference;
   taken_samples reference_taken;
   ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
-    invariant_rank<ddp::update::replicated, Model>(c, data, opt, {}, reference_taken, reference);
+    invariant_rank<Update, Model>(c, data, opt, {}, reference_taken, reference);
   });
   REQUIRE(reference_taken.each_once(rows, epochs));
+  return reference.params[0];
+}
+
+template <class Update, class Model, class Optimizer>
+void check_invariant_elastic(Optimizer opt) {
+  const indexed_rows data(rows);
+  const auto reference = one_rank_run<ddp::update::replicated, Model>(data, opt);
 
   // 4 ranks; rank 2 throws in its second micro-batch of step 5 (the second epoch), then the new
   // rank 0 in its first micro-batch of step 6: the run ends at 2 ranks.
@@ -141,13 +152,13 @@ void check_invariant_elastic(Optimizer opt) {
   CHECK(report.changes[1].new_world == 2);
   CHECK(taken.each_once(rows, epochs));
   REQUIRE(elastic.params.size() == 2);
-  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference.params[0]));
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
 }
 
 // The plain reduction with the distributed sampler: the interrupted epoch is re-cut for the
 // ranks that remain, and every sample is still taken once.
 void plain_rank(ddp::inproc::communicator& comm, const indexed_rows& data, const std::vector<fault>& faults,
-                taken_samples& taken, run_result& result) {
+                taken_samples& taken, run_result& result, const step_hook& before_step = {}) {
   test::mlp model = test::make_mlp(3);
   ddp::host::device dev;
   ddp::trainer<test::mlp, ddp::bucket_cap<512>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f},
@@ -157,6 +168,7 @@ void plain_rank(ddp::inproc::communicator& comm, const indexed_rows& data, const
   while (trainer.epochs_started() < epochs) {
     const std::uint64_t epoch = trainer.epochs_started();
     for (const auto& b : trainer.epoch(loader)) {
+      if (before_step) before_step(comm, trainer.steps());
       for (const auto& f : faults)
         if (f.membership == membership && f.rank == comm.rank() && f.step == trainer.steps())
           throw std::runtime_error("injected fault");
@@ -204,11 +216,7 @@ TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoi
           "shard of the optimizer state went with it), bitwise, without one it cannot go on, nor past max_restarts") {
   const indexed_rows data(rows);
   const ddp::optim::adamw opt{.lr = 0.01f};
-  run_result reference;
-  taken_samples reference_taken;
-  ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
-    invariant_rank<ddp::update::sharded, test::mlp>(c, data, opt, {}, reference_taken, reference);
-  });
+  const auto reference = one_rank_run<ddp::update::sharded, test::mlp>(data, opt);
   // 3 ranks save every 2 steps; rank 1 fails in step 5: the 2 others go back to step 4.
   const auto dir = fs::temp_directory_path() / ("ddp_elastic_sharded_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -223,7 +231,7 @@ TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoi
   CHECK(report.changes[0].resumed_at == 4);
   CHECK(report.changes[0].checkpoint == dir.string());
   REQUIRE(elastic.params.size() == 2);
-  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference.params[0]));
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
 
   try {
     ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
@@ -252,6 +260,73 @@ TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoi
     CHECK(e.origin_rank() == 0);
     CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
   }
+}
+
+template <class Update>
+void check_growing_back(ddp::optim::adamw opt) {
+  const indexed_rows data(rows);
+  const auto reference = one_rank_run<ddp::update::replicated, test::mlp>(data, opt);
+  const auto dir = fs::temp_directory_path() / ("ddp_elastic_grow_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  // 3 ranks; rank 1 fails in step 5 (a sharded update goes back to the checkpoint saved after
+  // step 4: no step is taken twice); 2 ranks join once 5 steps are complete, and 1 more at the
+  // next boundary after rank 0 asks for it before step 7 (from inside the run: any thread may).
+  ddp::inproc::elastic_control control;
+  control.grow(2, 5);
+  run_result elastic;
+  taken_samples taken;
+  const auto report = ddp::inproc::launch_elastic(
+      3,
+      [&](ddp::inproc::communicator& c) {
+        invariant_rank<Update, test::mlp>(c, data, opt, {{1, 4, 0, 0}}, taken, elastic, dir,
+                                          [&](const auto& comm, std::uint64_t steps) {
+                                            if (comm.rank() == 0 && steps == 6 && comm.size() == 4) control.grow(1);
+                                          });
+      },
+      {.control = &control});
+  fs::remove_all(dir);
+  REQUIRE(report.changes.size() == 3);
+  CHECK(report.changes[0].failed_rank == 1);
+  CHECK(report.changes[0].resumed_at == 4);
+  CHECK(report.changes[0].new_world == 2);
+  CHECK(report.changes[1].failed_rank == -1);
+  CHECK(report.changes[1].cause == "2 ranks join");
+  CHECK(report.changes[1].joined == 2);
+  CHECK(report.changes[1].steps == 5);
+  CHECK(report.changes[1].resumed_at == 5);
+  CHECK(report.changes[1].old_world == 2);
+  CHECK(report.changes[1].new_world == 4);
+  CHECK(report.changes[1].survivors == std::vector<int>{0, 1});
+  CHECK(report.changes[2].joined == 1);
+  // the boundary after the furthest step any rank had begun when rank 0 asked
+  CHECK((report.changes[2].steps == 6 || report.changes[2].steps == 7));
+  CHECK(report.world_size == 5);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(elastic.params.size() == 5);
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
+}
+
+TEST_CASE_TEMPLATE("launch_elastic grows back: ranks join at a step boundary from a peer's state, every sample once, "
+                   "the uninterrupted run's bits",
+                   Update, ddp::update::replicated, ddp::update::sharded) {
+  check_growing_back<Update>(ddp::optim::adamw{.lr = 0.01f});
+}
+
+TEST_CASE("launch_elastic grows back under the plain reduction: the rest of the epoch is re-cut for the larger world") {
+  const indexed_rows data(rows);  // 2 ranks x 4: 12 steps an epoch; from step 5, 3 ranks x 4
+  ddp::inproc::elastic_control control;
+  control.grow(1, 5);
+  run_result result;
+  taken_samples taken;
+  const auto report = ddp::inproc::launch_elastic(
+      2, [&](ddp::inproc::communicator& c) { plain_rank(c, data, {}, taken, result); }, {.control = &control});
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].steps == 5);
+  CHECK(report.world_size == 3);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(result.params.size() == 3);
+  CHECK(result.params[0] == result.params[1]);
+  CHECK(result.params[0] == result.params[2]);
 }
 
 TEST_CASE("a checkpoint saved in the middle of an epoch continues at another world size: the rest of the epoch is "

@@ -2,13 +2,19 @@
 // Elastic training's hand-over (docs/elastic.md): when a membership fails, each rank's trainers
 // leave here the state of their last completed step, as checkpoint files held in memory; the
 // launcher keeps the survivors' states, and the trainers of the next, smaller membership start
-// from them. A rank's trainers are told apart by the order they were built in.
+// from them. A rank's trainers are told apart by the order they were built in. Ranks join a
+// running membership the same way: at a step boundary every rank of it ends its membership
+// (elastic::regroup), leaves its state, and the larger one starts from it.
+#include <algorithm>
 #include <any>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +34,27 @@ struct encoded_state {
   std::string origin;
 };
 
+// Thrown by every trainer of a membership at the same step boundary so that ranks can join:
+// the membership ends there as if it had failed, with nothing lost and no rank blamed, and
+// launch_elastic starts the larger one. A function run under launch_elastic lets it pass.
+class regroup : public std::exception {
+ public:
+  regroup(std::uint64_t steps, int joining)
+      : steps_(steps), joining_(joining),
+        what_("ddp[elastic] this membership ends after step " + std::to_string(steps) + " so that " +
+              std::to_string(joining) + (joining == 1 ? " rank joins" : " ranks join") +
+              "; launch_elastic starts the next one from here (a function run under it must let "
+              "ddp::elastic::regroup pass: rethrow it where it catches exceptions)") {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  std::uint64_t steps() const noexcept { return steps_; }
+  int joining() const noexcept { return joining_; }
+
+ private:
+  std::uint64_t steps_;
+  int joining_;
+  std::string what_;
+};
+
 // One trainer's state of its last completed step: a checkpoint file, kept in memory as the
 // trainer wrote it (in-process), or encoded (encoded_state) when the hand-over asks for it.
 struct left_state {
@@ -43,6 +70,7 @@ struct carried_over {
   std::uint64_t completed = 0;                 // steps the survivors had completed
   std::uint64_t resumed_at = 0;                // the step it goes on from
   std::optional<saved_checkpoint> checkpoint;  // when a sharded update fell back to one
+  int joined = 0;                              // ranks that join the survivors
 };
 
 class handoff {
@@ -90,6 +118,39 @@ class handoff {
   // How many times the membership changed.
   int restarts() const noexcept { return restarts_; }
 
+  // ---- ranks joining (any thread) ----------------------------------------------------------
+
+  // `ranks` more ranks join once the run has completed `steps` steps, or at the next step
+  // boundary no rank has passed when that one is behind (std::nullopt: the next one).
+  void grow(int ranks, std::optional<std::uint64_t> steps = std::nullopt) {
+    require_ranks(ranks);
+    std::lock_guard lock(mutex_);
+    const std::uint64_t next = begun_ ? *begun_ + 1 : 0;
+    joins_.push_back({std::max(steps.value_or(next), next), ranks});
+  }
+  // A trainer begins a step with `steps` completed: it throws regroup where the membership ends
+  // for ranks to join (every trainer of every rank at the same step), and otherwise notes how far
+  // the run has gone, so that a request made now ends it at a boundary no rank has passed.
+  void step_begins(std::uint64_t steps) {
+    std::lock_guard lock(mutex_);
+    int joining = 0;
+    for (const auto& j : joins_)
+      if (j.at <= steps) joining += j.ranks;
+    if (joining > 0) {
+      if (!regrouped_at_) regrouped_at_ = std::chrono::steady_clock::now();
+      throw regroup(steps, joining);
+    }
+    begun_ = std::max(begun_.value_or(0), steps);
+  }
+  // When the first trainer reached the boundary where the membership ended for ranks to join.
+  std::optional<std::chrono::steady_clock::time_point> regrouped_at() const {
+    std::lock_guard lock(mutex_);
+    return regrouped_at_;
+  }
+  static void require_ranks(int ranks) {
+    if (ranks < 1) throw std::invalid_argument("ddp: elastic grow: ranks must be at least 1, not " + std::to_string(ranks));
+  }
+
   // ---- a launcher of processes (ddp::run::agent) ------------------------------------------
 
   // Told, on the rank's thread, of each state left, each trainer accounted for, and each
@@ -130,8 +191,9 @@ class handoff {
     return trainer < resume_checkpoint_.size() ? resume_checkpoint_[trainer] : std::nullopt;
   }
 
-  // The survivors' (old ranks, in order) states become the next membership's start: `carried`
-  // says from where, or the reason the run cannot go on without the failed ranks is returned.
+  // The survivors' (old ranks, in order) states become the next membership's start, with the
+  // ranks asked for by the step they hold (who start from their peers' states): `carried` says
+  // from where, or the reason the run cannot go on without the failed ranks is returned.
   std::optional<std::string> carry_over(const std::vector<int>& survivors, carried_over& carried) {
     std::lock_guard lock(mutex_);
     std::size_t trainers = 0;
@@ -171,9 +233,19 @@ class handoff {
     resume_ = std::move(next);
     resume_whole_ = std::move(whole);
     resume_checkpoint_ = std::move(fall_back);
-    left_.assign(survivors.size(), {});
-    next_index_.assign(survivors.size(), 0);
-    accounted_.assign(survivors.size(), 0);
+    // Requests due by the furthest step any trainer held (a membership ends for ranks to join
+    // where one of them reached the boundary).
+    std::uint64_t furthest = 0;
+    for (int r : survivors)
+      for (const auto& t : left_[static_cast<std::size_t>(r)]) furthest = std::max(furthest, t.steps);
+    carried.joined = 0;
+    std::erase_if(joins_, [&](const join_request& j) { return j.at <= furthest && (carried.joined += j.ranks, true); });
+    begun_.reset();  // the next membership may go on from an earlier step (a sharded update's checkpoint)
+    regrouped_at_.reset();
+    const std::size_t next_world = survivors.size() + static_cast<std::size_t>(carried.joined);
+    left_.assign(next_world, {});
+    next_index_.assign(next_world, 0);
+    accounted_.assign(next_world, 0);
     ++restarts_;
     return std::nullopt;
   }
@@ -191,7 +263,15 @@ class handoff {
     return false;
   }
 
+  struct join_request {
+    std::uint64_t at;  // steps completed when they join
+    int ranks;
+  };
+
   mutable std::mutex mutex_;
+  std::vector<join_request> joins_;
+  std::optional<std::uint64_t> begun_;  // the most steps completed that a trainer began a step with
+  std::optional<std::chrono::steady_clock::time_point> regrouped_at_;
   std::vector<std::vector<left_state>> left_;  // [rank][trainer]
   std::vector<std::size_t> next_index_;        // [rank]
   std::vector<std::size_t> accounted_;         // [rank]: trainers that left their state or ended

@@ -6,10 +6,15 @@
 // from the handed-over state, and its next epoch continues the interrupted one with the samples
 // not yet taken. A failure that every rank raised alike (a collective_error: a non-finite
 // gradient, a checkpoint that cannot be loaded) is no lost rank and ends the run, as launch does.
+// Ranks join at a step boundary (elastic_control::grow): every rank ends its membership there,
+// hands over its state, and fn runs on the larger one, the new ranks starting from a peer's state.
 #include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/handoff.hpp"
@@ -17,25 +22,58 @@
 
 namespace ddp::inproc {
 
+// Asks a running launch_elastic for more ranks (a device that came back, a replacement): they
+// join at a step boundary, and each starts from a peer's state. Any thread may call it, fn
+// included; it must outlive the launch_elastic it is given to.
+class elastic_control {
+ public:
+  // `ranks` more ranks join once the run has completed `steps` steps, or at the next step
+  // boundary that no rank has passed if it already has (std::nullopt: the next one).
+  // Asked while no run is going, it applies to the next launch_elastic given this control.
+  void grow(int ranks, std::optional<std::uint64_t> steps = std::nullopt) {
+    elastic::handoff::require_ranks(ranks);
+    std::lock_guard lock(mutex_);
+    if (handoff_) handoff_->grow(ranks, steps);
+    else early_.push_back({ranks, steps});
+  }
+
+  // launch_elastic's: requests go to the run's hand-over while it runs (nullptr: it ended).
+  void attach(elastic::handoff* h) noexcept {
+    std::lock_guard lock(mutex_);
+    handoff_ = h;
+    if (!h) return;
+    for (const auto& [ranks, steps] : early_) h->grow(ranks, steps);  // checked when asked: cannot throw
+    early_.clear();
+  }
+ private:
+  std::mutex mutex_;
+  elastic::handoff* handoff_ = nullptr;
+  std::vector<std::pair<int, std::optional<std::uint64_t>>> early_;  // asked before the run began
+};
+
 struct elastic_options {
   // Membership changes allowed; the failure after the last one ends the run.
   int max_restarts = 3;
   // The run ends rather than go on with fewer ranks than this.
   int min_world = 1;
   options world{};
+  // Where requests for more ranks come from (none: the membership only shrinks).
+  elastic_control* control = nullptr;
 };
 
-// One lost membership: who failed, why, where the run was, and how long the hand-over took.
+// One membership change: who failed and why (or who joined), where the run was, and how long the
+// hand-over took.
 struct membership_change {
-  int failed_rank = -1;          // in the old membership
-  std::string cause;             // its error
+  int failed_rank = -1;          // in the old membership; -1 when ranks only joined
+  std::string cause;             // its error, or why it ended ("2 ranks join")
+  int joined = 0;                // ranks that joined: new_world - survivors
   std::uint64_t steps = 0;       // steps completed when it failed
   std::uint64_t resumed_at = 0;  // the step the new membership goes on from: `steps`, or under a
                                  // sharded update the last checkpoint's (`checkpoint`)
   std::string checkpoint;        // the directory a sharded update fell back to ("" when none)
   int old_world = 0, new_world = 0;
   std::vector<int> survivors;    // their old ranks, in the order of their new ones
-  std::chrono::microseconds to_restart{0};  // from the failure to the new membership's start
+  std::chrono::microseconds to_restart{0};  // from the failure (or the boundary) to the new membership's start
 };
 
 struct elastic_report {
@@ -45,7 +83,8 @@ struct elastic_report {
 
 namespace launch_detail {
 
-// A rank failed on its own (the origin, or any rank whose error is not a peer's failure).
+// A rank failed on its own (the origin, or any rank whose error is not a peer's failure, nor
+// the end of its membership for ranks to join).
 template <class Outcomes>
 bool failed_on_its_own(const Outcomes& out, int rank) {
   const auto& e = out.failures[static_cast<std::size_t>(rank)];
@@ -54,9 +93,26 @@ bool failed_on_its_own(const Outcomes& out, int rank) {
     std::rethrow_exception(e);
   } catch (const peer_error&) {
     return false;
+  } catch (const elastic::regroup&) {
+    return false;
   } catch (...) {
     return true;
   }
+}
+
+// Every rank ended its membership at a step boundary for ranks to join.
+template <class Outcomes>
+bool all_regrouped(const Outcomes& out) {
+  for (const auto& e : out.failures) {
+    if (!e) return false;
+    try {
+      std::rethrow_exception(e);
+    } catch (const elastic::regroup&) {
+    } catch (...) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace launch_detail
@@ -71,41 +127,66 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
                 "ddp: launch_elastic runs a function returning void (a membership may end early; keep results in "
                 "the trainer's state or outside the function)");
   elastic::handoff handoff(world_size);
+  struct detach {
+    elastic_control* c;
+    ~detach() {
+      if (c) c->attach(nullptr);
+    }
+  } detached{opts.control};
+  if (opts.control) opts.control->attach(&handoff);
   elastic_report report;
   int world = world_size;
+  int lost = 0;  // memberships that ended with a failure
   for (;;) {
     auto out = launch_detail::run_ranks(world, fn, opts.world, &handoff);
     if (!out.failed()) {
       report.world_size = world;
       return report;
     }
-    const int origin = out.origin();
+    const auto boundary = std::chrono::steady_clock::now();
+    const auto regrouped_at = handoff.regrouped_at();  // read before carry_over resets it
     std::vector<int> survivors;
-    for (int r = 0; r < world; ++r)
-      if (r != origin && !launch_detail::failed_on_its_own(out, r)) survivors.push_back(r);
-    if (survivors.empty() || static_cast<int>(survivors.size()) < opts.min_world ||
-        handoff.restarts() >= opts.max_restarts || !launch_detail::failed_on_its_own(out, origin))
-      out.throw_launch_error();
-    membership_change change{origin, out.message_of(origin), 0, 0, {}, world, static_cast<int>(survivors.size()),
-                             survivors, {}};
+    membership_change change;
+    change.old_world = world;
+    const bool grows = launch_detail::all_regrouped(out);
+    if (grows) {
+      for (int r = 0; r < world; ++r) survivors.push_back(r);
+    } else {
+      const int origin = out.origin();
+      for (int r = 0; r < world; ++r)
+        if (r != origin && !launch_detail::failed_on_its_own(out, r)) survivors.push_back(r);
+      if (survivors.empty() || static_cast<int>(survivors.size()) < opts.min_world || lost >= opts.max_restarts ||
+          !launch_detail::failed_on_its_own(out, origin))
+        out.throw_launch_error();
+      ++lost;
+      change.failed_rank = origin;
+      change.cause = out.message_of(origin);
+    }
     elastic::carried_over carried;
-    const auto why = handoff.carry_over(survivors, carried);
+    auto why = handoff.carry_over(survivors, carried);
+    if (!why && grows && carried.joined == 0) why = "no request for ranks was due where the membership ended";
     if (why) {
+      if (grows) throw error("inproc", "launch_elastic", 0, "ranks cannot join: " + *why);
       try {
         out.throw_launch_error();
       } catch (const launch_error& e) {
-        std::throw_with_nested(error("inproc", "launch_elastic", origin,
-                                     "the run cannot go on without rank " + std::to_string(origin) + ": " + *why +
-                                         ". The failure: " + e.what()));
+        std::throw_with_nested(error("inproc", "launch_elastic", change.failed_rank,
+                                     "the run cannot go on without rank " + std::to_string(change.failed_rank) + ": " +
+                                         *why + ". The failure: " + e.what()));
       }
     }
+    change.joined = carried.joined;
+    if (change.failed_rank < 0)
+      change.cause = std::to_string(change.joined) + (change.joined == 1 ? " rank joins" : " ranks join");
+    change.new_world = static_cast<int>(survivors.size()) + change.joined;
+    change.survivors = std::move(survivors);
     change.steps = carried.completed;
     change.resumed_at = carried.resumed_at;
     if (carried.checkpoint) change.checkpoint = carried.checkpoint->dir;
     change.to_restart = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - out.world->failed_at().value_or(std::chrono::steady_clock::now()));
+        std::chrono::steady_clock::now() - out.world->failed_at().value_or(regrouped_at.value_or(boundary)));
+    world = change.new_world;
     report.changes.push_back(std::move(change));
-    world = static_cast<int>(survivors.size());
   }
 }
 

@@ -163,6 +163,8 @@ auto run_ranks(int world_size, F& fn, const options& opts, elastic::handoff* han
           out.results[static_cast<std::size_t>(rank)] = fn(comm);
         }
         comm.barrier().wait();  // finish pending collectives; peers' failures surface here
+      } catch (const elastic::regroup&) {
+        throw;  // every rank ends its membership at the same step boundary: nobody waits for it
       } catch (const std::exception& e) {
         w->fail(rank, e.what());
         throw;

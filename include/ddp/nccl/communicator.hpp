@@ -122,6 +122,11 @@ struct nccl_handle {
     if (comm) ncclCommAbort(comm);
     comm = nullptr;
   }
+  bool revoke() noexcept {
+    if (!comm) return false;
+    const ncclResult_t r = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
+    return r == ncclSuccess || r == ncclInProgress;
+  }
   call_result finalize() { return result(ncclCommFinalize(comm), "ncclCommFinalize"); }
   void destroy() noexcept {
     if (comm) ncclCommDestroy(comm);
@@ -133,25 +138,27 @@ struct nccl_handle {
 class core {
  public:
   core(cuda::device& dev, int rank, int size, const ncclUniqueId& id, peer_channel channel, options opts)
-      : device_(&dev), rank_(rank), size_(size), stream_(dev.site(), cuda::stream::greatest_priority(dev.site())),
-        ready_(dev.site()), supervisor_(rank, dev.id().to_string(), opts, std::move(channel)) {
-    if (size < 1 || rank < 0 || rank >= size)
-      throw error("nccl", "communicator", rank, "rank " + std::to_string(rank) + " is outside a world of size " +
-                                                    std::to_string(size));
-    dev.activate();
-    scratch_ = static_cast<float*>(dev.allocate(sizeof(float)));
-    try {
-      supervisor_.start([&](nccl_handle& h) {
-        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-        config.blocking = 0;  // so a set-up that waits for a missing peer can be aborted
-        return h.result(ncclCommInitRankConfig(&h.comm, size_, id, rank_, &config), "ncclCommInitRankConfig");
-      });
-    } catch (...) {
-      dev.deallocate(scratch_, sizeof(float));
-      throw;
-    }
-    supervisor_.start_watching([ordinal = dev.ordinal()] { cudaSetDevice(ordinal); });
-  }
+      : core(dev, rank, size, std::move(channel), opts, [&](nccl_handle& h) {
+          ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+          config.blocking = 0;  // so a set-up that waits for a missing peer can be aborted
+          return h.result(ncclCommInitRankConfig(&h.comm, size, id, rank, &config), "ncclCommInitRankConfig");
+        }) {}
+
+  // The ranks of `parent` but those in `excluded` (old ranks, sorted), renumbered in their old
+  // order: ncclCommShrink, once the parent is quiescent (a revoked one: its collectives stopped).
+  core(core& parent, const std::vector<int>& excluded, peer_channel channel, options opts)
+      : core(parent.device(), shrunk_rank(parent, excluded), parent.size() - static_cast<int>(excluded.size()),
+             std::move(channel), opts, [&](nccl_handle& h) {
+               ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+               config.blocking = 0;
+               std::vector<int> gone = excluded;
+               // A parent in NCCL's error state (a peer died in a collective) ends its operations first.
+               return parent.supervisor_.when_quiescent("ncclCommShrink", [&](nccl_handle& p, bool errored) {
+                 return h.result(ncclCommShrink(p.comm, gone.data(), static_cast<int>(gone.size()), &h.comm, &config,
+                                                errored ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT),
+                                 "ncclCommShrink");
+               });
+             }) {}
   core(const core&) = delete;
   core& operator=(const core&) = delete;
 
@@ -236,8 +243,47 @@ class core {
   }
 
   void throw_if_failed(const char* operation) const { supervisor_.throw_if_failed(operation); }
+  const options& settings() const noexcept { return supervisor_.settings(); }
 
  private:
+  template <class Init>
+  core(cuda::device& dev, int rank, int size, peer_channel channel, options opts, Init init)
+      : device_(&dev), rank_(rank), size_(size), stream_(dev.site(), cuda::stream::greatest_priority(dev.site())),
+        ready_(dev.site()), supervisor_(rank, dev.id().to_string(), opts, std::move(channel)) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw error("nccl", "communicator", rank, "rank " + std::to_string(rank) + " is outside a world of size " +
+                                                    std::to_string(size));
+    dev.activate();
+    scratch_ = static_cast<float*>(dev.allocate(sizeof(float)));
+    try {
+      supervisor_.start(init);
+    } catch (...) {
+      dev.deallocate(scratch_, sizeof(float));
+      throw;
+    }
+    supervisor_.start_watching([ordinal = dev.ordinal()] { cudaSetDevice(ordinal); });
+  }
+
+  // This rank's number among the ranks that remain; the excluded list must name other ranks.
+  static int shrunk_rank(const core& parent, const std::vector<int>& excluded) {
+    if (excluded.empty())
+      throw error("nccl", "shrink", parent.rank(),
+                  "no rank is excluded: NCCL shrinks a communicator by the ranks it leaves out; name the failed ranks");
+    int below = 0;
+    for (std::size_t i = 0; i < excluded.size(); ++i) {
+      const int r = excluded[i];
+      if (r < 0 || r >= parent.size() || (i > 0 && r <= excluded[i - 1]))
+        throw error("nccl", "shrink", parent.rank(),
+                    "the excluded ranks must be distinct ranks of the communicator (0 to " +
+                        std::to_string(parent.size() - 1) + "), in increasing order; " + std::to_string(r) + " is not");
+      if (r == parent.rank())
+        throw error("nccl", "shrink", parent.rank(),
+                    "rank " + std::to_string(r) + " is excluded: only the ranks that remain call shrink");
+      if (r < parent.rank()) ++below;
+    }
+    return parent.rank() - below;
+  }
+
   // After a collective failed while NCCL was queueing it, part of it may have reached NCCL's
   // stream: the compute stream waits for that stream (best effort, errors ignored), so memory
   // the caller frees there afterwards is not reused under it.
@@ -342,6 +388,18 @@ class communicator {
 
   void abort(const std::string& reason) { core_->abort(reason); }
 
+  // The ranks that remain after `excluded` failed (their ranks here, in increasing order) make a
+  // smaller communicator from this one, renumbered in their old order, without a new unique id:
+  // ncclCommShrink. Every remaining rank calls it. After a failure it needs a communicator
+  // created with options.failure_action = on_failure::revoke (an aborted one is gone); it waits
+  // until NCCL has stopped this one's collectives. `channel` is the new one's way to the peers;
+  // its options are this one's unless given.
+  communicator shrink(const std::vector<int>& excluded, peer_channel channel = {},
+                      std::optional<options> opts = std::nullopt) {
+    return communicator(
+        std::make_shared<detail::core>(*core_, excluded, std::move(channel), opts.value_or(core_->settings())));
+  }
+
   // Work queued on the device's compute stream by `queue()` (a CUDA graph's launch, whose
   // collectives the watchdog cannot see one by one) watched as one collective named `name`.
   template <class Queue>
@@ -376,6 +434,8 @@ class communicator {
     check_memory(send.data, send.bytes(), "send buffer", op);
     check_memory(recv.data, recv.bytes(), "recv buffer", op);
   }
+
+  explicit communicator(std::shared_ptr<detail::core> c) : core_(std::move(c)) {}
 
   std::shared_ptr<detail::core> core_;
 };

@@ -40,6 +40,10 @@ struct options {
   std::chrono::milliseconds init_timeout{std::chrono::minutes(10)};
   // How long the destructor waits for queued collectives to finish before it aborts NCCL.
   std::chrono::milliseconds teardown{std::chrono::seconds(30)};
+  // What a failure does to NCCL: abort it (ncclCommAbort), or revoke it (ncclCommRevoke: the
+  // collectives in flight stop, and the communicator stays, so that the ranks that remain can
+  // shrink it into a smaller one: communicator::shrink).
+  enum class on_failure { abort, revoke } failure_action = on_failure::abort;
 };
 
 // How ranks tell each other that one gave up, beside NCCL: `abort` tells every peer (or ends
@@ -76,6 +80,9 @@ inline void pause_between_polls(unsigned i) {
 //   call_result poll(const char* operation)   ncclCommGetAsyncError; `operation` names the call
 //                            for the description (nullptr: the watchdog's look)
 //   void abort() noexcept    ncclCommAbort; afterwards live() is false (harmless when not live)
+//   bool revoke() noexcept   ncclCommRevoke: in-flight calls stop; live() stays true, and poll()
+//                            says in_progress until the communicator is quiescent; false when
+//                            NCCL refused (the supervisor aborts it then)
 //   call_result finalize()   ncclCommFinalize
 //   void destroy() noexcept  ncclCommDestroy; afterwards live() is false
 // Entry (one collective; `name`, `sequence` set before the supervisor sees it):
@@ -154,7 +161,7 @@ class supervisor {
     call_result r;
     {
       std::lock_guard lock(mutex_);
-      if (!handle_.live()) throw_failed(e->name);
+      if (!handle_.live() || revoked_) throw_failed(e->name);
       r = call(handle_);
     }
     bool settling = false;
@@ -201,17 +208,50 @@ class supervisor {
     in_flight_.push_back(std::move(e));
   }
 
+  // Once the communicator is quiescent (a revoked one: when NCCL says its collectives have
+  // stopped, or reports its error; at most options.init_timeout), `use(handle, errored)` under
+  // the lock, `errored` when NCCL reported an error: the ranks that remain shrink it into a new
+  // one. Throws when it was aborted, or does not become quiescent in time.
+  template <class Use>
+  call_result when_quiescent(const char* operation, Use use) {
+    const auto deadline = clock::now() + options_.init_timeout;
+    for (unsigned i = 0;; ++i) {
+      {
+        std::lock_guard lock(mutex_);
+        if (!handle_.live())
+          throw error("nccl", operation, rank_,
+                      "the NCCL communicator on rank " + std::to_string(rank_) + " (" + where_ +
+                          ") was aborted, not revoked: only a communicator created with options.failure_action = "
+                          "on_failure::revoke can be shrunk after a failure");
+        // A revoked communicator reports its own revocation until quiescent; any state will do
+        // for a healthy one.
+        const call_result r = revoked_ ? handle_.poll(operation) : call_result{};
+        if (r.state != call_state::in_progress) return use(handle_, r.state == call_state::failed);
+      }
+      if (clock::now() > deadline)
+        throw error("nccl", operation, rank_,
+                    "the revoked NCCL communicator on rank " + std::to_string(rank_) + " (" + where_ +
+                        ") did not become quiescent within " + std::to_string(options_.init_timeout.count()) +
+                        " ms (ddp::nccl::options::init_timeout)");
+      pause_between_polls(i);
+    }
+  }
+
   bool failed() const noexcept { return latch_.failed(); }
+  const options& settings() const noexcept { return options_; }
   void throw_if_failed(const char* operation) const { latch_.throw_if_failed("nccl", operation, rank_, operation); }
 
-  // Records the first failure and aborts NCCL so kernels waiting for a peer exit; tells the
-  // peers when `tell_peers`. True when this was the first failure.
+  // Records the first failure and aborts (or revokes) NCCL so kernels waiting for a peer exit;
+  // tells the peers when `tell_peers`. True when this was the first failure.
   bool fail(failure f, bool tell_peers = false) {
     bool first = false;
     {
       std::lock_guard lock(mutex_);
       first = latch_.set(std::move(f));
-      if (first) handle_.abort();
+      if (first && options_.failure_action == options::on_failure::revoke && handle_.live() && handle_.revoke())
+        revoked_ = true;
+      else if (first)
+        handle_.abort();
     }
     if (first && tell_peers) channel_.abort(latch_.get()->what);
     return first;
@@ -337,6 +377,7 @@ class supervisor {
 
   mutable std::mutex mutex_;  // every call on the handle, and aborting it
   Handle handle_;
+  bool revoked_ = false;  // under mutex_
   comm::failure_latch latch_;
 
   std::mutex watch_mutex_;  // the in-flight list and its entries' watch state; never held with mutex_

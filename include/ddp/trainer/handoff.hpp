@@ -59,9 +59,12 @@ class trainer_handoff {
   // A trainer whose constructor threw is accounted for too (it leaves nothing).
   ~trainer_handoff() { retire(); }
   // Tells the hand-over of this trainer's first completed step in this membership (a launcher
-  // times recovery by it, and injects faults only once a membership makes progress).
-  void report_first_step(step_observer& observer) {
+  // times recovery by it, and injects faults only once a membership makes progress), and of each
+  // step it begins.
+  void watch_steps(step_observer& observer) {
     if (!handoff_) return;
+    // Where the membership ends for ranks to join, this trainer's next step throws regroup.
+    observer.on_step_begin([h = handoff_](std::uint64_t steps) { h.shared().step_begins(steps); });
     observer.on_next_update([h = handoff_](std::uint64_t steps) {
       try {
         h.shared().first_step(h.rank(), steps);

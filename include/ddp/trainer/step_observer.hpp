@@ -33,6 +33,15 @@ class step_observer {
     f(step + 1);
   }
 
+  // `f(steps)` runs as each step begins (its first micro-batch, or a shadow step), `steps`
+  // completed before it; it may throw, and the step does not begin (elastic training ends a
+  // membership there for ranks to join).
+  void on_step_begin(std::function<void(std::uint64_t steps)> f) { step_begins_ = std::move(f); }
+  void step_begins(std::uint64_t steps) const {
+    if (step_begins_) [[unlikely]]
+      step_begins_(steps);
+  }
+
   // Records every following step's phases into `t` (nullptr stops); `t` must outlive it.
   void record_into(timeline* t) noexcept { timeline_ = t; }
   // One phase of step `step`, from now until the span goes.
@@ -96,6 +105,7 @@ class step_observer {
  private:
   timeline* timeline_ = nullptr;
   mutable std::function<void(std::uint64_t)> next_update_;  // one-shot: updated() is called on a const observer
+  std::function<void(std::uint64_t)> step_begins_;
   std::vector<clock::time_point> launched_;  // per bucket, while a timeline records
   clock::time_point backward_done_{};
   overlap_timing overlap_;

@@ -379,7 +379,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
 
   void resume_handed_over() {
-    handoff_.report_first_step(core().observer());
+    handoff_.watch_steps(core().observer());
     if (const auto c = handoff_.resume_checkpoint()) return load_at(c->dir, c->steps);  // a sharded update
     const auto* handed = handoff_.resume_files();
     if (!handed) return;
@@ -387,14 +387,17 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     std::vector<detail::checkpoint_file> files;
     std::optional<std::string> problem;
     try {
-      if (handed->size() != static_cast<std::size_t>(comm.size()))
+      if (handed->empty() || handed->size() > static_cast<std::size_t>(comm.size()))
         throw error("trainer", "resume", comm.rank(),
                     std::to_string(handed->size()) + " ranks handed over their state, and this membership has " +
                         std::to_string(comm.size()));
-      // A replicated update's files each hold the whole state: this rank's own is enough.
+      // A replicated update's files each hold the whole state: this rank's own is enough, and a
+      // rank that joined takes a peer's. Other files are read whole, as a checkpoint saved at
+      // another world size is.
       const bool whole = handoff_.resume_whole();
+      const auto peer = static_cast<std::size_t>(comm.rank()) % handed->size();
       for (std::size_t r = 0; r < handed->size(); ++r)
-        if (!whole || r == static_cast<std::size_t>(comm.rank())) {
+        if (!whole || r == peer) {
           const auto& any = (*handed)[r];
           if (const auto* encoded = std::any_cast<elastic::encoded_state>(&any))
             files.push_back(detail::checkpoint_file::decode(encoded->bytes, encoded->origin));
@@ -404,7 +407,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    const std::size_t own = files.size() == 1 ? 0 : static_cast<std::size_t>(comm.rank());
+    const auto rank = static_cast<std::size_t>(comm.rank());
+    const std::size_t own = files.size() == 1 || rank >= files.size() ? 0 : rank;
     continue_from(detail::load_files(core(), files, own, position(), sampler_recuts, problem,
                                      "the state the ranks that remain handed over"));
   }

@@ -256,6 +256,7 @@ class trainer_core {
 
   template <class F>
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
+    if (reducer_.micro_batches() == 0) observer_.step_begins(steps_);
     return guard_.run("step", [&]() -> decltype(auto) {
       auto span = observer_.phase(final ? "step" : "accumulate", steps_);
       tape_.begin_micro_batch(final);
@@ -323,6 +324,7 @@ class trainer_core {
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
   // and no update, when no rank was active.
   bool shadow_step() {
+    observer_.step_begins(steps_);
     return guard_.run("join", [&] {
       auto span = observer_.phase("shadow step (join)", steps_);
       reducer_.set_shadowing(true);
