@@ -45,6 +45,7 @@ class elastic_control {
     for (const auto& [ranks, steps] : early_) h->grow(ranks, steps);  // checked when asked: cannot throw
     early_.clear();
   }
+
  private:
   std::mutex mutex_;
   elastic::handoff* handoff_ = nullptr;
@@ -52,7 +53,7 @@ class elastic_control {
 };
 
 struct elastic_options {
-  // Membership changes allowed; the failure after the last one ends the run.
+  // Failures the run survives (ranks joining do not count); the one after the last ends the run.
   int max_restarts = 3;
   // The run ends rather than go on with fewer ranks than this.
   int min_world = 1;
