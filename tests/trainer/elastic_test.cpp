@@ -312,6 +312,44 @@ TEST_CASE_TEMPLATE("launch_elastic grows back: ranks join at a step boundary fro
   check_growing_back<Update>(ddp::optim::adamw{.lr = 0.01f});
 }
 
+TEST_CASE("launch_elastic: ranks due to join when a rank fails join the survivors at once, and count towards "
+          "min_world") {
+  const indexed_rows data(rows);
+  const ddp::optim::adamw opt{.lr = 0.01f};
+  const auto reference = one_rank_run<ddp::update::replicated, test::mlp>(data, opt);
+  // 3 ranks, at least 3. Rank 2 fails between steps 3 and 4 (in its own code, before it begins
+  // the step), as one rank is due to join there: the others end at that boundary, and the
+  // membership that follows has the 2 survivors and the rank that joins.
+  const step_hook fail_before_step_4 = [](const ddp::inproc::communicator& c, std::uint64_t steps) {
+    if (membership_of(c) == 0 && c.rank() == 2 && steps == 3) throw std::runtime_error("injected fault");
+  };
+  auto run = [&](ddp::inproc::elastic_control* control, taken_samples& taken, run_result& result) {
+    return ddp::inproc::launch_elastic(
+        3,
+        [&](ddp::inproc::communicator& c) {
+          invariant_rank<ddp::update::replicated, test::mlp>(c, data, opt, {}, taken, result, {}, fail_before_step_4);
+        },
+        {.min_world = 3, .control = control});
+  };
+  ddp::inproc::elastic_control control;
+  control.grow(1, 3);
+  run_result elastic;
+  taken_samples taken;
+  const auto report = run(&control, taken, elastic);
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].failed_rank == 2);
+  CHECK(report.changes[0].joined == 1);
+  CHECK(report.changes[0].survivors == std::vector<int>{0, 1});
+  CHECK(report.changes[0].new_world == 3);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(elastic.params.size() == 3);
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
+  // Without the request, 2 ranks are fewer than min_world: the run ends with the failure.
+  taken_samples unused;
+  run_result ended;
+  CHECK_THROWS_AS(run(nullptr, unused, ended), ddp::inproc::launch_error);
+}
+
 TEST_CASE("launch_elastic grows back under the plain reduction: the rest of the epoch is re-cut for the larger world") {
   const indexed_rows data(rows);  // 2 ranks x 4: 12 steps an epoch; from step 5, 3 ranks x 4
   ddp::inproc::elastic_control control;

@@ -55,7 +55,7 @@ class elastic_control {
 struct elastic_options {
   // Failures the run survives (ranks joining do not count); the one after the last ends the run.
   int max_restarts = 3;
-  // The run ends rather than go on with fewer ranks than this.
+  // The run ends rather than go on with fewer ranks than this (ranks that join at once count).
   int min_world = 1;
   options world{};
   // Where requests for more ranks come from (none: the membership only shrinks).
@@ -156,8 +156,7 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
       const int origin = out.origin();
       for (int r = 0; r < world; ++r)
         if (r != origin && !launch_detail::failed_on_its_own(out, r)) survivors.push_back(r);
-      if (survivors.empty() || static_cast<int>(survivors.size()) < opts.min_world || lost >= opts.max_restarts ||
-          !launch_detail::failed_on_its_own(out, origin))
+      if (survivors.empty() || lost >= opts.max_restarts || !launch_detail::failed_on_its_own(out, origin))
         out.throw_launch_error();
       ++lost;
       change.failed_rank = origin;
@@ -166,6 +165,8 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
     elastic::carried_over carried;
     auto why = handoff.carry_over(survivors, carried);
     if (!why && grows && carried.joined == 0) why = "no request for ranks was due where the membership ended";
+    // Ranks that join now count towards min_world.
+    if (!why && !grows && static_cast<int>(survivors.size()) + carried.joined < opts.min_world) out.throw_launch_error();
     if (why) {
       if (grows) throw error("inproc", "launch_elastic", 0, "ranks cannot join: " + *why);
       try {
