@@ -58,7 +58,6 @@ class run_time_choice {
   decltype(auto) visit(F&& f) const {
     return std::visit(std::forward<F>(f), chosen);
   }
-  ~run_time_choice() = default;
 };
 
 }  // namespace ddp::policy
