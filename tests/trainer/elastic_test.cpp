@@ -186,6 +186,21 @@ void plain_rank(ddp::inproc::communicator& comm, const indexed_rows& data, const
                                                                  p.begin(), p.end());
 }
 
+// plain_rank's run under launch_elastic from `world` ranks: every sample of each epoch taken
+// once across the memberships, and the ranks of the last one with the same parameters.
+ddp::inproc::elastic_report check_plain_elastic(int world, const std::vector<fault>& faults,
+                                                ddp::inproc::elastic_options opts = {}) {
+  const indexed_rows data(rows);
+  run_result result;
+  taken_samples taken;
+  const auto report = ddp::inproc::launch_elastic(
+      world, [&](ddp::inproc::communicator& c) { plain_rank(c, data, faults, taken, result); }, opts);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(result.params.size() == static_cast<std::size_t>(report.world_size));
+  for (const auto& rank : result.params) CHECK(rank == result.params[0]);
+  return report;
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("launch_elastic under reduction::invariant: two ranks lost mid-step, every sample once, the "
@@ -198,18 +213,11 @@ TEST_CASE_TEMPLATE("launch_elastic under reduction::invariant: two ranks lost mi
 }
 
 TEST_CASE("launch_elastic under the plain reduction: the interrupted epoch is re-cut for the ranks that remain") {
-  const indexed_rows data(rows);  // 3 ranks x 4: 8 steps an epoch; then 2 ranks x 4 for the rest
-  run_result result;
-  taken_samples taken;
-  const auto report = ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
-    plain_rank(c, data, {{1, 11, 0, 0}}, taken, result);
-  });
+  // 3 ranks x 4: 8 steps an epoch; then 2 ranks x 4 for the rest
+  const auto report = check_plain_elastic(3, {{1, 11, 0, 0}});
   REQUIRE(report.changes.size() == 1);
   CHECK(report.changes[0].steps == 11);
   CHECK(report.world_size == 2);
-  CHECK(taken.each_once(rows, epochs));
-  REQUIRE(result.params.size() == 2);
-  CHECK(result.params[0] == result.params[1]);
 }
 
 TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoint every rank saved (the failed rank's "
@@ -351,20 +359,13 @@ TEST_CASE("launch_elastic: ranks due to join when a rank fails join the survivor
 }
 
 TEST_CASE("launch_elastic grows back under the plain reduction: the rest of the epoch is re-cut for the larger world") {
-  const indexed_rows data(rows);  // 2 ranks x 4: 12 steps an epoch; from step 5, 3 ranks x 4
+  // 2 ranks x 4: 12 steps an epoch; from step 5, 3 ranks x 4
   ddp::inproc::elastic_control control;
   control.grow(1, 5);
-  run_result result;
-  taken_samples taken;
-  const auto report = ddp::inproc::launch_elastic(
-      2, [&](ddp::inproc::communicator& c) { plain_rank(c, data, {}, taken, result); }, {.control = &control});
+  const auto report = check_plain_elastic(2, {}, {.control = &control});
   REQUIRE(report.changes.size() == 1);
   CHECK(report.changes[0].steps == 5);
   CHECK(report.world_size == 3);
-  CHECK(taken.each_once(rows, epochs));
-  REQUIRE(result.params.size() == 3);
-  CHECK(result.params[0] == result.params[1]);
-  CHECK(result.params[0] == result.params[2]);
 }
 
 TEST_CASE("a checkpoint saved in the middle of an epoch continues at another world size: the rest of the epoch is "

@@ -84,35 +84,37 @@ struct elastic_report {
 
 namespace launch_detail {
 
+// How a rank's run of fn ended: it returned; it ended its membership for ranks to join
+// (elastic::regroup); a peer's failure reached it (peer_error); or it failed on its own.
+enum class ending { returned, regrouped, peer_failed, failed };
+
+template <class Outcomes>
+ending ending_of(const Outcomes& out, int rank) {
+  const auto& e = out.failures[static_cast<std::size_t>(rank)];
+  if (!e) return ending::returned;
+  try {
+    std::rethrow_exception(e);
+  } catch (const peer_error&) {
+    return ending::peer_failed;
+  } catch (const elastic::regroup&) {
+    return ending::regrouped;
+  } catch (...) {
+    return ending::failed;
+  }
+}
+
 // A rank failed on its own (the origin, or any rank whose error is not a peer's failure, nor
 // the end of its membership for ranks to join).
 template <class Outcomes>
 bool failed_on_its_own(const Outcomes& out, int rank) {
-  const auto& e = out.failures[static_cast<std::size_t>(rank)];
-  if (!e) return false;
-  try {
-    std::rethrow_exception(e);
-  } catch (const peer_error&) {
-    return false;
-  } catch (const elastic::regroup&) {
-    return false;
-  } catch (...) {
-    return true;
-  }
+  return ending_of(out, rank) == ending::failed;
 }
 
 // Every rank ended its membership at a step boundary for ranks to join.
 template <class Outcomes>
 bool all_regrouped(const Outcomes& out) {
-  for (const auto& e : out.failures) {
-    if (!e) return false;
-    try {
-      std::rethrow_exception(e);
-    } catch (const elastic::regroup&) {
-    } catch (...) {
-      return false;
-    }
-  }
+  for (int r = 0; r < static_cast<int>(out.failures.size()); ++r)
+    if (ending_of(out, r) != ending::regrouped) return false;
   return true;
 }
 
