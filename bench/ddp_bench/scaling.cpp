@@ -5,6 +5,9 @@
 //   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch (update::replicated);
 //   N sharded     the same with update::sharded: each rank updates 1/N of the parameters;
 //   N sharded_gradients  update::sharded_gradients: also keeping only 1/N of the gradients;
+//   N overlapped  N ranks whose optimizer updates each bucket as its reduction completes
+//                 (trainer.overlap_optimizer), with the default buckets and with 1 MiB ones
+//                 (several buckets: the updates of the first hide the last one's reduction);
 //   N x 1 rank    N independent single-rank trainings at the same time, no communication:
 //                 what this machine allows N ranks of this model, whatever ddp does;
 //   N ranks bf16  (--hooks bf16,fp16,powersgd) N ranks whose gradients travel in 16 bits, or as
@@ -33,8 +36,8 @@ namespace bench {
 namespace {
 
 using ddp::data::fashion_mnist;
-template <class Optimizer, class Update = ddp::update::replicated, class Hook = ddp::comm_hook::none>
-using trainer_for = ddp::trainer<fmnist::model, Optimizer, Update, Hook>;
+template <class Optimizer, class... More>
+using trainer_for = ddp::trainer<fmnist::model, Optimizer, More...>;
 using batches_t = std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>;
 
 const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
@@ -70,11 +73,12 @@ double samples_per_second(const std::vector<double>& seconds, int steps, std::si
 // Samples/s of one world of `states.size()` ranks.
 template <class Trainer>
 double run_world(std::vector<replica_state>& states, int steps, std::size_t batch,
-                 const typename Trainer::optimizer_type& opt) {
+                 const typename Trainer::optimizer_type& opt, bool overlap = false) {
   const int ranks = static_cast<int>(states.size());
   auto seconds = ddp::inproc::launch(ranks, [&](ddp::inproc::communicator& comm) {
     ddp::host::device dev;
     Trainer t(states[static_cast<std::size_t>(comm.rank())].model, comm, dev, opt);
+    t.overlap_optimizer(overlap);
     auto& hook = t.template policy<ddp::comm_hook::slot>();
     if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
     return timed_steps(t, states[static_cast<std::size_t>(comm.rank())].batches, steps);
@@ -117,7 +121,8 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     return s;
   };
   auto single = make_states(1, 1), parallel = make_states(ranks, ranks), sharded = make_states(ranks, ranks),
-       independent = make_states(ranks, 1), hooked = make_states(ranks, ranks), zero2 = make_states(ranks, ranks);
+       independent = make_states(ranks, 1), hooked = make_states(ranks, ranks), zero2 = make_states(ranks, ranks),
+       overlapped = make_states(ranks, ranks), small_buckets = make_states(ranks, ranks);
 
   struct setup {
     std::string name;
@@ -125,18 +130,24 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   };
   const std::string n = std::to_string(ranks);
   std::vector<setup> setups{{"1 rank", {}}, {n + " ranks", {}}, {n + " sharded", {}}, {n + " x 1 rank", {}},
-                            {n + " sharded_gradients", {}}};
+                            {n + " sharded_gradients", {}}, {n + " ranks overlapped", {}},
+                            {n + " ranks 1 MiB overlapped", {}}};
+  const std::size_t first_hook = setups.size();
   for (const auto& h : hooks) setups.push_back({n + " ranks " + h, {}});
   using replicated = ddp::update::replicated;
+  using one_mib = ddp::bucket_cap<std::size_t{1} << 20>;
   auto run = [&](std::size_t which) {
     if (which == 0) return run_world<trainer_for<Optimizer>>(single, steps, batch, opt);
     if (which == 1) return run_world<trainer_for<Optimizer>>(parallel, steps, batch, opt);
     if (which == 2) return run_world<trainer_for<Optimizer, ddp::update::sharded>>(sharded, steps, batch, opt);
     if (which == 3) return run_independent(independent, steps, batch, opt);
     if (which == 4) return run_world<trainer_for<Optimizer, ddp::update::sharded_gradients>>(zero2, steps, batch, opt);
-    if (hooks[which - 5] == "bf16")
+    if (which == 5) return run_world<trainer_for<Optimizer>>(overlapped, steps, batch, opt, /*overlap=*/true);
+    if (which == 6)
+      return run_world<trainer_for<Optimizer, one_mib>>(small_buckets, steps, batch, opt, /*overlap=*/true);
+    if (hooks[which - first_hook] == "bf16")
       return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
-    if (hooks[which - 5] == "powersgd")
+    if (hooks[which - first_hook] == "powersgd")
       return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::powersgd<4>>>(hooked, steps, batch, opt);
     return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::fp16>>(hooked, steps, batch, opt);
   };

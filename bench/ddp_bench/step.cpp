@@ -133,12 +133,14 @@ double gradient_bytes(model& m, double elements, const Hook& hook) {
 
 // With Shards > 0 a step is the global batch (batch x world) dealt as that many virtual shards,
 // each its own micro-batch (sampler::virtual_shards): what reduction::invariant<Shards> runs.
+// With `overlap` the optimizer updates each bucket as its reduction completes.
 template <class Trainer, std::size_t Shards = Trainer::reduction_policy::virtual_shards>
-figures measure(int world, const widths& w, const step_params& p, bool breakdown) {
+figures measure(int world, const widths& w, const step_params& p, bool breakdown, bool overlap = false) {
   std::vector<figures> per_rank = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
     auto m = make_model(w);
     ddp::host::device dev;
     Trainer t(m, comm, dev, sgd);
+    t.overlap_optimizer(overlap);
     auto& hook = t.template policy<ddp::comm_hook::slot>();
     if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
     const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(comm.rank()));
@@ -254,6 +256,12 @@ configuration config(std::string slot, std::string policy) {
             return measure<ddp::trainer<model, Policies...>>(world, w, p, breakdown);
           }};
 }
+template <class... Policies>
+configuration overlapped(std::string slot, std::string policy) {
+  return {std::move(slot), std::move(policy), [](int world, const widths& w, const step_params& p, bool breakdown) {
+            return measure<ddp::trainer<model, Policies...>>(world, w, p, breakdown, /*overlap=*/true);
+          }};
+}
 // The plain reduction over the same micro-batches as reduction::invariant<Shards>: what the
 // exact sum costs beyond cutting the batch into shards.
 template <std::size_t Shards>
@@ -287,6 +295,11 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
     c.push_back(config<ddp::update::sharded, ddp::bucket_cap<std::size_t{512} << 10>>("update", "sharded, 512 KiB"));
     c.push_back(config<ddp::update::sharded_gradients, ddp::bucket_cap<std::size_t{512} << 10>>(
         "update", "sharded_gradients, 512 KiB"));
+    // The optimizer overlapped with the reductions (trainer.overlap_optimizer), with the default
+    // buckets and with buckets small enough that the last reduces while the first are updated
+    // (against bucket_cap's "1 MiB" row).
+    c.push_back(overlapped<>("update", "replicated, overlapped"));
+    c.push_back(overlapped<ddp::bucket_cap<std::size_t{1} << 20>>("update", "replicated, 1 MiB, overlapped"));
   }
   if (varies("comm_hook")) {
     c.push_back(config<ddp::comm_hook::bf16>("comm_hook", "bf16"));

@@ -177,6 +177,17 @@ void clipping(trainer_t& trainer, const fashion_mnist::batch& b) {
   // [end doc]
 }
 
+void overlapped_update(trainer_t& trainer, const fashion_mnist::batch& b) {
+  // [doc: trainer.md]
+  #include <ddp/ddp.hpp>
+
+  trainer.overlap_optimizer();        // between steps, on every rank alike; false turns it off
+  trainer.step([&](auto& replica) {
+    replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y).grad);
+  });                                 // bucket 0 is updated while the last bucket still reduces
+  // [end doc]
+}
+
 struct gan_batch {
   ddp::nn::matrix z, real;
 };

@@ -23,6 +23,7 @@ struct config {
   std::string sampler = "distributed";
   std::string optimizer = "sgd";
   std::string update = "replicated";
+  bool overlap_optimizer = false;  // each bucket updated as soon as its reduction completes
   std::string hook = "none";   // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
   std::uint64_t hook_start = 1000;  // powersgd: plain steps first (about two epochs at the defaults)
   std::string precision = "f32";  // the model's parameters: f32, or bf16 / f16 with the trainer's f32 master

@@ -89,6 +89,9 @@ int main(int argc, char** argv) {
                  "Update policy: every rank updates every parameter (replicated), or each updates 1/N of them and "
                  "the ranks gather the result (sharded), also keeping only 1/N of the gradients (sharded_gradients)")
       ->check(CLI::IsMember({"replicated", "sharded", "sharded_gradients"}))->capture_default_str();
+  app.add_flag("--overlap-optimizer", c.overlap_optimizer,
+               "update each gradient bucket as soon as its reduction completes, while later buckets still reduce "
+               "(the same bits)");
   app.add_option("--hook", c.hook,
                  "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
                  "bits (bf16, fp16), half the bytes; or as rank-4 factors of each weight matrix with error "

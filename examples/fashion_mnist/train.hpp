@@ -140,6 +140,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   const std::size_t first_step = step;
   ddp::timeline timeline;  // --trace FILE: every step's phases, written after the last epoch
   if (!c.trace.empty()) trainer.record_timeline(&timeline);
+  trainer.overlap_optimizer(c.overlap_optimizer);
   for (int epoch = first_epoch; epoch <= c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     ddp::exact_metric loss, accuracy;  // summed exactly: the same bits at any world size under --reduction invariant
@@ -207,6 +208,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
     out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     out.samples_per_second = static_cast<double>((total_steps - first_step) * global_batch) / out.train_seconds;
     out.policies = policies.describe();
+    if (c.overlap_optimizer) out.policies += "; the optimizer overlapped with the reductions";
     out.memory = trainer.memory();
     // What a step allocates beyond that (sharded_gradients' buckets while they reduce).
     if constexpr (requires { dev.memory_high_water(); })

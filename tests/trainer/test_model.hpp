@@ -230,6 +230,18 @@ class reference_sgd {
   std::vector<std::vector<float>> state_;
 };
 
+// Ten layers of 24 x 24 weights: one bucket each under bucket_cap<2400>, reduced while the
+// layers before them compute.
+using ddp::nn::linear, ddp::nn::relu;
+using deep_mlp = ddp::nn::sequential<linear, relu, linear, relu, linear, relu, linear, relu, linear, relu, linear, relu,
+                                     linear, relu, linear, relu, linear, relu, linear>;
+inline deep_mlp make_deep_mlp() {
+  constexpr std::size_t w = 24;
+  return deep_mlp(linear(in_features, w, 1), relu(), linear(w, w, 2), relu(), linear(w, w, 3), relu(), linear(w, w, 4),
+                  relu(), linear(w, w, 5), relu(), linear(w, w, 6), relu(), linear(w, w, 7), relu(), linear(w, w, 8),
+                  relu(), linear(w, w, 9), relu(), linear(w, classes, 10));
+}
+
 }  // namespace test
 
 namespace test {

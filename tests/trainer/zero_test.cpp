@@ -31,17 +31,8 @@ std::vector<run_result> train(int world, shape how) {
   });
 }
 
-// Ten layers of 24 x 24 weights: one bucket each under bucket_cap<2400>, reduced while the
-// layers before them compute.
 using ddp::nn::linear, ddp::nn::relu;
-using deep_mlp = ddp::nn::sequential<linear, relu, linear, relu, linear, relu, linear, relu, linear, relu, linear, relu,
-                                     linear, relu, linear, relu, linear, relu, linear>;
-deep_mlp make_deep_mlp() {
-  constexpr std::size_t w = 24;
-  return deep_mlp(linear(test::in_features, w, 1), relu(), linear(w, w, 2), relu(), linear(w, w, 3), relu(),
-                  linear(w, w, 4), relu(), linear(w, w, 5), relu(), linear(w, w, 6), relu(), linear(w, w, 7), relu(),
-                  linear(w, w, 8), relu(), linear(w, w, 9), relu(), linear(w, test::classes, 10));
-}
+using test::deep_mlp, test::make_deep_mlp;
 
 // Floats of a bucket of n under a policy that cuts it into equal shards of 16-float multiples.
 std::size_t shard_of(std::size_t n, int world) {

@@ -200,8 +200,8 @@ class handoff {
     for (const auto& l : left_) trainers = std::max(trainers, l.size());
     for (int r : survivors)
       if (left_[static_cast<std::size_t>(r)].size() != trainers || missing_state(r))
-        return "rank " + std::to_string(r) + " failed outside a trainer, or before its trainer held a completed step's "
-               "state: its state of the last completed step is unknown";
+        return "rank " + std::to_string(r) + " failed outside a trainer, before its trainer held a completed step's "
+               "state, or after its failed step's update had begun: its state of the last completed step is unknown";
     std::vector<std::vector<std::any>> next(trainers);
     std::vector<bool> whole(trainers);
     std::vector<std::optional<saved_checkpoint>> fall_back(trainers);

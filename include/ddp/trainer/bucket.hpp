@@ -141,8 +141,10 @@ class bucket final : public update::bucket_ops {
   bool completed() const noexcept { return completed_; }
 
   // Gradients into bucket memory, the control floats after them, then the update policy's
-  // collective.
-  void launch(update_part& update, std::span<const float> control) {
+  // collective; without `carries_control` the control floats stay out of it (the reducer sends
+  // them on their own).
+  void launch(update_part& update, std::span<const float> control, bool carries_control) {
+    carries_control_ = carries_control;
     gather_gradients(grads_.data());
     if (!control.empty())
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
@@ -281,7 +283,7 @@ class bucket final : public update::bucket_ops {
     control_in_reduction_ = false;
     hook_view io(*this);
     hook_->reduce(io);
-    if (shape_.control && !control_in_reduction_) {
+    if (shape_.control && carries_control_ && !control_in_reduction_) {
       float* c = grads_.data() + padded();
       control_work_.emplace(comm_->all_reduce(const_buffer{c, shape_.control, dtype::f32},
                                               mutable_buffer{c, shape_.control, dtype::f32}, reduce_op::avg));
@@ -334,9 +336,9 @@ class bucket final : public update::bucket_ops {
       float* g = b.grads_.data();
       if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
       // The all_reduce carries the control floats too: one collective, as without a hook.
-      const std::size_t n = b.padded() + b.shape_.control;
+      const std::size_t n = b.padded() + (b.carries_control_ ? b.shape_.control : 0);
       b.track(b.comm_->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
-      b.control_in_reduction_ = true;
+      b.control_in_reduction_ = b.carries_control_;
     }
     void reduce_like_gradients(mutable_buffer x, reduce_op op) override {
       if (x.count != b.padded())
@@ -388,6 +390,7 @@ class bucket final : public update::bucket_ops {
   bool completed_ = false;             // this step's reduction completed
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
   bool control_in_reduction_ = false;  // the control floats ride in work_
+  bool carries_control_ = true;        // this step's control floats go with this bucket
 };
 
 }  // namespace ddp::detail

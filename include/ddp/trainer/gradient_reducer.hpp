@@ -6,7 +6,13 @@
 //   launch order     buckets go strictly in index order, so every rank issues the same
 //                    collectives in the same order whatever order its backward finishes in
 //   control channel  the last bucket carries this rank's micro-batch count and the
-//                    unused-parameter policy's floats, averaged with the gradients
+//                    unused-parameter policy's floats, averaged with the gradients; when the
+//                    update overlaps the reductions, they go in a collective of their own, issued
+//                    just before the last bucket's gradients, so that the step's verdict is known
+//                    while that bucket still reduces
+//   completion       every bucket's reduction completes in bucket order: all of them at the end
+//                    of the step's backward, or, when the update overlaps, each one as the update
+//                    stage comes to it (complete_through)
 //   the hook's state kept per bucket, saved in checkpoints with the bucket layout
 //   gradient memory  under an update policy that keeps only its shard of the gradients, a bucket
 //                    holds its full gradients from the backward of its first layer (the module's
@@ -116,6 +122,10 @@ class gradient_reducer final : public layer_hooks {
   // before bucket memory goes, or the module takes its storage back.
   void drain() noexcept {
     for (auto& bk : buckets_) bk.drain();
+    if (control_work_) try {
+        control_work_->wait();
+      } catch (...) {
+      }
   }
 
   std::span<bucket_type> buckets() noexcept { return buckets_; }
@@ -206,15 +216,34 @@ class gradient_reducer final : public layer_hooks {
   void mark_all_used() { std::fill(used_.begin(), used_.end(), 1); }
 
   // Launches the buckets backward has not, then waits for every bucket's reduction.
+  // Launches the buckets backward has not, then waits for every bucket's reduction; when the
+  // update overlaps them, it waits for none (complete_through, bucket by bucket).
   void reduce_all() {
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
     next_launch_ = buckets_.size();
+    if (!overlaps_update_) complete_through(buckets_.size() - 1);
+  }
+  // Waits for the reductions of buckets up to `b` (those not yet complete, in bucket order); after
+  // the last, the step's reductions go to the timeline and the overlap figures.
+  void complete_through(std::size_t b) {
+    if (next_complete_ > b) return;
     {
       auto span = w_.observer.phase("wait for reductions", w_.steps);
-      for (; next_complete_ < buckets_.size(); ++next_complete_) complete(buckets_[next_complete_]);
+      for (; next_complete_ <= b; ++next_complete_) complete(buckets_[next_complete_]);
     }
+    if (next_complete_ < buckets_.size()) return;
     w_.observer.record_reductions(buckets_, w_.steps, w_.update.name(), w_.hook.name());
+    if (!shadowing_ && !capturing_) w_.observer.measure_overlap(buckets_);
   }
+
+  // The update runs bucket by bucket as their reductions complete, while later ones still
+  // reduce (trainer.overlap_optimizer). Between steps, on every rank alike: the control floats
+  // then go in a collective of their own.
+  void overlap_update(bool on) {
+    require_no_micro_batches("overlap_optimizer");
+    overlaps_update_ = on;
+  }
+  bool overlaps_update() const noexcept { return overlaps_update_; }
 
   // For what runs between steps only: join() (their gradients would go in with nothing to count
   // them) and zero_gradients() (it would discard them).
@@ -261,7 +290,13 @@ class gradient_reducer final : public layer_hooks {
   float read_control(std::span<char> update) {
     auto& last = buckets_.back();
     std::vector<float> control(last.control_floats());
-    last.read_control(control);
+    if (control_work_) {  // sent on their own (overlap_update)
+      control_work_->wait();
+      device_.copy_to_host(control.data(), control_.data(), control.size() * sizeof(float));
+      rethrow_failure(*control_work_);
+    } else {
+      last.read_control(control);
+    }
     if (w_.reports && control[0] > 0.0f)
       w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
     const std::size_t shards = w_.reduction.virtual_shards();
@@ -277,7 +312,9 @@ class gradient_reducer final : public layer_hooks {
   }
 
   void end_step() {
+    if (next_complete_ < next_launch_) complete_through(next_launch_ - 1);  // a step no rank was active in
     for (auto& bk : buckets_) bk.clear_works();
+    control_work_.reset();
     next_launch_ = 0;
     next_complete_ = 0;
     micro_batches_ = 0;
@@ -439,11 +476,24 @@ class gradient_reducer final : public layer_hooks {
       // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
       if (w_.reports && !shadowing_) w_.unused_params.write_control(view_, std::span(control).subspan(1));
     }
-    bk.launch(w_.update, control);
+    if (overlaps_update_ && !control.empty()) {
+      send_control(control);
+      bk.launch(w_.update, {}, /*carries_control=*/false);
+    } else {
+      bk.launch(w_.update, control, /*carries_control=*/true);
+    }
     w_.observer.launched(b, buckets_.size(), began, w_.steps);
     // Every rank launches in bucket order, so every rank completes the oldest at the same point.
     if (const std::size_t bound = w_.update.gradient_buckets_in_flight())
       for (; next_complete_ + bound <= b; ++next_complete_) complete(buckets_[next_complete_]);
+  }
+
+  // The control floats averaged in a collective of their own, ahead of the last bucket's.
+  void send_control(std::span<const float> control) {
+    if (control_.size() != control.size()) control_ = device_array<Device, float>(device_, control.size());
+    device_.copy_from_host(control_.data(), control.data(), control.size_bytes());
+    control_work_.emplace(comm_.all_reduce(const_buffer{control_.data(), control.size(), dtype::f32},
+                                           mutable_buffer{control_.data(), control.size(), dtype::f32}, reduce_op::avg));
   }
 
   // ---- the plan and the layout, checked --------------------------------------------------------
@@ -540,9 +590,12 @@ class gradient_reducer final : public layer_hooks {
   bool collecting_ = false;  // inside the step's final backward
   bool shadowing_ = false;
   bool capturing_ = false;
+  bool overlaps_update_ = false;
   unused_view view_{*this};
   std::function<void(std::size_t, float*)> place_;  // the module's place_gradient
   std::vector<device_array<Device, float>> spare_gradients_;  // held by no bucket now
+  device_array<Device, float> control_;  // the control floats, when sent on their own
+  std::optional<typename bucket_type::work_type> control_work_;
 };
 
 }  // namespace ddp::detail

@@ -29,6 +29,7 @@ struct trainer_state {
   std::uint64_t& steps;
 
   void write(checkpoint_file& f) const {
+    update.require_whole(steps);
     f.set_text("steps", std::to_string(steps));
     params.write_state(f, device);
     buffers.write_state(f);

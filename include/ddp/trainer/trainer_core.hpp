@@ -128,6 +128,9 @@ class trainer_core {
     return update_.set_parameter_group(select, group);
   }
   std::size_t parameter_group_count() const noexcept { return update_.group_count(); }
+  // Each bucket updated as soon as its reduction completes, while later ones still reduce
+  // (trainer/update_stage.hpp, docs/trainer.md); the same bits. Between steps, on every rank alike.
+  void overlap_optimizer(bool on = true) { reducer_.overlap_update(on); }
 
   // Zeroes this rank's gradients (not collective): for a module whose backward also runs outside
   // this trainer's steps, as a GAN's discriminator in the generator's step (PyTorch: D.zero_grad()).
@@ -315,7 +318,6 @@ class trainer_core {
       return finish_update(1.0f);
     }
     reducer_.reduce_all();
-    observer_.measure_overlap(reducer_.buckets());
     const float mean_micro_batches = reducer_.read_control(update_.update_mask());
     shard_buffers_.step_ended();
     finish_update(mean_micro_batches);
@@ -341,7 +343,7 @@ class trainer_core {
 
   void finish_update(float mean_micro_batches) {
     auto span = observer_.phase("update", steps_);
-    update_.run(reducer_.buckets(), mean_micro_batches, observer_, steps_);
+    update_.run(reducer_, mean_micro_batches, observer_, steps_);
     masters_.round_into_module();
     end_step();
     ++steps_;

@@ -8,6 +8,12 @@
 //          rank's shard of every bucket -> zero the gradients -> update policy's after_update
 //          (all_gather) -> finish (the parameters where the module reads them)
 //
+// When the update overlaps the reductions (trainer.overlap_optimizer), each bucket goes through
+// those stages as soon as its own reduction completed, while later buckets still reduce. Clipping
+// needs the norm of every bucket first: with it, every reduction completes before the first
+// bucket is updated, as without overlap. A step that fails after its update began leaves a torn
+// state (some buckets at the new step, some at the old), which torn() reports.
+//
 // Every element goes through the same arithmetic whatever the update policy's layout, so a
 // sharded update gives the bits of a replicated one.
 #include <algorithm>
@@ -63,14 +69,24 @@ class update_stage {
     return names;
   }
 
-  void run(std::span<bucket_type> buckets, float mean_micro_batches, const step_observer& observer, std::uint64_t step) {
-    if (mean_micro_batches != 1.0f) {
-      const float inverse = 1.0f / mean_micro_batches;
-      for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
+  void run(gradient_reducer<Comm, Device>& reducer, float mean_micro_batches, const step_observer& observer,
+           std::uint64_t step) {
+    const auto buckets = reducer.buckets();
+    const bool bucket_by_bucket = reducer.overlaps_update() && max_gradient_norm_ == 0.0f;
+    const float inverse = mean_micro_batches != 1.0f ? 1.0f / mean_micro_batches : 1.0f;
+    if (!bucket_by_bucket) {
+      reducer.complete_through(buckets.size() - 1);
+      if (inverse != 1.0f)
+        for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
+      if (max_gradient_norm_ > 0.0f) clip(buckets);
     }
-    if (max_gradient_norm_ > 0.0f) clip(buckets);
+    torn_ = true;  // until every bucket is updated
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
+      if (bucket_by_bucket) {
+        reducer.complete_through(b);
+        if (inverse != 1.0f) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
+      }
       if (optimizer_.applies_update()) {
         apply_optimizer(bk, state_[b]);
         bk.zero_gradients();
@@ -83,7 +99,19 @@ class update_stage {
       auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
       for (auto& bk : buckets) update_.finish(bk);
     }
+    torn_ = false;
     observer.updated(step);
+  }
+  // A step failed after its update began: some buckets (or shards) hold the new step's values,
+  // others the old, so this rank's state is neither step's.
+  bool torn() const noexcept { return torn_; }
+  // Before this rank's state is written (a checkpoint, or the hand-over of elastic training).
+  void require_whole(std::uint64_t steps) const {
+    if (torn_)
+      throw error("trainer", "state", comm_.rank(),
+                  "the step after the " + std::to_string(steps) + " completed ones failed after its update had "
+                  "begun, so part of the parameters and optimizer state hold that step and part the one before: "
+                  "resume from the last checkpoint");
   }
 
   // ---- clipping and parameter groups --------------------------------------------------------
@@ -172,6 +200,7 @@ class update_stage {
   // The optimizer state of each bucket is assembled from the files' shards, which may be cut for
   // another world size (a sharded update: the shards re-cut); the counts come from `own`.
   void read_state(const std::vector<checkpoint_file>& files, std::size_t own, std::span<const bucket_type> buckets) {
+    torn_ = false;
     update_counts_ = files[own].array<std::int64_t>("update_counts", params_.size());
     const auto slots = static_cast<std::size_t>(optimizer_.state_slots());
     std::vector<std::vector<saved_bucket>> layouts;
@@ -271,6 +300,7 @@ class update_stage {
   float max_gradient_norm_ = 0.0f;              // 0: no clipping
   double gradient_norm_ = 0.0;
   bool exact_norm_ = false;
+  bool torn_ = false;
 };
 
 }  // namespace ddp::detail
