@@ -27,8 +27,8 @@ TEST_CASE_TEMPLATE("mpi: N processes equal one process on the global batch", Syn
   }
 }
 
-TEST_CASE("mpi: update::sharded and sharded_gradients leave every process with bitwise the parameters of "
-          "update::replicated") {
+TEST_CASE("mpi: update::sharded and sharded_gradients, and the optimizer overlapped with the reductions, leave "
+          "every process with bitwise the parameters of update::replicated") {
   using ddp::mpi::communicator, ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients;
   using sync = ddp::buffer_sync::broadcast_once_per_step;
   using detect = ddp::unused_params::detect_each_step;
@@ -40,6 +40,12 @@ TEST_CASE("mpi: update::sharded and sharded_gradients leave every process with b
     CHECK(run_rank<sync, detect, communicator, sharded, ddp::optim::adamw>(comm, how).params ==
           run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
     CHECK(run_rank<sync, detect, communicator, sharded_gradients, ddp::optim::adamw>(comm, how).params ==
+          run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
+    // The optimizer overlapped with the reductions: MPI's requests complete in any order, the
+    // update takes them in bucket order.
+    CHECK(run_rank<sync, detect, communicator, replicated>(comm, how, /*overlap=*/true).params ==
+          run_rank<sync, detect, communicator, replicated>(comm, how).params);
+    CHECK(run_rank<sync, detect, communicator, sharded_gradients, ddp::optim::adamw>(comm, how, true).params ==
           run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
   }
 }

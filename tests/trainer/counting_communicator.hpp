@@ -3,6 +3,7 @@
 // algorithm moves them (nccl-tests' "bus bytes"): all_reduce 2(N-1)/N of its buffer,
 // reduce_scatter and all_gather (N-1)/N of the larger buffer, broadcast the whole buffer. It
 // forwards every call to the communicator it wraps.
+#include <cstddef>
 #include <string_view>
 
 #include "ddp/concepts/communicator.hpp"
@@ -28,9 +29,11 @@ class counting_communicator {
   int rank() const { return inner_->rank(); }
   int size() const { return inner_->size(); }
   const collective_bytes& bytes() const noexcept { return bytes_; }
+  std::size_t all_reduce_calls() const noexcept { return all_reduce_calls_; }
 
   auto all_reduce(ddp::const_buffer send, ddp::mutable_buffer recv, ddp::reduce_op op) {
     bytes_.all_reduce += 2.0 * ring() * static_cast<double>(send.bytes());
+    ++all_reduce_calls_;
     return inner_->all_reduce(send, recv, op);
   }
   auto reduce_scatter(ddp::const_buffer send, ddp::mutable_buffer recv, ddp::reduce_op op) {
@@ -53,6 +56,7 @@ class counting_communicator {
 
   Inner* inner_;
   collective_bytes bytes_;
+  std::size_t all_reduce_calls_ = 0;
 };
 
 }  // namespace test

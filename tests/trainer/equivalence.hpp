@@ -55,15 +55,17 @@ void forward_backward(Replica& r, const test::batch& b, int forwards) {
 }
 
 // One rank's part of the distributed run, on any host communicator. Small buckets: several per
-// step, none a multiple of the world size (sharded updates pad them).
+// step, none a multiple of the world size (sharded updates pad them). `overlap`: the optimizer
+// overlapped with the reductions (trainer.overlap_optimizer).
 template <class Sync, class Unused, class Comm, class Update = ddp::update::replicated,
           class Optimizer = ddp::optim::sgd, class Module = test::mlp, class Hook = ddp::comm_hook::none>
-run_result run_rank(Comm& comm, shape how) {
+run_result run_rank(Comm& comm, shape how, bool overlap = false) {
   const int world = comm.size();
   Module model(test::make_mlp(seed + static_cast<std::uint64_t>(comm.rank())));  // rank 0's wins
   ddp::host::device dev;
   ddp::trainer<Module, Sync, Unused, Update, Optimizer, Hook, ddp::bucket_cap<256>, ddp::use_communicator<Comm>> trainer(
       model, comm, dev, settings<Optimizer>());
+  trainer.overlap_optimizer(overlap);
   for (int s = 0; s < steps; ++s) {
     auto global = test::make_batch(per_rank_batch * static_cast<std::size_t>(world), 1000 + s);
     const std::size_t r = static_cast<std::size_t>(comm.rank());

@@ -102,6 +102,29 @@ TEST_CASE("overlap_optimizer: replicated, sharded and sharded_gradients updates 
     }
 }
 
+TEST_CASE("overlap_optimizer with one bucket: the control floats stay in it, the plain step's bits and bytes") {
+  auto run = [](bool overlap) {
+    return ddp::inproc::launch(2, [&](communicator& inner) {
+      test::counting_communicator<communicator> comm(inner);
+      auto model = test::make_deep_mlp();
+      ddp::host::device dev;
+      ddp::trainer<test::deep_mlp, ddp::use_communicator<test::counting_communicator<communicator>>> trainer(
+          model, comm, dev, equivalence::sgd);
+      trainer.overlap_optimizer(overlap);
+      for (int s = 0; s < 3; ++s) {
+        const auto b = test::make_batch(8, 60 + static_cast<std::uint64_t>(10 * s + inner.rank()));
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      return std::pair{test::held_values(model), comm.all_reduce_calls()};
+    });
+  };
+  const auto plain = run(false), overlapped = run(true);
+  for (std::size_t r = 0; r < plain.size(); ++r) {
+    CHECK(overlapped[r].first == plain[r].first);
+    CHECK(overlapped[r].second == plain[r].second);  // no collective of the control floats' own
+  }
+}
+
 TEST_CASE("overlap_optimizer keeps the bits with clipping, communication hooks, the unused-parameter rule and Join") {
   using ddp::optim::sgd, ddp::optim::adamw;
   for (int world : {2, 3}) {
@@ -158,10 +181,15 @@ TEST_CASE("overlap_optimizer moves the bytes of the plain update: the control fl
       const auto before = comm.bytes();
       for (int s = 0; s < 2; ++s)
         trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
-      return comm.bytes() - before;
+      return std::pair{comm.bytes() - before, comm.all_reduce_calls()};
     });
   };
-  const auto plain = bytes(false), overlapped = bytes(true);
+  const auto counted_plain = bytes(false), counted_overlapped = bytes(true);
+  std::vector<test::collective_bytes> plain, overlapped;
+  for (std::size_t r = 0; r < counted_plain.size(); ++r) {
+    plain.push_back(counted_plain[r].first), overlapped.push_back(counted_overlapped[r].first);
+    CHECK(counted_overlapped[r].second == counted_plain[r].second);  // sharded: the control floats are alone anyway
+  }
   for (std::size_t r = 0; r < plain.size(); ++r) {
     CHECK(overlapped[r].all_reduce == plain[r].all_reduce);  // the control floats (under sharded, alone)
     CHECK(overlapped[r].reduce_scatter == plain[r].reduce_scatter);

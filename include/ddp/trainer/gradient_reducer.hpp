@@ -7,9 +7,10 @@
 //                    collectives in the same order whatever order its backward finishes in
 //   control channel  the last bucket carries this rank's micro-batch count and the
 //                    unused-parameter policy's floats, averaged with the gradients; when the
-//                    update overlaps the reductions, they go in a collective of their own, issued
-//                    just before the last bucket's gradients, so that the step's verdict is known
-//                    while that bucket still reduces
+//                    update overlaps the reductions (and there are buckets to update while the
+//                    last reduces), they go in a collective of their own, issued just before the
+//                    last bucket's gradients, so that the step's verdict is known while that
+//                    bucket still reduces
 //   completion       every bucket's reduction completes in bucket order: all of them at the end
 //                    of the step's backward, or, when the update overlaps, each one as the update
 //                    stage comes to it (complete_through)
@@ -295,6 +296,7 @@ class gradient_reducer final : public layer_hooks {
       device_.copy_to_host(control.data(), control_.data(), control.size() * sizeof(float));
       rethrow_failure(*control_work_);
     } else {
+      complete_through(buckets_.size() - 1);  // done already, unless the update overlaps one bucket
       last.read_control(control);
     }
     if (w_.reports && control[0] > 0.0f)
@@ -476,7 +478,8 @@ class gradient_reducer final : public layer_hooks {
       // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
       if (w_.reports && !shadowing_) w_.unused_params.write_control(view_, std::span(control).subspan(1));
     }
-    if (overlaps_update_ && !control.empty()) {
+    // With one bucket nothing could be updated while it reduces: the control floats stay in it.
+    if (overlaps_update_ && !control.empty() && buckets_.size() > 1) {
       send_control(control);
       bk.launch(w_.update, {}, /*carries_control=*/false);
     } else {

@@ -73,21 +73,22 @@ class update_stage {
            std::uint64_t step) {
     const auto buckets = reducer.buckets();
     const bool bucket_by_bucket = reducer.overlaps_update() && max_gradient_norm_ == 0.0f;
-    const float inverse = mean_micro_batches != 1.0f ? 1.0f / mean_micro_batches : 1.0f;
+    const bool scales = mean_micro_batches != 1.0f;
+    const float inverse = 1.0f / mean_micro_batches;
     if (!bucket_by_bucket) {
       reducer.complete_through(buckets.size() - 1);
-      if (inverse != 1.0f)
+      if (scales)
         for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
       if (max_gradient_norm_ > 0.0f) clip(buckets);
     }
-    torn_ = true;  // until every bucket is updated
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
       if (bucket_by_bucket) {
         reducer.complete_through(b);
-        if (inverse != 1.0f) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
+        if (scales) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
       }
       if (optimizer_.applies_update()) {
+        torn_ = true;  // from the first bucket updated until every one is
         apply_optimizer(bk, state_[b]);
         bk.zero_gradients();
       } else {  // the caller's optimizer steps, and zeroes, from the averaged gradients
