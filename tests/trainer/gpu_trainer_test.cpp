@@ -142,17 +142,19 @@ std::vector<std::vector<float>> train_ranks_on_host(const std::vector<batch>& da
 
 // The same `world` ranks all on GPU 0, their collectives staged through the host (NCCL refuses
 // two ranks on one device); with `sync_statistics`, batch_norm's sums go through the host
-// communicator (g::sum_over_ranks over host memory).
-template <class Update>
+// communicator (g::sum_over_ranks over host memory); with `overlap`, the optimizer overlapped with
+// the reductions. `More`: further policies (a bucket plan).
+template <class Update, class... More>
 std::vector<std::vector<float>> train_ranks_on_one_gpu(const std::vector<batch>& data, int world,
-                                                       bool sync_statistics = false) {
+                                                       bool sync_statistics = false, bool overlap = false) {
   const auto ranks = ddp::inproc::launch(world, [&](ddp::inproc::communicator& host) {
     ddp::cuda::device dev(0, host.rank());
     ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
     gpu_model m(g::linear(dev, 6, 8, 1), g::batch_norm(dev, 8), g::relu(), g::linear(dev, 8, 3, 2));
     if (sync_statistics) m.layer<1>().synchronize_statistics(g::sum_over_ranks(host, dev));
-    ddp::trainer<gpu_model, Update, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>> t(
-        m, comm, dev, shared_gpu_sgd);
+    ddp::trainer<gpu_model, Update, More..., ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>>
+        t(m, comm, dev, shared_gpu_sgd);
+    t.overlap_optimizer(overlap);
     for (const auto& b : data) {
       const auto mine = share_of(b, host.rank(), world);
       auto x = g::matrix::from_host(dev, mine.x);
@@ -354,6 +356,17 @@ TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3
   for (int world : {2, 3}) {
     CAPTURE(world);
     check_same(train_ranks_on_one_gpu<Update>(data, world), train_ranks_on_host<Update>(data, world));
+  }
+}
+
+TEST_CASE_TEMPLATE("the optimizer overlapped with the reductions on one GPU (staged ranks, a bucket per tensor) gives "
+                   "the bits of the plain update", Update, ddp::update::replicated, ddp::update::sharded_gradients) {
+  const auto data = make_batches(4);
+  using per_tensor = ddp::bucket_cap<64>;  // 16 floats: every weight and vector a bucket of its own
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    CHECK(train_ranks_on_one_gpu<Update, per_tensor>(data, world, false, /*overlap=*/true) ==
+          train_ranks_on_one_gpu<Update, per_tensor>(data, world));
   }
 }
 

@@ -6,12 +6,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unistd.h>
 #include <vector>
 
 #include "ddp/ddp.hpp"
 #include "ddp/host/linalg.hpp"
+#include "ddp/inproc/elastic.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "ddp/policy/powersgd.hpp"
 #include "trainer/counting_communicator.hpp"
@@ -31,10 +35,25 @@ struct options {
   int join_after = 0;  // > 0: rank r runs join_after + r steps of its own, then joins
 };
 
+struct trained {
+  values params;
+  bool waited_inside_update = false;  // the last step waited for a reduction inside its update
+};
+
+// Whether a step of `t` waited for a reduction inside its update phase.
+bool waits_inside_update(const ddp::timeline& t) {
+  const auto& events = t.events();
+  const auto update = std::ranges::find(events, std::string("update"), &ddp::timeline_event::name);
+  if (update == events.end()) return false;
+  return std::ranges::any_of(events, [&](const ddp::timeline_event& e) {
+    return e.name == "wait for reductions" && e.begin >= update->begin && e.end <= update->end;
+  });
+}
+
 // Three steps (or the join schedule) of the ten-bucket model on `world` ranks; each rank's
 // parameters.
 template <class Update, class Optimizer, class... More>
-std::vector<values> train(int world, options o) {
+std::vector<trained> train(int world, options o) {
   return ddp::inproc::launch(world, [&](communicator& comm) {
     auto model = test::make_deep_mlp();
     ddp::host::device dev;
@@ -45,7 +64,9 @@ std::vector<values> train(int world, options o) {
     trainer.overlap_optimizer(o.overlap);
     if (o.clip > 0) trainer.clip_gradient_norm(o.clip);
     const int steps = o.join_after ? o.join_after + comm.rank() : 3;
+    ddp::timeline timeline;
     for (int s = 0; s < steps; ++s) {
+      if (s + 1 == steps) trainer.record_timeline(&timeline);
       const auto b = test::make_batch(8, 100 + static_cast<std::uint64_t>(10 * s + comm.rank()));
       auto on = [](const test::batch& x) {
         return [&x](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x.x), x.y).grad); };
@@ -58,8 +79,9 @@ std::vector<values> train(int world, options o) {
         trainer.step(on(b));
       }
     }
+    trainer.record_timeline(nullptr);
     if (o.join_after) trainer.join();
-    return test::held_values(model);
+    return trained{test::held_values(model), waits_inside_update(timeline)};
   });
 }
 
@@ -74,18 +96,27 @@ void check_same_bits(int world, options o) {
   o.overlap = true;
   const auto overlapped = train<Update, Optimizer, More...>(world, o);
   REQUIRE(overlapped.size() == plain.size());
-  for (std::size_t r = 0; r < plain.size(); ++r) CHECK(overlapped[r] == plain[r]);
+  for (std::size_t r = 0; r < plain.size(); ++r) {
+    CHECK(overlapped[r].params == plain[r].params);
+    CHECK_FALSE(plain[r].waited_inside_update);
+    CHECK(overlapped[r].waited_inside_update);  // with clipping, for every bucket before the first update
+  }
   auto untrained = test::make_deep_mlp();
-  CHECK(overlapped.front() != test::held_values(untrained));
+  CHECK(overlapped.front().params != test::held_values(untrained));
 }
 
-// SGD whose `fail_at`-th rule (one per run of parameters in a bucket) throws on every rank alike.
+// SGD whose `fail_at`-th rule (one per run of parameters in a bucket's shard) throws: on every
+// rank alike (a collective_error), or as this rank's own failure.
 struct failing_sgd : ddp::optim::sgd {
   static constexpr std::string_view name = "failing_sgd";
   int* calls = nullptr;
   int fail_at = 0;
+  bool on_every_rank = true;
   rule at(std::int64_t t) const {
-    if (++*calls == fail_at) throw ddp::collective_error("test", "optimizer", 0, "a rule that fails on every rank");
+    if (++*calls == fail_at) {
+      if (on_every_rank) throw ddp::collective_error("test", "optimizer", 0, "a rule that fails on every rank");
+      throw std::runtime_error("a rule that fails on this rank");
+    }
     return sgd::at(t);
   }
 };
@@ -134,6 +165,8 @@ TEST_CASE("overlap_optimizer keeps the bits with clipping, communication hooks, 
     check_same_bits<ddp::update::replicated, adamw, ddp::comm_hook::bf16>(world, {.micro_batches = true});
     check_same_bits<ddp::update::replicated, sgd, ddp::comm_hook::powersgd<1>>(world, {});
     check_same_bits<ddp::update::replicated, sgd, ddp::unused_params::detect_each_step>(world, {.micro_batches = true});
+    check_same_bits<ddp::update::sharded, sgd, ddp::unused_params::static_graph>(world, {});
+    check_same_bits<ddp::update::replicated, adamw, ddp::unused_params::unchecked>(world, {});
     check_same_bits<ddp::update::replicated, sgd>(world, {.join_after = 2});
   }
 }
@@ -168,34 +201,38 @@ TEST_CASE("overlap_optimizer: each bucket waits for its own reduction inside the
 }
 
 TEST_CASE("overlap_optimizer moves the bytes of the plain update: the control floats in a collective of their own") {
-  auto bytes = [](bool overlap) {
+  constexpr int steps = 2;
+  auto count = [&]<class Update>(bool overlap) {
     return ddp::inproc::launch(3, [&](communicator& inner) {
       test::counting_communicator<communicator> comm(inner);
       auto model = test::make_deep_mlp();
       ddp::host::device dev;
-      ddp::trainer<test::deep_mlp, ddp::update::sharded, ddp::bucket_cap<2400>,
+      ddp::trainer<test::deep_mlp, Update, ddp::bucket_cap<2400>,
                    ddp::use_communicator<test::counting_communicator<communicator>>>
           trainer(model, comm, dev, equivalence::sgd);
       trainer.overlap_optimizer(overlap);
       const auto b = test::make_batch(8, 50 + static_cast<std::uint64_t>(inner.rank()));
-      const auto before = comm.bytes();
-      for (int s = 0; s < 2; ++s)
+      const auto bytes = comm.bytes();
+      const auto calls = comm.all_reduce_calls();
+      for (int s = 0; s < steps; ++s)
         trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
-      return std::pair{comm.bytes() - before, comm.all_reduce_calls()};
+      return std::pair{comm.bytes() - bytes, comm.all_reduce_calls() - calls};
     });
   };
-  const auto counted_plain = bytes(false), counted_overlapped = bytes(true);
-  std::vector<test::collective_bytes> plain, overlapped;
-  for (std::size_t r = 0; r < counted_plain.size(); ++r) {
-    plain.push_back(counted_plain[r].first), overlapped.push_back(counted_overlapped[r].first);
-    CHECK(counted_overlapped[r].second == counted_plain[r].second);  // sharded: the control floats are alone anyway
-  }
-  for (std::size_t r = 0; r < plain.size(); ++r) {
-    CHECK(overlapped[r].all_reduce == plain[r].all_reduce);  // the control floats (under sharded, alone)
-    CHECK(overlapped[r].reduce_scatter == plain[r].reduce_scatter);
-    CHECK(overlapped[r].all_gather == plain[r].all_gather);
-    CHECK(overlapped[r].all_reduce > 0);
-  }
+  auto check = [&]<class Update>(std::size_t more_calls_per_step) {
+    CAPTURE(Update::name);
+    const auto plain = count.template operator()<Update>(false), overlapped = count.template operator()<Update>(true);
+    for (std::size_t r = 0; r < plain.size(); ++r) {
+      CHECK(overlapped[r].first.all_reduce == plain[r].first.all_reduce);
+      CHECK(overlapped[r].first.reduce_scatter == plain[r].first.reduce_scatter);
+      CHECK(overlapped[r].first.all_gather == plain[r].first.all_gather);
+      CHECK(overlapped[r].first.all_reduce > 0);
+      CHECK(overlapped[r].second == plain[r].second + more_calls_per_step * steps);
+    }
+  };
+  // Replicated: the control floats leave the last bucket's all_reduce; sharded: they were alone already.
+  check.template operator()<ddp::update::replicated>(1);
+  check.template operator()<ddp::update::sharded>(0);
 }
 
 TEST_CASE("overlap_optimizer: a parameter one rank left unused is refused before any bucket is updated, and the "
@@ -252,4 +289,35 @@ TEST_CASE("a step that fails after its update began leaves a torn state, which a
       return 0;
     });
   }
+}
+
+TEST_CASE("elastic: a survivor that a peer's failure tore in its sharded update hands over no state, and the run falls "
+          "back to the last checkpoint") {
+  const auto dir = std::filesystem::temp_directory_path() / ("ddp_overlap_torn_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto report = ddp::inproc::launch_elastic(2, [&](communicator& comm) {
+    const bool first_membership = comm.handoff().shared().restarts() == 0;
+    auto model = test::make_deep_mlp();
+    ddp::host::device dev;
+    int calls = 0;
+    failing_sgd opt;
+    opt.lr = 0.1f, opt.calls = &calls, opt.on_every_rank = false;
+    // Rank 1 fails at its shard of the third bucket in the second step, after it updated two; rank 0
+    // updates every bucket and then waits for rank 1's all-gathers.
+    if (first_membership && comm.rank() == 1) opt.fail_at = 13;
+    ddp::trainer<test::deep_mlp, ddp::update::sharded, failing_sgd, ddp::bucket_cap<2400>> trainer(model, comm, dev,
+                                                                                                   opt);
+    trainer.overlap_optimizer();
+    while (trainer.steps() < 4) {
+      const auto b = test::make_batch(8, 80 + 10 * trainer.steps() + static_cast<std::uint64_t>(comm.rank()));
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      if (trainer.steps() == 1) trainer.save(dir);
+    }
+  });
+  std::filesystem::remove_all(dir);
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].failed_rank == 1);
+  CHECK(report.changes[0].steps == 1);
+  CHECK(report.changes[0].resumed_at == 1);
+  CHECK(report.changes[0].checkpoint == dir.string());
 }

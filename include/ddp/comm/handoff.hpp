@@ -198,10 +198,12 @@ class handoff {
     std::lock_guard lock(mutex_);
     std::size_t trainers = 0;
     for (const auto& l : left_) trainers = std::max(trainers, l.size());
+    auto unknown = [](int r) {
+      return "rank " + std::to_string(r) + " failed outside a trainer, before its trainer held a completed step's "
+             "state, or after its failed step's update had begun: its state of the last completed step is unknown";
+    };
     for (int r : survivors)
-      if (left_[static_cast<std::size_t>(r)].size() != trainers || missing_state(r))
-        return "rank " + std::to_string(r) + " failed outside a trainer, before its trainer held a completed step's "
-               "state, or after its failed step's update had begun: its state of the last completed step is unknown";
+      if (left_[static_cast<std::size_t>(r)].size() != trainers) return unknown(r);
     std::vector<std::vector<std::any>> next(trainers);
     std::vector<bool> whole(trainers);
     std::vector<std::optional<saved_checkpoint>> fall_back(trainers);
@@ -224,6 +226,7 @@ class handoff {
       }
       for (int r : survivors) {
         auto& s = left_[static_cast<std::size_t>(r)][t];
+        if (!s.file.has_value()) return unknown(r);  // a sharded update's fall-back needs no file
         if (s.steps != first.steps)
           return "the survivors hold different steps (" + std::to_string(first.steps) + " and " +
                  std::to_string(s.steps) + ")";
@@ -256,11 +259,6 @@ class handoff {
       ++accounted_.at(static_cast<std::size_t>(rank));
     }
     if (listener_.accounted) listener_.accounted(rank);
-  }
-  bool missing_state(int rank) const {
-    for (const auto& s : left_[static_cast<std::size_t>(rank)])
-      if (!s.file.has_value()) return true;
-    return false;
   }
 
   struct join_request {

@@ -173,6 +173,13 @@ class bucket final : public update::bucket_ops {
   }
   // The gradients' reduction (the hook's first collective), when one went out.
   const std::optional<work_type>& reduction() const noexcept { return work_; }
+  // A stream backend's failure that aborted this bucket's collectives (ddp::rethrow_failure):
+  // after the host has synchronised with the device.
+  void rethrow_failures() const {
+    for (const auto* w : {&work_, &control_work_, &gather_})
+      if (*w) rethrow_failure(**w);
+    for (const auto& w : more_) rethrow_failure(w);
+  }
 
   void zero_gradients() {
     if (shape_.releases_gradients) device_->fill_zero(kept_shard_.data(), shard() * sizeof(float));
@@ -267,13 +274,6 @@ class bucket final : public update::bucket_ops {
     return a;
   }
 
-  // A stream backend's failure that aborted this bucket's collectives (ddp::rethrow_failure):
-  // after the host has synchronised with the device.
-  void rethrow_failures() const {
-    for (const auto* w : {&work_, &control_work_, &gather_})
-      if (*w) rethrow_failure(**w);
-    for (const auto& w : more_) rethrow_failure(w);
-  }
 
   // The update policy asked for the gradients' reduction: all of them (all_reduce) or this
   // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,

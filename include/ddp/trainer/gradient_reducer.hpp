@@ -216,7 +216,6 @@ class gradient_reducer final : public layer_hooks {
   // A module that cannot report counts every parameter as used.
   void mark_all_used() { std::fill(used_.begin(), used_.end(), 1); }
 
-  // Launches the buckets backward has not, then waits for every bucket's reduction.
   // Launches the buckets backward has not, then waits for every bucket's reduction; when the
   // update overlaps them, it waits for none (complete_through, bucket by bucket).
   void reduce_all() {
@@ -245,6 +244,16 @@ class gradient_reducer final : public layer_hooks {
     overlaps_update_ = on;
   }
   bool overlaps_update() const noexcept { return overlaps_update_; }
+  // After an overlapped update, before the step counts: on a stream backend (NCCL) the host waits
+  // for the device and learns whether a collective it has not read back since (the last bucket's
+  // reduction, a hook's, an all-gather) failed; a host backend's wait() has thrown already.
+  void confirm_collectives() {
+    using work_type = typename bucket_type::work_type;
+    if constexpr (stream_ordered_work<work_type>) {
+      device_.synchronize();
+      for (const auto& bk : buckets_) bk.rethrow_failures();
+    }
+  }
 
   // For what runs between steps only: join() (their gradients would go in with nothing to count
   // them) and zero_gradients() (it would discard them).
@@ -299,8 +308,12 @@ class gradient_reducer final : public layer_hooks {
       complete_through(buckets_.size() - 1);  // done already, unless the update overlaps one bucket
       last.read_control(control);
     }
-    if (w_.reports && control[0] > 0.0f)
-      w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
+    if (w_.reports && control[0] > 0.0f) try {
+        w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
+      } catch (...) {
+        drain();  // overlapped: the buckets still reducing write into gradients the module holds
+        throw;
+      }
     const std::size_t shards = w_.reduction.virtual_shards();
     if (!shards || control[0] == 0.0f) return control[0];
     const auto total = static_cast<std::size_t>(std::lround(control[0] * static_cast<float>(comm_.size())));

@@ -413,11 +413,15 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                                      "the state the ranks that remain handed over"));
   }
   void leave_state() noexcept {
-    try {
+    std::any state;  // none when it cannot be written (a step failed after its update began): the
+    try {            // step count and the last checkpoint still go, for a sharded update's fall-back
       detail::checkpoint_file f;
       position_at(completed_position_count()).write(f, this->communicator().rank());
       core().last_step_state().write(f);
-      std::any state = handoff_.encodes_states() ? std::any(elastic::encoded_state{f.encode(), {}}) : std::any(std::move(f));
+      state = handoff_.encodes_states() ? std::any(elastic::encoded_state{f.encode(), {}}) : std::any(std::move(f));
+    } catch (...) {
+    }
+    try {
       handoff_.leave(std::move(state), !update_policy::gathers_parameters, this->steps(), last_checkpoint_);
     } catch (...) {  // nothing handed over: the launcher says the state of this rank is unknown
     }

@@ -100,6 +100,7 @@ class update_stage {
       auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
       for (auto& bk : buckets) update_.finish(bk);
     }
+    if (bucket_by_bucket) reducer.confirm_collectives();
     torn_ = false;
     observer.updated(step);
   }
