@@ -274,7 +274,6 @@ class bucket final : public update::bucket_ops {
     return a;
   }
 
-
   // The update policy asked for the gradients' reduction: all of them (all_reduce) or this
   // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,
   // unless the hook chose the plain reduction, which carries them in its own collective.

@@ -250,6 +250,7 @@ class gradient_reducer final : public layer_hooks {
   void confirm_collectives() {
     using work_type = typename bucket_type::work_type;
     if constexpr (stream_ordered_work<work_type>) {
+      if (capturing_) return;  // a captured step reads nothing back (and a capture cannot wait)
       device_.synchronize();
       for (const auto& bk : buckets_) bk.rethrow_failures();
     }

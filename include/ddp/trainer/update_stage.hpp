@@ -12,7 +12,7 @@
 // those stages as soon as its own reduction completed, while later buckets still reduce. Clipping
 // needs the norm of every bucket first: with it, every reduction completes before the first
 // bucket is updated, as without overlap. A step that fails after its update began leaves a torn
-// state (some buckets at the new step, some at the old), which torn() reports.
+// state (some buckets at the new step, some at the old), which require_whole() refuses to write.
 //
 // Every element goes through the same arithmetic whatever the update policy's layout, so a
 // sharded update gives the bits of a replicated one.
@@ -104,10 +104,9 @@ class update_stage {
     torn_ = false;
     observer.updated(step);
   }
-  // A step failed after its update began: some buckets (or shards) hold the new step's values,
-  // others the old, so this rank's state is neither step's.
-  bool torn() const noexcept { return torn_; }
-  // Before this rank's state is written (a checkpoint, or the hand-over of elastic training).
+  // Before this rank's state is written (a checkpoint, or the hand-over of elastic training): a
+  // step that failed after its update began left some buckets (or shards) at the new step's
+  // values and others at the old, a state of neither step.
   void require_whole(std::uint64_t steps) const {
     if (torn_)
       throw error("trainer", "state", comm_.rank(),
