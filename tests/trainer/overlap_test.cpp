@@ -19,71 +19,15 @@
 #include "ddp/inproc/launch.hpp"
 #include "ddp/policy/powersgd.hpp"
 #include "trainer/counting_communicator.hpp"
+#include "trainer/deep_run.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
 namespace {
 
 using ddp::inproc::communicator;
-using equivalence::settings;
-using values = std::vector<std::vector<float>>;
-
-struct options {
-  bool overlap = false;
-  bool micro_batches = false;
-  float clip = 0.0f;
-  int join_after = 0;  // > 0: rank r runs join_after + r steps of its own, then joins
-};
-
-struct trained {
-  values params;
-  bool waited_inside_update = false;  // the last step waited for a reduction inside its update
-};
-
-// Whether a step of `t` waited for a reduction inside its update phase.
-bool waits_inside_update(const ddp::timeline& t) {
-  const auto& events = t.events();
-  const auto update = std::ranges::find(events, std::string("update"), &ddp::timeline_event::name);
-  if (update == events.end()) return false;
-  return std::ranges::any_of(events, [&](const ddp::timeline_event& e) {
-    return e.name == "wait for reductions" && e.begin >= update->begin && e.end <= update->end;
-  });
-}
-
-// Three steps (or the join schedule) of the ten-bucket model on `world` ranks; each rank's
-// parameters.
-template <class Update, class Optimizer, class... More>
-std::vector<trained> train(int world, options o) {
-  return ddp::inproc::launch(world, [&](communicator& comm) {
-    auto model = test::make_deep_mlp();
-    ddp::host::device dev;
-    ddp::trainer<test::deep_mlp, Update, Optimizer, ddp::bucket_cap<2400>, More...> trainer(model, comm, dev,
-                                                                                            settings<Optimizer>());
-    if constexpr ((std::is_same_v<More, ddp::comm_hook::powersgd<1>> || ...))
-      trainer.template policy<ddp::comm_hook::slot>().start_after = 0;  // compressed from the first step
-    trainer.overlap_optimizer(o.overlap);
-    if (o.clip > 0) trainer.clip_gradient_norm(o.clip);
-    const int steps = o.join_after ? o.join_after + comm.rank() : 3;
-    ddp::timeline timeline;
-    for (int s = 0; s < steps; ++s) {
-      if (s + 1 == steps) trainer.record_timeline(&timeline);
-      const auto b = test::make_batch(8, 100 + static_cast<std::uint64_t>(10 * s + comm.rank()));
-      auto on = [](const test::batch& x) {
-        return [&x](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x.x), x.y).grad); };
-      };
-      if (o.micro_batches) {
-        const auto first = b.rows(0, 4), second = b.rows(4, 8);
-        trainer.accumulate(on(first));
-        trainer.step(on(second));
-      } else {
-        trainer.step(on(b));
-      }
-    }
-    trainer.record_timeline(nullptr);
-    if (o.join_after) trainer.join();
-    return trained{test::held_values(model), waits_inside_update(timeline)};
-  });
-}
+using options = test::deep_run_options;
+using test::train_deep;
 
 // Overlapped and not, on `world` ranks: the same bits on every rank.
 template <class Update, class Optimizer, class... More>
@@ -92,9 +36,9 @@ void check_same_bits(int world, options o) {
   CAPTURE(o.micro_batches);
   CAPTURE(o.clip);
   CAPTURE(o.join_after);
-  const auto plain = train<Update, Optimizer, More...>(world, o);
+  const auto plain = train_deep<Update, Optimizer, More...>(world, o);
   o.overlap = true;
-  const auto overlapped = train<Update, Optimizer, More...>(world, o);
+  const auto overlapped = train_deep<Update, Optimizer, More...>(world, o);
   REQUIRE(overlapped.size() == plain.size());
   for (std::size_t r = 0; r < plain.size(); ++r) {
     CHECK(overlapped[r].params == plain[r].params);

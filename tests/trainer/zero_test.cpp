@@ -15,6 +15,7 @@
 #include "ddp/inproc/launch.hpp"
 #include "ddp/policy/powersgd.hpp"
 #include "trainer/counting_communicator.hpp"
+#include "trainer/deep_run.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
@@ -97,49 +98,24 @@ TEST_CASE("update::sharded_gradients with a communication hook and with Join giv
 
 TEST_CASE("update::sharded_gradients gives update::sharded's bits with PowerSGD, fp16, static_graph, bf16 parameters, "
           "clipping and micro-batches, and around backwards outside its steps") {
-  struct options {
-    bool micro_batches = true, bf16 = false;
-    float clip = 0;
-  };
-  auto train_deep = [&]<class Update, class... More>(int world, options o) {
-    return ddp::inproc::launch(world, [&](communicator& comm) {
-      auto model = make_deep_mlp();
-      if (o.bf16) model.cast_parameters(ddp::dtype::bf16);
-      ddp::host::device dev;
-      ddp::trainer<deep_mlp, Update, ddp::optim::adamw, ddp::bucket_cap<2400>, More...> trainer(model, comm, dev, adamw);
-      if constexpr ((std::is_same_v<More, ddp::comm_hook::powersgd<1>> || ...))
-        trainer.template policy<ddp::comm_hook::slot>().start_after = 0;  // compressed from the first step
-      if (o.clip > 0) trainer.clip_gradient_norm(o.clip);
-      for (int s = 0; s < 3; ++s) {
-        const auto b = test::make_batch(8, 100 + static_cast<std::uint64_t>(10 * s + comm.rank()));
-        auto on = [](const test::batch& x) {
-          return [&x](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x.x), x.y).grad); };
-        };
-        if (!o.micro_batches) {
-          trainer.step(on(b));
-          continue;
-        }
-        const auto first = b.rows(0, 4), second = b.rows(4, 8);
-        trainer.accumulate(on(first));
-        trainer.step(on(second));
-      }
-      return test::held_values(model);
-    });
+  auto train_deep = [&]<class Update, class... More>(int world, test::deep_run_options o) {
+    return test::params_of(test::train_deep<Update, ddp::optim::adamw, More...>(world, o));
   };
   using ddp::update::sharded, ddp::update::sharded_gradients;
   for (int world : {2, 3}) {
     CAPTURE(world);
     using psgd = ddp::comm_hook::powersgd<1>;
-    CHECK(train_deep.template operator()<sharded, psgd>(world, {}) ==
-          train_deep.template operator()<sharded_gradients, psgd>(world, {}));
-    CHECK(train_deep.template operator()<sharded, ddp::comm_hook::fp16>(world, {.micro_batches = false}) ==
-          train_deep.template operator()<sharded_gradients, ddp::comm_hook::fp16>(world, {.micro_batches = false}));
-    CHECK(train_deep.template operator()<sharded, ddp::unused_params::static_graph>(world, {}) ==
-          train_deep.template operator()<sharded_gradients, ddp::unused_params::static_graph>(world, {}));
-    CHECK(train_deep.template operator()<sharded>(world, {.bf16 = true}) ==
-          train_deep.template operator()<sharded_gradients>(world, {.bf16 = true}));
-    CHECK(train_deep.template operator()<sharded>(world, {.micro_batches = false, .clip = 0.05f}) ==
-          train_deep.template operator()<sharded_gradients>(world, {.micro_batches = false, .clip = 0.05f}));
+    const test::deep_run_options micro{.micro_batches = true};
+    CHECK(train_deep.template operator()<sharded, psgd>(world, micro) ==
+          train_deep.template operator()<sharded_gradients, psgd>(world, micro));
+    CHECK(train_deep.template operator()<sharded, ddp::comm_hook::fp16>(world, {}) ==
+          train_deep.template operator()<sharded_gradients, ddp::comm_hook::fp16>(world, {}));
+    CHECK(train_deep.template operator()<sharded, ddp::unused_params::static_graph>(world, micro) ==
+          train_deep.template operator()<sharded_gradients, ddp::unused_params::static_graph>(world, micro));
+    CHECK(train_deep.template operator()<sharded>(world, {.micro_batches = true, .bf16 = true}) ==
+          train_deep.template operator()<sharded_gradients>(world, {.micro_batches = true, .bf16 = true}));
+    CHECK(train_deep.template operator()<sharded>(world, {.clip = 0.05f}) ==
+          train_deep.template operator()<sharded_gradients>(world, {.clip = 0.05f}));
   }
   // A backward outside the trainer's steps (a GAN's discriminator in the generator's step) holds
   // its buckets until the next step reduces them, or until zero_gradients().
