@@ -149,6 +149,7 @@ measure example_1rank example -- "$example" --ranks 1 "${epochs[@]}" "${data[@]}
 measure example_2ranks example -- "$example" --ranks 2 "${epochs[@]}" "${data[@]}" --no-progress
 measure example_2ranks_sharded example -- "$example" --ranks 2 --update sharded "${epochs[@]}" "${data[@]}" --no-progress
 measure example_2ranks_sharded_gradients example -- "$example" --ranks 2 --update sharded_gradients "${epochs[@]}" "${data[@]}" --no-progress
+measure example_2ranks_fully_sharded example -- "$example" --ranks 2 --update fully_sharded "${epochs[@]}" "${data[@]}" --no-progress
 measure example_2ranks_invariant example -- "$example" --ranks 2 --reduction invariant "${epochs[@]}" "${data[@]}" \
   --no-progress
 example_mpi=$build/examples/fashion_mnist/fashion_mnist_mpi

@@ -5,6 +5,8 @@
 //   N ranks       ddp::trainer on N in-process ranks, the same per-rank batch (update::replicated);
 //   N sharded     the same with update::sharded: each rank updates 1/N of the parameters;
 //   N sharded_gradients  update::sharded_gradients: also keeping only 1/N of the gradients;
+//   N fully_sharded  update::fully_sharded: also keeping only 1/N of the parameters, gathered
+//                 layer by layer in forward and backward;
 //   N overlapped  N ranks whose optimizer updates each bucket as its reduction completes
 //                 (trainer.overlap_optimizer), with the default buckets and with 1 MiB ones
 //                 (several buckets: the updates of the first hide the last one's reduction);
@@ -122,7 +124,7 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   };
   auto single = make_states(1, 1), parallel = make_states(ranks, ranks), sharded = make_states(ranks, ranks),
        independent = make_states(ranks, 1), hooked = make_states(ranks, ranks), zero2 = make_states(ranks, ranks),
-       overlapped = make_states(ranks, ranks), small_buckets = make_states(ranks, ranks);
+       overlapped = make_states(ranks, ranks), small_buckets = make_states(ranks, ranks), zero3 = make_states(ranks, ranks);
 
   struct setup {
     std::string name;
@@ -131,7 +133,7 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   const std::string n = std::to_string(ranks);
   std::vector<setup> setups{{"1 rank", {}}, {n + " ranks", {}}, {n + " sharded", {}}, {n + " x 1 rank", {}},
                             {n + " sharded_gradients", {}}, {n + " ranks overlapped", {}},
-                            {n + " ranks 1 MiB overlapped", {}}};
+                            {n + " ranks 1 MiB overlapped", {}}, {n + " fully_sharded", {}}};
   const std::size_t first_hook = setups.size();
   for (const auto& h : hooks) setups.push_back({n + " ranks " + h, {}});
   using replicated = ddp::update::replicated;
@@ -145,6 +147,7 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
     if (which == 5) return run_world<trainer_for<Optimizer>>(overlapped, steps, batch, opt, /*overlap=*/true);
     if (which == 6)
       return run_world<trainer_for<Optimizer, one_mib>>(small_buckets, steps, batch, opt, /*overlap=*/true);
+    if (which == 7) return run_world<trainer_for<Optimizer, ddp::update::fully_sharded>>(zero3, steps, batch, opt);
     if (hooks[which - first_hook] == "bf16")
       return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
     if (hooks[which - first_hook] == "powersgd")

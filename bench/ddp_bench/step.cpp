@@ -188,7 +188,9 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     const double grads =
         (Trainer::reduction_policy::virtual_shards ? 8.0 * elements + 4.0 * std::ceil(elements / 64.0)
                                                    : gradient_bytes<typename Trainer::comm_hook_policy>(m, elements, hook)) +
-        (Trainer::update_policy::gathers_parameters ? 4.0 * elements : 0.0);
+        (ddp::update::shards_parameters<typename Trainer::update_policy>() ? 8.0 * elements  // forward, backward
+         : Trainer::update_policy::gathers_parameters                     ? 4.0 * elements
+                                                                          : 0.0);
     double buffers = 0;
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
     const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;
@@ -295,6 +297,10 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
     c.push_back(config<ddp::update::sharded, ddp::bucket_cap<std::size_t{512} << 10>>("update", "sharded, 512 KiB"));
     c.push_back(config<ddp::update::sharded_gradients, ddp::bucket_cap<std::size_t{512} << 10>>(
         "update", "sharded_gradients, 512 KiB"));
+    // The parameters sharded too, gathered layer by layer (a bucket per layer or two at 512 KiB).
+    c.push_back(config<ddp::update::fully_sharded>("update", "fully_sharded"));
+    c.push_back(config<ddp::update::fully_sharded, ddp::bucket_cap<std::size_t{512} << 10>>(
+        "update", "fully_sharded, 512 KiB"));
     // The optimizer overlapped with the reductions (trainer.overlap_optimizer), with the default
     // buckets and with buckets small enough that the last reduces while the first are updated
     // (against bucket_cap's "1 MiB" row).

@@ -188,6 +188,21 @@ void overlapped_update(trainer_t& trainer, const fashion_mnist::batch& b) {
   // [end doc]
 }
 
+void fully_sharded(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev,
+                   const std::vector<fashion_mnist::batch>& my_batches) {
+  // [doc: trainer.md]
+  #include <ddp/ddp.hpp>
+
+  ddp::trainer<model, ddp::update::fully_sharded, ddp::optim::adamw> trainer(module, comm, dev, {.lr = 1e-3f});
+  for (const auto& b : my_batches)
+    trainer.step([&](auto& replica) {
+      replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y).grad);
+    });                               // the module holds no parameter between steps
+  trainer.gather_parameters();        // collective: every parameter back in the module
+  log(module.layer<0>().params()[0].value()[0]);  // until the next step or release_parameters()
+  // [end doc]
+}
+
 struct gan_batch {
   ddp::nn::matrix z, real;
 };

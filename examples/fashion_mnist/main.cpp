@@ -87,8 +87,9 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   app.add_option("--update", c.update,
                  "Update policy: every rank updates every parameter (replicated), or each updates 1/N of them and "
-                 "the ranks gather the result (sharded), also keeping only 1/N of the gradients (sharded_gradients)")
-      ->check(CLI::IsMember({"replicated", "sharded", "sharded_gradients"}))->capture_default_str();
+                 "the ranks gather the result (sharded), also keeping only 1/N of the gradients (sharded_gradients), "
+                 "and of the parameters, gathered layer by layer (fully_sharded)")
+      ->check(CLI::IsMember({"replicated", "sharded", "sharded_gradients", "fully_sharded"}))->capture_default_str();
   app.add_flag("--overlap-optimizer", c.overlap_optimizer,
                "update each gradient bucket as soon as its reduction completes, while later buckets still reduce "
                "(the same bits)");

@@ -222,11 +222,16 @@ TEST_CASE("ddp-bench step: every configuration at each world, against the unsync
   CHECK(updates.at("sharded_gradients 2")[0] == updates.at("sharded 2")[0]);
   CHECK(updates.at("sharded_gradients, 512 KiB 2")[0] == updates.at("sharded, 512 KiB 2")[0]);
   CHECK(updates.at("sharded 2")[1] < updates.at("(all six) 2")[1]);
+  // fully_sharded gathers the parameters twice: one and a half times sharded's gradient and
+  // parameter bytes (what it holds, against a model of one or two buckets, zero_test.cpp measures).
+  for (const std::string cap : {"", ", 512 KiB"})
+    CHECK(updates.at("fully_sharded" + cap + " 2")[0] - static_cast<double>(buffers) ==
+          doctest::Approx(1.5 * (updates.at("sharded" + cap + " 2")[0] - static_cast<double>(buffers))));
   // The optimizer overlapped with the reductions moves and holds what the plain update does.
   CHECK(updates.at("replicated, overlapped 2")[0] == updates.at("(all six) 2")[0]);
   CHECK(updates.at("replicated, overlapped 2")[1] == updates.at("(all six) 2")[1]);
-  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, 6 updates, bf16, fp16, powersgd, 2 reductions, no sync
-  CHECK(j.at("rows").size() == 2 * 21);
+  // defaults, 3 bucket caps, 3 buffer syncs, 2 unused rules, 8 updates, bf16, fp16, powersgd, 2 reductions, no sync
+  CHECK(j.at("rows").size() == 2 * 23);
 }
 
 TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
@@ -245,7 +250,7 @@ TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
   REQUIRE(header + 4 < lines.size() + 1);
   CHECK(lines[header] == "setup,samples/s,min,max,vs_1_rank,vs_ceiling");
   // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank, 2 sharded_gradients, 2 ranks overlapped, 2 ranks 1 MiB
-  // overlapped, 2 ranks bf16
-  CHECK(lines.size() - header - 1 == 8);
+  // overlapped, 2 fully_sharded, 2 ranks bf16
+  CHECK(lines.size() - header - 1 == 9);
   CHECK(lines.back().starts_with("2 ranks bf16,"));
 }

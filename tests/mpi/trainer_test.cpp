@@ -27,9 +27,10 @@ TEST_CASE_TEMPLATE("mpi: N processes equal one process on the global batch", Syn
   }
 }
 
-TEST_CASE("mpi: update::sharded and sharded_gradients, and the optimizer overlapped with the reductions, leave "
-          "every process with bitwise the parameters of update::replicated") {
-  using ddp::mpi::communicator, ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients;
+TEST_CASE("mpi: update::sharded, sharded_gradients and fully_sharded, and the optimizer overlapped with the "
+          "reductions, leave every process with bitwise the parameters of update::replicated") {
+  using ddp::mpi::communicator, ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients,
+      ddp::update::fully_sharded;
   using sync = ddp::buffer_sync::broadcast_once_per_step;
   using detect = ddp::unused_params::detect_each_step;
   auto& comm = mpi_test::comm();
@@ -46,6 +47,11 @@ TEST_CASE("mpi: update::sharded and sharded_gradients, and the optimizer overlap
     CHECK(run_rank<sync, detect, communicator, replicated>(comm, how, /*overlap=*/true).params ==
           run_rank<sync, detect, communicator, replicated>(comm, how).params);
     CHECK(run_rank<sync, detect, communicator, sharded_gradients, ddp::optim::adamw>(comm, how, true).params ==
+          run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
+    // The parameters gathered layer by layer: MPI's all_gather requests beside the reductions'.
+    CHECK(run_rank<sync, detect, communicator, fully_sharded, ddp::optim::adamw>(comm, how).params ==
+          run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
+    CHECK(run_rank<sync, detect, communicator, fully_sharded, ddp::optim::adamw>(comm, how, true).params ==
           run_rank<sync, detect, communicator, replicated, ddp::optim::adamw>(comm, how).params);
   }
 }

@@ -30,6 +30,7 @@ class counting_communicator {
   int size() const { return inner_->size(); }
   const collective_bytes& bytes() const noexcept { return bytes_; }
   std::size_t all_reduce_calls() const noexcept { return all_reduce_calls_; }
+  std::size_t all_gather_calls() const noexcept { return all_gather_calls_; }
 
   auto all_reduce(ddp::const_buffer send, ddp::mutable_buffer recv, ddp::reduce_op op) {
     bytes_.all_reduce += 2.0 * ring() * static_cast<double>(send.bytes());
@@ -42,6 +43,7 @@ class counting_communicator {
   }
   auto all_gather(ddp::const_buffer send, ddp::mutable_buffer recv) {
     bytes_.all_gather += ring() * static_cast<double>(recv.count * ddp::size_of(recv.type));
+    ++all_gather_calls_;
     return inner_->all_gather(send, recv);
   }
   auto broadcast(ddp::mutable_buffer buf, int root) {
@@ -57,6 +59,7 @@ class counting_communicator {
   Inner* inner_;
   collective_bytes bytes_;
   std::size_t all_reduce_calls_ = 0;
+  std::size_t all_gather_calls_ = 0;
 };
 
 }  // namespace test

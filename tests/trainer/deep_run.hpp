@@ -69,6 +69,7 @@ std::vector<deep_run> train_deep(int world, deep_run_options o) {
     }
     trainer.record_timeline(nullptr);
     if (o.join_after) trainer.join();
+    trainer.gather_parameters();  // update::fully_sharded: the module holds its parameters only when gathered
     return deep_run{held_values(model), waits_inside_update(timeline)};
   });
 }

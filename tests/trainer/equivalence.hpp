@@ -79,6 +79,7 @@ run_result run_rank(Comm& comm, shape how, bool overlap = false) {
       trainer.step([&](auto& rep) { forward_backward(rep, mine, how == shape::two_forwards ? 2 : 1); });
     }
   }
+  trainer.gather_parameters();  // update::fully_sharded: the module holds its parameters only when gathered
   auto rm = test::underlying(model).template layer<1>().running_mean();
   return run_result{test::parameter_values(model), {rm.begin(), rm.end()}};
 }

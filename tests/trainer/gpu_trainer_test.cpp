@@ -134,6 +134,7 @@ std::vector<std::vector<float>> train_ranks_on_host(const std::vector<batch>& da
       const auto mine = share_of(b, comm.rank(), world);
       t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(mine.x), mine.y).grad); });
     }
+    t.gather_parameters();
     std::vector<std::vector<float>> state;
     for (auto& p : m.parameters()) state.emplace_back(p.value.as<float>().begin(), p.value.as<float>().end());
     return state;
@@ -161,6 +162,7 @@ std::vector<std::vector<float>> train_ranks_on_one_gpu(const std::vector<batch>&
       auto y = ddp::cuda::device_vector<std::int32_t>::from_host(dev, mine.y);
       t.step([&](auto& r) { r.backward(g::softmax_cross_entropy(r.forward(x), y).grad); });
     }
+    t.gather_parameters();  // update::fully_sharded: the module holds its parameters only when gathered
     return parameters_on_host(m, dev);
   });
   for (const auto& r : ranks) CHECK(r == ranks[0]);  // every rank the same bits
@@ -349,7 +351,8 @@ TEST_CASE("cuda batch_norm counts one batch per training forward (num_batches_tr
 }
 
 TEST_CASE_TEMPLATE("2 and 3 ranks on one GPU (staged_communicator) equal 2 and 3 host ranks", Update,
-                   ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients) {
+                   ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients,
+                   ddp::update::fully_sharded) {
   // The buckets, the shard that does not start at 0 (sharded), the control floats: the trainer's
   // multi-rank logic on the CUDA device, which NCCL's one-rank-per-GPU rule keeps from one GPU.
   const auto data = make_batches(4);

@@ -121,6 +121,7 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
     }
   }
   if (run.save) trainer.save(run.checkpoint);
+  trainer.gather_parameters();  // update::fully_sharded: the module holds its parameters only when gathered
   return parameters_of(underlying(model));
 }
 

@@ -1,13 +1,18 @@
 // Update strategies that shard more than the optimizer state. update::sharded_gradients (ZeRO
 // stage 2) gives the bits of update::replicated in every set-up that sharded covers, moves the
 // bytes of update::sharded, and holds the memory its formula says: this rank's shard of the
-// gradients, the full gradients of a few buckets only while they reduce.
+// gradients, the full gradients of a few buckets only while they reduce. update::fully_sharded
+// (ZeRO stage 3) gives the same bits, moves one and a half all_reduces' bytes, and keeps only its
+// shard of the parameters too, gathering a few layers' at a time.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/ddp.hpp"
@@ -58,7 +63,7 @@ std::size_t largest_held(const std::vector<std::size_t>& buckets, int world, std
 
 TEST_CASE_TEMPLATE("update::sharded_gradients leaves every rank with bitwise the parameters of update::replicated",
                    Unused, ddp::unused_params::forbid, ddp::unused_params::detect_each_step) {
-  using ddp::update::replicated, ddp::update::sharded_gradients;
+  using ddp::update::replicated, ddp::update::sharded_gradients, ddp::update::fully_sharded;
   for (int world : {1, 2, 3, 4})
     for (auto how : {shape::one_forward, shape::two_forwards, shape::two_micro_batches}) {
       CAPTURE(world);
@@ -67,10 +72,15 @@ TEST_CASE_TEMPLATE("update::sharded_gradients leaves every rank with bitwise the
       const auto zero2 = train<sharded_gradients, Unused, ddp::optim::sgd>(world, how);
       const auto rep_a = train<replicated, Unused, ddp::optim::adamw>(world, how);
       const auto zero2_a = train<sharded_gradients, Unused, ddp::optim::adamw>(world, how);
+      const auto zero3 = train<fully_sharded, Unused, ddp::optim::sgd>(world, how);
+      const auto zero3_a = train<fully_sharded, Unused, ddp::optim::adamw>(world, how);
       for (std::size_t r = 0; r < rep.size(); ++r) {
         CHECK(zero2[r].params == rep[r].params);
         CHECK(zero2_a[r].params == rep_a[r].params);
         CHECK(zero2[r].running_mean == rep[r].running_mean);
+        CHECK(zero3[r].params == rep[r].params);
+        CHECK(zero3_a[r].params == rep_a[r].params);
+        CHECK(zero3[r].running_mean == rep[r].running_mean);
       }
     }
 }
@@ -192,6 +202,7 @@ TEST_CASE("bytes per step: update::sharded_gradients moves update::sharded's byt
   const auto rep = run.template operator()<ddp::update::replicated>();
   const auto zero1 = run.template operator()<ddp::update::sharded>();
   const auto zero2 = run.template operator()<ddp::update::sharded_gradients>();
+  const auto zero3 = run.template operator()<ddp::update::fully_sharded>();
   REQUIRE(rep.buckets.size() > 3);
   const double ring = 3.0 / 4.0, control = 4.0;  // the micro-batch count, one float
   double numel = 0, padded = 0;
@@ -204,6 +215,15 @@ TEST_CASE("bytes per step: update::sharded_gradients moves update::sharded's byt
     CHECK(z.step.all_reduce == doctest::Approx(2 * ring * control));
   }
   CHECK(zero2.step.total() == zero1.step.total());
+  // ZeRO-3: the parameters gathered twice (forward, backward), the gradients reduce-scattered once,
+  // nothing gathered after the update: one and a half all_reduces over the padded buckets.
+  CHECK(zero3.step.all_gather == doctest::Approx(2 * ring * padded));
+  CHECK(zero3.step.reduce_scatter == doctest::Approx(ring * padded));
+  CHECK(zero3.step.all_reduce == doctest::Approx(2 * ring * control));
+  CHECK(zero3.step.broadcast == 0);
+  const double ratio = static_cast<double>(zero3.step.total()) / static_cast<double>(rep.step.total());
+  CHECK(ratio >= 1.5 * numel / (numel + control) - 1e-9);
+  CHECK(ratio <= 1.5 * padded / numel);
 }
 
 TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, and the full gradients of a few "
@@ -343,4 +363,269 @@ TEST_CASE("update::sharded_gradients: a checkpoint resumes bitwise, and the trai
   const auto resumed = run(4, false, true);
   CHECK(resumed == whole);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("update::fully_sharded gives update::sharded_gradients' bits with PowerSGD, fp16, static_graph, clipping, "
+          "micro-batches and the overlapped optimizer") {
+  auto train_deep = [&]<class Update, class... More>(int world, test::deep_run_options o) {
+    return test::params_of(test::train_deep<Update, ddp::optim::adamw, More...>(world, o));
+  };
+  using ddp::update::sharded_gradients, ddp::update::fully_sharded;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    using psgd = ddp::comm_hook::powersgd<1>;
+    const test::deep_run_options micro{.micro_batches = true};
+    CHECK(train_deep.template operator()<sharded_gradients, psgd>(world, micro) ==
+          train_deep.template operator()<fully_sharded, psgd>(world, micro));
+    CHECK(train_deep.template operator()<sharded_gradients, ddp::comm_hook::fp16>(world, {}) ==
+          train_deep.template operator()<fully_sharded, ddp::comm_hook::fp16>(world, {}));
+    CHECK(train_deep.template operator()<sharded_gradients, ddp::unused_params::static_graph>(world, micro) ==
+          train_deep.template operator()<fully_sharded, ddp::unused_params::static_graph>(world, micro));
+    const auto zero2 = train_deep.template operator()<sharded_gradients>(world, {.clip = 0.05f});
+    CHECK(zero2 == train_deep.template operator()<fully_sharded>(world, {.clip = 0.05f}));
+    const auto plain = train_deep.template operator()<sharded_gradients>(world, micro);
+    CHECK(plain == train_deep.template operator()<fully_sharded>(world, micro));
+    CHECK(plain == train_deep.template operator()<fully_sharded>(world, {.micro_batches = true, .overlap = true}));
+  }
+}
+
+namespace {
+
+// About 10 M parameters in 40 layers of 512 x 512 (and their biases): a layer is 1/40 of the model.
+constexpr std::size_t tower_width = 512;
+template <std::size_t>
+using tower_layer = linear;
+template <std::size_t... I>
+auto tower_type(std::index_sequence<I...>) -> ddp::nn::sequential<tower_layer<I>...>;
+using tower = decltype(tower_type(std::make_index_sequence<40>{}));
+template <std::size_t... I>
+tower make_tower(std::index_sequence<I...>) {
+  return tower(linear(tower_width, tower_width, 500 + I)...);
+}
+
+}  // namespace
+
+TEST_CASE("update::fully_sharded at world 4: peak memory of parameters, gradients and AdamW's state at most 0.35 of "
+          "update::replicated's, as its formula says") {
+  constexpr int world = 4;
+  struct measured {
+    ddp::memory_held held;
+    std::size_t peak = 0, parameter_floats = 0, module_floats = 0;
+    std::vector<std::size_t> buckets;
+  };
+  auto run = [&]<class Update>() {
+    return ddp::inproc::launch(world, [&](communicator& comm) {
+      auto model = make_tower(std::make_index_sequence<40>{});
+      measured m;
+      for (const ddp::parameter_ref& p : model.parameters()) m.parameter_floats += p.value.numel();
+      ddp::host::device dev;
+      ddp::trainer<tower, Update, ddp::optim::adamw, ddp::buffer_sync::none, ddp::unused_params::unchecked,
+                   ddp::bucket_cap<(tower_width + 1) * tower_width * 4>>
+          trainer(model, comm, dev, adamw);
+      m.buckets = trainer.bucket_sizes();
+      m.held = trainer.memory();
+      dev.reset_memory_high_water();
+      ddp::nn::matrix x(2, tower_width);
+      for (std::size_t i = 0; i < x.data.size(); ++i) x.data[i] = static_cast<float>((i * 7 + comm.rank()) % 13) / 13.0f;
+      const std::vector<int> y{1, 2};
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x), y).grad); });
+      // Everything this rank's trainer holds at its high-water mark; what the module keeps itself.
+      m.peak = dev.memory_high_water();
+      for (const ddp::parameter_ref& p : model.parameters())
+        m.module_floats += (p.value.data ? p.value.numel() : 0) + (p.grad.data ? p.grad.numel() : 0);
+      // replicated: the module keeps its values (its gradients are bound into the buckets)
+      if (!std::is_same_v<Update, ddp::update::fully_sharded>) m.peak += m.parameter_floats * sizeof(float);
+      return m;
+    })[0];
+  };
+  const auto rep = run.template operator()<ddp::update::replicated>();
+  const auto zero3 = run.template operator()<ddp::update::fully_sharded>();
+  REQUIRE(rep.buckets.size() == 40);  // a bucket per layer
+  const std::size_t f = sizeof(float), p = rep.parameter_floats;
+  CHECK(p > 10'000'000);
+  std::size_t shards = 0;
+  for (const auto n : rep.buckets) shards += shard_of(n, world);
+  // Held between steps: this rank's shard of the parameters, the gradients and AdamW's two state
+  // floats per parameter (the control float beside); the module holds nothing.
+  CHECK(zero3.held.parameters == shards * f);
+  CHECK(zero3.held.gradients == (shards + 1) * f);
+  CHECK(zero3.held.optimizer_state == 2 * shards * f);
+  CHECK(zero3.module_floats == 0);
+  // In a step, besides: the gathered parameters of a layer and the next one's, and the full
+  // gradients of the layer in backward and of the two buckets reducing.
+  const std::size_t layer = world * shard_of(rep.buckets.front(), world) + 1;
+  CHECK(zero3.peak <= zero3.held.total() + 5 * layer * f);
+  CHECK(rep.peak >= 4 * p * f);
+  const double ratio = static_cast<double>(zero3.peak) / static_cast<double>(rep.peak);
+  MESSAGE("fully_sharded peak / replicated peak at world 4: " << ratio);
+  CHECK(ratio <= 0.35);
+}
+
+TEST_CASE("update::fully_sharded: a checkpoint resumes bitwise, at the same world size and at another, and the "
+          "module gets its parameters back when they were gathered") {
+  const auto dir = std::filesystem::temp_directory_path() / "ddp_zero3_checkpoint";
+  std::filesystem::remove_all(dir);
+  auto run = [&]<class Update>(int world, int steps, bool save, bool load) {
+    return ddp::inproc::launch(world, [&](communicator& comm) {
+      auto model = test::make_mlp(seed);
+      ddp::host::device dev;
+      {
+        ddp::trainer<test::mlp, Update, ddp::optim::adamw, ddp::bucket_cap<256>> trainer(model, comm, dev, adamw);
+        if (load) trainer.load(dir);
+        for (int s = static_cast<int>(trainer.steps()); s < steps; ++s) {
+          const auto b = test::make_batch(per_rank_batch, 90 + static_cast<std::uint64_t>(10 * s + comm.rank()));
+          trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+        }
+        if (save) trainer.save(dir);
+        trainer.gather_parameters();  // the module takes them back when the trainer goes
+      }
+      const auto g = model.layer<0>().params()[0].grad();
+      CHECK(g.data() != nullptr);
+      CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
+      return test::parameter_values(model);
+    });
+  };
+  using ddp::update::replicated, ddp::update::fully_sharded;
+  const auto whole = run.template operator()<replicated>(2, 4, false, false);
+  CHECK(run.template operator()<fully_sharded>(2, 4, false, false) == whole);
+  run.template operator()<fully_sharded>(2, 2, true, false);
+  CHECK(run.template operator()<fully_sharded>(2, 4, false, true) == whole);
+  // At another world size: the optimizer state's shards re-cut, as replicated resumes from its own.
+  const auto at_three = run.template operator()<fully_sharded>(3, 4, false, true);
+  std::filesystem::remove_all(dir);
+  run.template operator()<replicated>(2, 2, true, false);
+  CHECK(at_three == run.template operator()<replicated>(3, 4, false, true));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("update::fully_sharded: between steps the module holds no parameter until gathered, and join() and "
+          "16-bit parameters are named errors") {
+  ddp::inproc::launch(2, [&](communicator& comm) {
+    auto model = make_deep_mlp();
+    ddp::host::device dev;
+    ddp::trainer<deep_mlp, ddp::update::fully_sharded, ddp::bucket_cap<2400>> trainer(model, comm, dev, sgd);
+    const auto b = test::make_batch(8, 40 + static_cast<std::uint64_t>(comm.rank()));
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    CHECK(model.layer<0>().params()[0].value().data() == nullptr);
+    const auto held = trainer.memory().parameters;
+    CHECK(trainer.gather_parameters());
+    CHECK_FALSE(trainer.gather_parameters());  // gathered already
+    CHECK(model.layer<0>().params()[0].value().data() != nullptr);
+    CHECK(trainer.memory().parameters > held);
+    trainer.release_parameters();
+    CHECK(trainer.memory().parameters == held);
+    CHECK(model.layer<0>().params()[0].value().data() == nullptr);
+    CHECK_THROWS_WITH_AS(trainer.join(), doctest::Contains("update::fully_sharded gathers each layer's parameters"),
+                         ddp::error);
+  });
+  ddp::inproc::launch(2, [&](communicator& comm) {
+    auto model = make_deep_mlp();
+    model.cast_parameters(ddp::dtype::bf16);
+    ddp::host::device dev;
+    using zero3 = ddp::trainer<deep_mlp, ddp::update::fully_sharded, ddp::bucket_cap<2400>>;
+    CHECK_THROWS_WITH_AS(zero3(model, comm, dev, sgd), doctest::Contains("16-bit parameter value(s)"), ddp::error);
+  });
+}
+
+namespace {
+
+// test::deep_mlp whose layer hooks are watched: when a layer's forward or backward is about to
+// compute (the trainer's hook has returned), how many all_gathers the rank has issued and how many
+// parameter floats the trainer holds gathered.
+struct watched_deep_mlp : ddp::layer_hooks {
+  using input_type = deep_mlp::input_type;
+  using output_type = deep_mlp::output_type;
+  static constexpr bool reports_gradient_ready = true;
+  struct seen {
+    char pass;  // 'f' forward, 'b' backward
+    std::size_t first, gathers, gathered_floats;
+  };
+
+  deep_mlp inner = make_deep_mlp();
+  ddp::layer_hooks* trainer = nullptr;
+  std::function<std::size_t()> gathers, gathered_floats;
+  std::vector<seen> log;
+
+  auto parameters() { return inner.parameters(); }
+  auto buffers() { return inner.buffers(); }
+  output_type forward(const input_type& x) { return inner.forward(x); }
+  void backward(const output_type& g, const ddp::ready_sink& ready) { inner.backward(g, ready); }
+  void bind_gradient(std::size_t i, float* p) { inner.bind_gradient(i, p); }
+  void bind_parameter(std::size_t i, float* p) { inner.bind_parameter(i, p); }
+  void place_gradient(std::size_t i, float* p) { inner.place_gradient(i, p); }
+  void place_parameter(std::size_t i, float* p) { inner.place_parameter(i, p); }
+  void set_layer_hooks(ddp::layer_hooks* h) {
+    trainer = h;
+    inner.set_layer_hooks(h ? this : nullptr);
+  }
+  void before_forward(std::size_t first, std::size_t count) override {
+    trainer->before_forward(first, count);
+    log.push_back({'f', first, gathers(), gathered_floats()});
+  }
+  void after_forward(std::size_t first, std::size_t count) override { trainer->after_forward(first, count); }
+  void before_backward(std::size_t first, std::size_t count) override {
+    trainer->before_backward(first, count);
+    log.push_back({'b', first, gathers(), gathered_floats()});
+  }
+  void after_backward(std::size_t first, std::size_t count) override { trainer->after_backward(first, count); }
+};
+
+}  // namespace
+
+TEST_CASE("update::fully_sharded gathers the next layer's parameters while a layer computes, and holds no more than "
+          "the buckets of that layer and the next") {
+  using counting = test::counting_communicator<communicator>;
+  struct watched {
+    std::vector<watched_deep_mlp::seen> log;
+    std::vector<std::size_t> numels, buckets;
+  };
+  const auto runs = ddp::inproc::launch(2, [&](communicator& inner) {
+    counting comm(inner);
+    watched_deep_mlp model;
+    ddp::host::device dev;
+    ddp::trainer<watched_deep_mlp, ddp::update::fully_sharded, ddp::bucket_cap<2400>, ddp::use_communicator<counting>>
+        trainer(model, comm, dev, sgd);
+    const std::size_t kept = trainer.memory().parameters / sizeof(float), before = comm.all_gather_calls();
+    model.gathers = [&] { return comm.all_gather_calls() - before; };
+    model.gathered_floats = [&] { return trainer.memory().parameters / sizeof(float) - kept; };
+    const auto b = test::make_batch(8, 20 + static_cast<std::uint64_t>(inner.rank()));
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    watched w{model.log, {}, trainer.bucket_sizes()};
+    for (const ddp::parameter_ref& p : model.parameters()) w.numels.push_back(p.value.numel());
+    return w;
+  });
+  const auto& [log, numels, buckets] = runs[0];
+  REQUIRE(log.size() == 20);  // ten layers with parameters (a weight and a bias each), forward then backward
+  const auto plan = ddp::bucket_cap<2400>{}.plan(numels);
+  REQUIRE(plan.buckets.size() == buckets.size());
+  REQUIRE(buckets.size() >= 8);
+  // The buckets of parameters [lo, hi]: each is gathered once in a pass, as its parameters lie together.
+  auto buckets_of = [&](std::size_t lo, std::size_t hi) {
+    std::set<std::size_t> seen;
+    for (std::size_t i = lo; i <= hi; ++i) seen.insert(plan.slots[i].bucket);
+    return seen.size();
+  };
+  // The first and last parameter of the buckets that layer k's parameters (2k, 2k + 1) lie in.
+  auto span_of_layer = [&](std::size_t k) {
+    std::size_t lo = numels.size(), hi = 0;
+    for (const std::size_t i : {2 * k, 2 * k + 1})
+      for (const auto p : plan.buckets[plan.slots[i].bucket]) lo = std::min(lo, p), hi = std::max(hi, p);
+    return std::pair(lo, hi);
+  };
+  const std::size_t last = numels.size() - 1, largest = 2 * shard_of(*std::max_element(buckets.begin(), buckets.end()), 2);
+  for (std::size_t k = 0; k < 10; ++k) {
+    CAPTURE(k);
+    // Forward: layer k (parameters 2k, 2k + 1) computes with the bucket after its own issued.
+    CHECK(log[k].pass == 'f');
+    CHECK(log[k].first == 2 * k);
+    CHECK(log[k].gathers == buckets_of(0, std::min(span_of_layer(k).second + 1, last)));
+    CHECK(log[k].gathered_floats <= 3 * largest);
+    // Backward, from the last layer: layer 9 - k computes with the layer before it already gathering.
+    const std::size_t first = 2 * (9 - k);
+    CHECK(log[10 + k].pass == 'b');
+    CHECK(log[10 + k].first == first);
+    const std::size_t lo = span_of_layer(9 - k).first;
+    CHECK(log[10 + k].gathers == buckets.size() + buckets_of(lo == 0 ? 0 : lo - 1, last));
+    CHECK(log[10 + k].gathered_floats <= 3 * largest);
+  }
 }

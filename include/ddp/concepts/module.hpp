@@ -33,6 +33,12 @@
 //        // the trainer places it again before a backward writes it). update::sharded_gradients
 //        // needs both: a layer's full gradients then live only from its backward until their
 //        // bucket's reduce_scatter completes.
+//   void place_parameter(std::size_t i, float* storage);
+//        // points parameter i's value at storage as it is there, copying nothing (nullptr:
+//        // nowhere, and the module's own value memory goes). update::fully_sharded needs it, with
+//        // the layer hooks above called around every layer's forward and backward (before_forward,
+//        // after_forward, before_backward, after_backward) and bind_parameter: a layer's
+//        // parameters then live only while a forward or backward of it runs.
 //   void eval();  void train(bool on = true);  bool training() const;
 //        // evaluation mode: forward saves nothing for a backward and layers such as batch_norm
 //        // use their running statistics; trainer.evaluate() switches to it and back.
@@ -112,6 +118,9 @@ concept places_gradients = requires(M& m, layer_hooks* h, std::size_t i, float* 
   m.set_layer_hooks(h);
   m.place_gradient(i, p);
 };
+
+template <class M>
+concept places_parameters = places_gradients<M> && requires(M& m, std::size_t i, float* p) { m.place_parameter(i, p); };
 
 template <class M>
 concept defers_buffer_updates = requires(M& m, bool on, std::span<const float> records) {

@@ -43,6 +43,9 @@ class parameter {
   // The gradient is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
   // goes too) until placed again (update::sharded_gradients, layer by layer in backward).
   void place_gradient(float* storage);
+  // The value is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
+  // goes too) until placed again (update::fully_sharded, layer by layer in forward and backward).
+  void place_value(float* storage);
 
   parameter_ref ref(const std::string& prefix) const;
 
@@ -199,6 +202,15 @@ DDP_RUNTIME_INLINE void parameter::place_gradient(float* storage) {
   grad_ = storage;
   own_grad_.clear();
   own_grad_.shrink_to_fit();
+}
+
+DDP_RUNTIME_INLINE void parameter::place_value(float* storage) {
+  if (type_ != dtype::f32)
+    throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                           ": only an f32 value can be placed");
+  value_ = storage;
+  own_value_.clear();
+  own_value_.shrink_to_fit();
 }
 
 DDP_RUNTIME_INLINE void parameter::widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const {

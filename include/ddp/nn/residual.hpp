@@ -43,6 +43,7 @@ class nested_parameter {
   void bind_gradient(float* storage) { p_->bind_gradient(storage); }
   void bind_value(float* storage) { p_->bind_value(storage); }
   void place_gradient(float* storage) { p_->place_gradient(storage); }
+  void place_value(float* storage) { p_->place_value(storage); }
   void before_forward() { p_->before_forward(); }
   void after_backward() { p_->after_backward(); }
   void cast(dtype t) { p_->cast(t); }

@@ -26,6 +26,9 @@ namespace ddp::nn {
 // ddp::nn::cuda::parameter can).
 template <class L>
 concept places_layer_gradients = requires(L& l, float* storage) { l.params()[0].place_gradient(storage); };
+// ... and their value (ddp::nn::parameter and ddp::nn::cuda::parameter can).
+template <class L>
+concept places_layer_values = requires(L& l, float* storage) { l.params()[0].place_value(storage); };
 
 template <layer First, layer... Rest>
 class sequential {
@@ -71,9 +74,12 @@ class sequential {
 
   matrix_type forward(const matrix_type& x) {
     matrix_type h = x;
-    for_each_layer([&](auto& l, std::size_t) {
+    for_each_layer([&](auto& l, std::size_t k) {
+      const bool hooked = hooks_ && l.params().size();
+      if (hooked) hooks_->before_forward(first_param_[k], l.params().size());
       for (auto& p : l.params()) p.before_forward();
       h = l.forward(h, training_);
+      if (hooked) hooks_->after_forward(first_param_[k], l.params().size());
     });
     if (training_) ++pending_;
     return h;
@@ -87,8 +93,10 @@ class sequential {
     --pending_;
     matrix_type g = grad_output;
     for_each_layer_reverse([&](auto& l, std::size_t k) {
-      if (hooks_ && l.params().size()) hooks_->before_backward(first_param_[k], l.params().size());
+      const bool hooked = hooks_ && l.params().size();
+      if (hooked) hooks_->before_backward(first_param_[k], l.params().size());
       g = l.backward(g, /*need_dx=*/k > 0 || input_gradient_);
+      if (hooked) hooks_->after_backward(first_param_[k], l.params().size());
       auto ps = l.params();
       for (std::size_t i = 0; i < ps.size(); ++i) {
         ps[i].after_backward();
@@ -114,8 +122,9 @@ class sequential {
   void bind_parameter(std::size_t index, float* storage) {
     with_parameter(index, [&](auto& p) { p.bind_value(storage); });
   }
-  // Layer by layer in backward (update::sharded_gradients): before a layer's backward the hooks
-  // hear of its parameters, and the trainer places their gradients (ddp/concepts/module.hpp).
+  // Layer by layer (update::sharded_gradients, update::fully_sharded): around each layer's forward
+  // and backward the hooks hear of its parameters, and the trainer places their gradients and
+  // values (ddp/concepts/module.hpp).
   void set_layer_hooks(layer_hooks* hooks) noexcept
     requires(places_layer_gradients<First> && (places_layer_gradients<Rest> && ...))
   {
@@ -125,6 +134,11 @@ class sequential {
     requires(places_layer_gradients<First> && (places_layer_gradients<Rest> && ...))
   {
     with_parameter(index, [&](auto& p) { p.place_gradient(storage); });
+  }
+  void place_parameter(std::size_t index, float* storage)
+    requires(places_layer_values<First> && (places_layer_values<Rest> && ...))
+  {
+    with_parameter(index, [&](auto& p) { p.place_value(storage); });
   }
 
   // Deferred buffer updates (reduction::invariant): nn/deferred_updates.hpp.

@@ -22,6 +22,19 @@
 //               same bits. Needs a module that places gradients layer by layer (set_layer_hooks,
 //               place_gradient and bind_gradient: ddp/concepts/module.hpp). Micro-batches before
 //               the step's last keep their gradients whole until the step reduces them.
+//   fully_sharded
+//               sharded_gradients, and the rank keeps only its shard of the parameters too (ZeRO
+//               stage 3, PyTorch's FullyShardedDataParallel): a bucket's parameters are gathered
+//               (all_gather) when the first of its layers starts its forward, and again when the
+//               first of them starts its backward, and their memory goes back once every layer
+//               of the bucket is through; while a layer computes, the bucket the pass needs
+//               next is already gathering. The optimizer updates this rank's shard where it is kept, and
+//               no all_gather follows the update. The same arithmetic, so the same bits; the
+//               bytes of one and a half all_reduce. Needs a module that places its parameters
+//               layer by layer (place_parameter, and the layer hooks' before_forward,
+//               after_forward and after_backward: ddp/concepts/module.hpp), with f32 parameters.
+//               Between steps the module holds no parameter: trainer.gather_parameters() gathers
+//               them all (collective) until the next step.
 //
 // A policy of this slot is a type with
 //   using slot = ddp::update::slot;  static constexpr std::string_view name;
@@ -35,6 +48,8 @@
 // and, optionally,
 //   static constexpr std::size_t gradient_buckets_in_flight;  // > 0: keep only this rank's shard
 //        // of the gradients, at most this many buckets' full gradients reducing at once
+//   static constexpr bool shards_parameters;  // keep only this rank's shard of the parameters,
+//        // gathered layer by layer in forward and backward (needs gradient_buckets_in_flight > 0)
 // Collectives are issued in bucket order on every rank; each operation of bucket_ops is one.
 #include <concepts>
 #include <cstddef>
@@ -112,12 +127,28 @@ struct sharded_gradients : sharded {
   static constexpr std::size_t gradient_buckets_in_flight = 2;
 };
 
+// ZeRO stage 3: the parameters are gathered when a layer needs them, not after the update.
+struct fully_sharded : sharded_gradients {
+  static constexpr std::string_view name = "fully_sharded";
+  static constexpr bool shards_parameters = true;
+  void after_update(bucket_ops&) {}
+  void finish(bucket_ops&) {}
+};
+
 // 0 unless the policy keeps only its shard of the gradients.
 template <class P>
 consteval std::size_t gradient_buckets_in_flight() {
   if constexpr (requires { { P::gradient_buckets_in_flight } -> std::convertible_to<std::size_t>; })
     return P::gradient_buckets_in_flight;
   else return 0;
+}
+
+// Whether the policy keeps only its shard of the parameters.
+template <class P>
+consteval bool shards_parameters() {
+  if constexpr (requires { { P::shards_parameters } -> std::convertible_to<bool>; })
+    return P::shards_parameters;
+  else return false;
 }
 
 struct slot {
@@ -145,6 +176,10 @@ consteval bool diagnose() {
                 "ddp: a policy in the update slot that keeps only its shard of the gradients "
                 "(gradient_buckets_in_flight) updates only its shard of the parameters, so it must gather them: "
                 "`gathers_parameters = true` with an equal-shards plan, as update::sharded");
+  static_assert(!shards_parameters<P>() || gradient_buckets_in_flight<P>() > 0,
+                "ddp: a policy in the update slot that keeps only its shard of the parameters (shards_parameters) "
+                "must keep only its shard of the gradients too: give it gradient_buckets_in_flight > 0, as "
+                "update::fully_sharded");
   return policy<P>;
 }
 

@@ -15,6 +15,10 @@
 // is held from a backward's first gradient to the completed reduction only (memory the reducer
 // gives from its pool): then this rank's shard and the control floats are copied out and the
 // memory goes back.
+// When the update policy keeps only its shard of the parameters too (update::fully_sharded),
+// values is held only while the bucket's layers run (memory the reducer gives from its pool,
+// filled by an all_gather of every rank's kept shard); this rank's shard lives in a memory of
+// its own, which the optimizer updates.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +58,7 @@ struct bucket_shape {
   bool binds_values = false;    // the module keeps its parameters in `values`
   bool binds_gradients = false; // the module's gradients live in `grads`
   bool releases_gradients = false;  // `grads` is held only while needed; the shard is kept
+  bool shards_parameters = false;   // `values` too, gathered from the kept shards when needed
   std::size_t virtual_shards = 0;  // reduction::invariant<V>: the exact sum over V micro-batches
 };
 
@@ -69,7 +74,8 @@ class bucket final : public update::bucket_ops {
         grads_(shape.releases_gradients ? device_array<Device, float>() : zeroed(shape.layout.padded + shape.control)),
         values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()),
         kept_shard_(shape.releases_gradients ? zeroed(shape.layout.shard) : device_array<Device, float>()),
-        kept_control_(shape.releases_gradients ? zeroed(shape.control) : device_array<Device, float>()) {
+        kept_control_(shape.releases_gradients ? zeroed(shape.control) : device_array<Device, float>()),
+        kept_values_(shape.shards_parameters ? zeroed(shape.layout.shard) : device_array<Device, float>()) {
     if (shape.virtual_shards) exact_.emplace(comm, dev, shape.layout.padded, shape.virtual_shards);
   }
 
@@ -127,7 +133,7 @@ class bucket final : public update::bucket_ops {
   std::size_t gradient_bytes() const noexcept {
     return (grads_.size() + kept_shard_.size() + kept_control_.size()) * sizeof(float);
   }
-  std::size_t parameter_bytes() const noexcept { return values_.size() * sizeof(float); }
+  std::size_t parameter_bytes() const noexcept { return (values_.size() + kept_values_.size()) * sizeof(float); }
   // After complete_reduction: this rank's shard and the control floats stay, the memory goes
   // back to the caller (who placed the module's gradients nowhere first).
   device_array<Device, float> release_gradients() {
@@ -137,6 +143,41 @@ class bucket final : public update::bucket_ops {
     for (auto& s : segments_) s.tensor = nullptr;
     return std::move(grads_);
   }
+  // ---- the gathered parameters, when the update policy keeps only its shard of them ----------
+
+  bool shards_parameters() const noexcept { return shape_.shards_parameters; }
+  // The gathered parameters have memory (their all_gather may still be in flight).
+  bool values_held() const noexcept { return values_.size() != 0; }
+  float* value_memory() noexcept { return values_.data(); }
+  // Holds `memory` (at least padded() floats) for the parameters and starts the all_gather of
+  // every rank's kept shard into it; `gather`: false when the contents are about to be written
+  // over (a checkpoint's values), so no collective goes.
+  void hold_values(device_array<Device, float> memory, bool gather) {
+    values_ = std::move(memory);
+    if (gather)
+      gathering_.emplace(comm_->all_gather(const_buffer{kept_values_.data(), shard(), dtype::f32},
+                                           mutable_buffer{values_.data(), padded(), dtype::f32}));
+  }
+  // Waits for the parameters' all_gather, if one is in flight (kept until clear_works, so that a
+  // stream backend's failure of it is still read after the step).
+  void wait_values() {
+    if (!gathering_) return;
+    auto w = std::move(*gathering_);
+    gathering_.reset();
+    gathered_.push_back(std::move(w));
+    gathered_.back().wait();
+  }
+  // The gathered values into this rank's kept shard (after the module's values were written there).
+  void keep_value_shard() {
+    device_->copy(kept_values_.data(), values_.data() + shard_begin(), shard() * sizeof(float));
+  }
+  // The gathered memory back to the caller, after its all_gather (the caller placed the module's
+  // values nowhere first).
+  device_array<Device, float> release_values() {
+    wait_values();
+    return std::move(values_);
+  }
+
   // The step's reduction of this bucket completed (until clear_works).
   bool completed() const noexcept { return completed_; }
 
@@ -176,9 +217,10 @@ class bucket final : public update::bucket_ops {
   // A stream backend's failure that aborted this bucket's collectives (ddp::rethrow_failure):
   // after the host has synchronised with the device.
   void rethrow_failures() const {
-    for (const auto* w : {&work_, &control_work_, &gather_})
+    for (const auto* w : {&work_, &control_work_, &gather_, &gathering_})
       if (*w) rethrow_failure(**w);
     for (const auto& w : more_) rethrow_failure(w);
+    for (const auto& w : gathered_) rethrow_failure(w);
   }
 
   void zero_gradients() {
@@ -200,12 +242,13 @@ class bucket final : public update::bucket_ops {
       } catch (...) {
       }
     };
-    for (auto* w : {&work_, &control_work_, &gather_})
+    for (auto* w : {&work_, &control_work_, &gather_, &gathering_})
       if (*w) quietly(**w);
     for (auto& w : more_) quietly(w);
   }
   void clear_works() {
     work_.reset(), more_.clear(), control_work_.reset(), gather_.reset();
+    gathered_.clear();  // a gather in flight stays: the reducer waits for it when it releases the values
     completed_ = false;
   }
 
@@ -231,10 +274,12 @@ class bucket final : public update::bucket_ops {
   }
   // The part of a parameter's value (offset in the bucket) inside this rank's shard: where its
   // values start, its offset from the shard's start, its count (0 when none of it is there).
-  segment shard_part(const segment& s) const {
+  // When the parameters are sharded, the values are in the kept shard, whatever s.tensor says.
+  segment shard_part(const segment& s) {
     const std::size_t begin = std::max(s.offset, shard_begin());
     const std::size_t end = std::min(s.offset + s.count, shard_begin() + shard());
     if (end <= begin) return {s.tensor, 0, 0};
+    if (shape_.shards_parameters) return {kept_values_.data() + (begin - shard_begin()), begin - shard_begin(), end - begin};
     return {s.tensor + (begin - s.offset), begin - shard_begin(), end - begin};
   }
 
@@ -377,6 +422,7 @@ class bucket final : public update::bucket_ops {
   device_array<Device, float> values_;            // gathered parameters, when the update policy gathers
   device_array<Device, float> kept_shard_;        // releasing: this rank's shard of the averaged gradients
   device_array<Device, float> kept_control_;      // releasing: the averaged control floats
+  device_array<Device, float> kept_values_;       // sharding parameters: this rank's shard of them
   std::vector<device_array<Device, float>> hook_scratch_;  // the hook's (before the works: freed after them)
   std::vector<device_array<Device, float>> hook_state_;    // the hook's, saved in checkpoints
   std::optional<exact_sum<Comm, Device>> exact_;           // reduction::invariant's (before the works too)
@@ -385,6 +431,8 @@ class bucket final : public update::bucket_ops {
   std::vector<work_type> more_;                   // the hook's further collectives in this step
   std::optional<work_type> control_work_;         // the control floats', when not part of work_
   std::optional<work_type> gather_;               // the updated parameters' all_gather
+  std::optional<work_type> gathering_;            // sharding parameters: their all_gather in flight
+  std::vector<work_type> gathered_;               // ... and those waited for in this step
   bool held_ = false;                  // releasing: grads_ holds pool memory
   bool completed_ = false;             // this step's reduction completed
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter

@@ -15,6 +15,7 @@
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/checkpoint_retention.hpp"
 #include "ddp/trainer/consensus.hpp"
+#include "ddp/trainer/parameters_gathered.hpp"
 #include "ddp/trainer/signature.hpp"
 
 namespace ddp::detail {
@@ -106,10 +107,12 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
   if (auto differs = save_options_disagreement(comm, dev, options); !differs.empty()) problem = differs;
   else if (auto why = save_options_problem(options); !why.empty()) problem = why;
   if (!problem) try {
+      auto state = core.checkpoint_state("save");
+      const detail::parameters_gathered whole(state.reducer);  // first: a collective, on every rank alike
       if (comm.rank() == 0) committed = where.index();
       checkpoint_file f;
       pos.write(f, comm.rank());
-      core.checkpoint_state("save").write(f);
+      state.write(f);
       std::filesystem::create_directories(dir / step);
       write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
     } catch (const std::exception& e) {

@@ -21,6 +21,7 @@
 #include "ddp/sampler/sampler.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "ddp/trainer/metrics.hpp"
+#include "ddp/trainer/parameters_gathered.hpp"
 
 namespace ddp::detail {
 
@@ -57,9 +58,12 @@ Total add_in_shard_order(Core& core, std::vector<Total> per_shard) {
   return total;
 }
 
-// Collective. `core` offers communicator(), synchronize_buffers() and reduce(metrics).
-template <class Core, class Module, class Loader, class F>
-auto evaluate(Core& core, Module& module, const Loader& loader, F&& per_batch, std::size_t shards = 0) {
+// Collective. `core` offers communicator(), synchronize_buffers() and reduce(metrics); `parameters`
+// gather_parameters() and release_parameters() (the gradient reducer: sharded parameters are
+// gathered once for the whole evaluation, whatever number of batches each rank has).
+template <class Core, class Module, class Loader, class F, class Parameters>
+auto evaluate(Core& core, Module& module, const Loader& loader, F&& per_batch, std::size_t shards,
+              Parameters& parameters) {
   static_assert(loader_requirements::has_shard_batches<Loader>,
                 "ddp: evaluate() needs a loader with batches(const ddp::shard&), whose batches carry the "
                 "padding's weights (ddp::data::loader has it)");
@@ -67,6 +71,7 @@ auto evaluate(Core& core, Module& module, const Loader& loader, F&& per_batch, s
   const auto shard = sampler::evaluation_shard(loader.dataset_size(), comm.rank(), comm.size());
   const auto mine = shards ? sampler::virtual_shards(shards, comm.rank(), comm.size()) : sampler::shard_range{};
   core.synchronize_buffers();
+  const parameters_gathered whole(parameters);
   constexpr bool has_modes = requires { module.eval(); module.train(true); };
   bool was_training = true;
   if constexpr (requires { { module.training() } -> std::convertible_to<bool>; }) was_training = module.training();

@@ -24,6 +24,13 @@
 //                    smallest that does), made at the bucket's own size when none does: the pool
 //                    settles in the first steps, after which a step allocates nothing, and a
 //                    large layer does not make every array large
+//   parameter memory under an update policy that keeps only its shard of the parameters, a bucket
+//                    holds its gathered parameters from the forward (or backward) of its first
+//                    layer until every layer of it is through, from the same pool; the module's
+//                    values are placed there meanwhile, and the bucket the pass needs next starts
+//                    gathering while a layer computes. gather_parameters() holds them all (in
+//                    memory of their own), for what reads the whole model between steps (an
+//                    evaluation, a checkpoint)
 //
 // It is built from the bucket policy's plan and the update policy's layout, both checked here:
 // a plan that leaves a parameter out, puts two in one place or runs past its bucket, and a
@@ -61,7 +68,8 @@ namespace ddp::detail {
 using saved_bucket = std::array<std::size_t, 4>;
 inline std::vector<saved_bucket> saved_bucket_layout(const checkpoint_file& f) { return number_rows<4>(f.text("buckets")); }
 
-// It is the module's layer hooks too (update::sharded_gradients): before_backward holds memory.
+// It is the module's layer hooks too (update::sharded_gradients, update::fully_sharded): they hold
+// and release memory.
 template <communicator Comm, device Device>
 class gradient_reducer final : public layer_hooks {
  public:
@@ -93,9 +101,21 @@ class gradient_reducer final : public layer_hooks {
       shape.gathers = w.update.gathers_parameters();
       shape.binds_values = w.binds_values;
       shape.releases_gradients = w.update.gradient_buckets_in_flight() > 0;
+      shape.shards_parameters = w.update.shards_parameters();
       shape.binds_gradients = w.binds_gradients || shape.releases_gradients;  // placed, layer by layer
       shape.virtual_shards = w.reduction.virtual_shards();
       problem = layout_problem(shape);
+      if (!problem && shape.shards_parameters && !w.binds_values)
+        problem = "update::" + std::string(w.update.name()) + " keeps only this rank's shard of the parameters, so "
+                  "the module's values must live in the trainer's memory, which holds f32 parameters only; this "
+                  "module has " + std::to_string(params.half_floats()) + " 16-bit parameter value(s): keep the "
+                  "parameters in f32, or use update::sharded_gradients";
+      if (!problem && shape.shards_parameters && shape.virtual_shards % static_cast<std::size_t>(comm.size()) != 0)
+        problem = "update::" + std::string(w.update.name()) + " gathers the parameters in every micro-batch's forward "
+                  "and backward, so every rank must run as many micro-batches per step; under reduction::invariant<" +
+                  std::to_string(shape.virtual_shards) + "> the " + std::to_string(comm.size()) + " ranks would run " +
+                  "uneven shares of the virtual shards: run on a world size that divides " +
+                  std::to_string(shape.virtual_shards) + ", or use update::sharded_gradients";
       shapes.push_back(shape);
     }
     agree_or_throw(comm, dev, problem, "construct", "the bucket plan or the update layout cannot be used");
@@ -115,6 +135,8 @@ class gradient_reducer final : public layer_hooks {
     }
     used_.assign(params.size(), 0);
     reported_.assign(params.size(), 0);
+    forwarded_.assign(params.size(), 0);
+    backwarded_.assign(params.size(), 0);
   }
   gradient_reducer(const gradient_reducer&) = delete;
   gradient_reducer& operator=(const gradient_reducer&) = delete;
@@ -147,7 +169,7 @@ class gradient_reducer final : public layer_hooks {
   memory_held memory() const noexcept {
     memory_held m;
     for (const auto& bk : buckets_) m.gradients += bk.gradient_bytes(), m.parameters += bk.parameter_bytes();
-    for (const auto& a : spare_gradients_) m.gradients += a.size() * sizeof(float);
+    for (const auto& a : spare_) m.gradients += a.size() * sizeof(float);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto& p = params_[i];
       const std::size_t bytes = p.numel * size_of(p.type);
@@ -159,14 +181,70 @@ class gradient_reducer final : public layer_hooks {
   // How the module's gradient of parameter i is pointed at memory (nullptr: nowhere); set by the
   // component that knows the module (trainer/storage_return.hpp), empty to stop.
   void set_gradient_placement(std::function<void(std::size_t, float*)> place) { place_ = std::move(place); }
-  // The module's layer hook: backward is about to write the gradients of parameters [first,
-  // first + count).
+  // The module's layer hook: backward is about to read parameters [first, first + count) and
+  // write their gradients.
   void before_backward(std::size_t first, std::size_t count) override {
+    if (shards_parameters()) need_values(first, count, /*forward=*/false);
     for (std::size_t i = first; i < first + count && i < params_.size(); ++i)
       if (params_[i].type == dtype::f32) hold(buckets_[params_[i].slot.bucket], i);
   }
 
-  void begin_micro_batch() noexcept { ++micro_batches_; }
+  // ---- parameter memory held only while needed (update::fully_sharded) ----------------------
+
+  bool shards_parameters() const noexcept { return w_.update.shards_parameters(); }
+  // How the module's value of parameter i is pointed at memory (nullptr: nowhere); empty to stop.
+  void set_parameter_placement(std::function<void(std::size_t, float*)> place) { place_values_ = std::move(place); }
+  // The module's layer hooks around a layer's forward, and after its backward.
+  void before_forward(std::size_t first, std::size_t count) override {
+    if (shards_parameters()) need_values(first, count, /*forward=*/true);
+  }
+  void after_forward(std::size_t first, std::size_t count) override {
+    if (shards_parameters()) done_with_values(first, count, forwarded_);
+  }
+  void after_backward(std::size_t first, std::size_t count) override {
+    if (shards_parameters()) done_with_values(first, count, backwarded_);
+  }
+  // Every parameter gathered into the module and kept there (the layer hooks neither release nor
+  // gather any) until the next micro-batch begins or release_parameters(). Collective. Returns
+  // whether it gathered them (false: they were already, or the policy keeps them whole).
+  bool gather_parameters() {
+    if (!shards_parameters() || pinned_) return false;
+    for (auto& bk : buckets_)
+      if (!bk.values_held()) hold_values(bk, /*gather=*/true, /*pooled=*/false);
+    for (auto& bk : buckets_) bk.wait_values();
+    pinned_ = true;
+    return true;
+  }
+  // Gives back gather_parameters()'s memory; none of it is kept for the next step (it held the
+  // whole model, in memory of its own: the pool the steps use is left as it was). Not collective.
+  void release_parameters() {
+    if (!pinned_) return;
+    pinned_ = false;
+    for (auto& bk : buckets_)
+      if (bk.values_held()) release_values(bk, /*to_pool=*/false);
+  }
+  // Memory for every parameter, not gathered: a checkpoint's values are written there next, and
+  // stage_values() keeps this rank's shard of them.
+  void hold_parameters() {
+    if (!shards_parameters()) return;
+    for (auto& bk : buckets_)
+      if (!bk.values_held()) hold_values(bk, /*gather=*/false, /*pooled=*/false);
+    pinned_ = true;
+  }
+  // Before the parameters are written to a checkpoint: they must be gathered.
+  void require_parameters_gathered() const {
+    if (shards_parameters() && !pinned_)
+      throw error("trainer", "state", comm_.rank(),
+                  "update::" + std::string(w_.update.name()) + " keeps only this rank's shard of the parameters, "
+                  "and they were not gathered for this state: trainer.save() gathers them, on every rank; a rank "
+                  "whose world failed cannot, so resume from the last checkpoint");
+  }
+
+  // A micro-batch begins: parameters gathered between steps go (the layer hooks hold them again).
+  void begin_micro_batch() {
+    release_parameters();
+    ++micro_batches_;
+  }
   // A micro-batch before the step's last ended. Under an exact sum its gradients are set aside and
   // the next starts from zero; otherwise they accumulate in place.
   void end_accumulated_micro_batch() {
@@ -267,6 +345,12 @@ class gradient_reducer final : public layer_hooks {
   // join(): between steps; and a joined rank shadows the others' steps, but under an exact sum a
   // step is the V virtual shards, whatever the ranks hold.
   void require_joinable() const {
+    if (shards_parameters())  // every rank alike: nobody waits
+      throw collective_error("trainer", "join", comm_.rank(),
+                  "update::" + std::string(w_.update.name()) + " gathers each layer's parameters in forward and "
+                  "backward, collectives that a joined rank, which runs neither, cannot mirror: give every rank as "
+                  "many batches (trainer.epoch_shards(loader), or a sampler that drops the last uneven ones) and "
+                  "leave join() out, or use update::sharded_gradients");
     if (const std::size_t v = w_.reduction.virtual_shards())
       throw error("trainer", "join", comm_.rank(),
                   "under reduction::invariant<" + std::to_string(v) + "> every step is its " + std::to_string(v) +
@@ -335,6 +419,11 @@ class gradient_reducer final : public layer_hooks {
     next_complete_ = 0;
     micro_batches_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
+    // The update changed the kept shards: gathered copies still held (a layer that skipped its
+    // backward) are stale.
+    if (shards_parameters())
+      for (auto& bk : buckets_)
+        if (bk.values_held()) release_values(bk, /*to_pool=*/true);
   }
 
   void zero_gradients() {
@@ -342,8 +431,19 @@ class gradient_reducer final : public layer_hooks {
   }
 
   // Parameters the module keeps itself, under an update policy that gathers: the gathered copy
-  // takes their values.
+  // takes their values. Under one that keeps only its shard of them, this rank's shard is kept from
+  // the gathered copy, which goes (the module's values are placed nowhere).
   void stage_values() {
+    if (shards_parameters()) {
+      for (auto& bk : buckets_)
+        if (bk.values_held()) {
+          bk.wait_values();
+          bk.keep_value_shard();
+          release_values(bk, /*to_pool=*/false);
+        }
+      pinned_ = false;
+      return;
+    }
     if (w_.update.gathers_parameters() && !w_.binds_values)
       for (auto& bk : buckets_) bk.stage_values();
   }
@@ -447,7 +547,7 @@ class gradient_reducer final : public layer_hooks {
                   "shard from then on): the unused-parameter policy expected no gradient for a parameter of "
                   "bucket " + std::to_string(bk.index()) + "; use unused_params::detect_each_step, or keep the "
                   "parameter out of backward");
-    bk.hold_gradients(spare_gradients_for(bk.held_floats()));
+    bk.hold_gradients(spare_for(bk.held_floats()));
     if (place_)
       for (const auto p : bk.parameters())
         if (params_[p].type == dtype::f32) place_(p, bk.gradient_memory() + params_[p].slot.offset);
@@ -455,20 +555,70 @@ class gradient_reducer final : public layer_hooks {
   // The smallest spare array that holds `floats`; else a new one of that size, which replaces the
   // largest spare (too small) so that the pool never holds more arrays than were in use at once.
   // Arrays are only replaced by larger ones and added, so the pool settles in the first steps.
-  device_array<Device, float> spare_gradients_for(std::size_t floats) {
-    if (spare_gradients_.empty()) return device_array<Device, float>(device_, floats);
-    auto best = spare_gradients_.end(), largest = spare_gradients_.begin();
-    for (auto it = spare_gradients_.begin(); it != spare_gradients_.end(); ++it) {
-      if (it->size() >= floats && (best == spare_gradients_.end() || it->size() < best->size())) best = it;
+  device_array<Device, float> spare_for(std::size_t floats) {
+    if (spare_.empty()) return device_array<Device, float>(device_, floats);
+    auto best = spare_.end(), largest = spare_.begin();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->size() >= floats && (best == spare_.end() || it->size() < best->size())) best = it;
       if (it->size() > largest->size()) largest = it;
     }
-    if (best == spare_gradients_.end()) {
-      spare_gradients_.erase(largest);  // freed before the new one is made: the high-water mark is the pool's
+    if (best == spare_.end()) {
+      spare_.erase(largest);  // freed before the new one is made: the high-water mark is the pool's
       return device_array<Device, float>(device_, floats);
     }
     auto memory = std::move(*best);
-    spare_gradients_.erase(best);
+    spare_.erase(best);
     return memory;
+  }
+
+  // Parameters [first, first + count) are about to be read: their buckets' values gathered (and
+  // waited for), and the bucket that the pass needs next starts gathering: that of the parameter
+  // just past these buckets' own (after them in forward, before them in backward; a bucket's
+  // parameters lie together).
+  void need_values(std::size_t first, std::size_t count, bool forward) {
+    const std::size_t last = std::min(first + count, params_.size());
+    std::size_t lo = params_.size(), hi = 0;
+    for (std::size_t i = first; i < last; ++i) {
+      auto& bk = buckets_[params_[i].slot.bucket];
+      if (!bk.values_held()) hold_values(bk, /*gather=*/true, /*pooled=*/true);
+      for (const auto p : bk.parameters()) lo = std::min(lo, p), hi = std::max(hi, p);
+    }
+    const std::size_t next = forward ? hi + 1 : (lo == 0 ? params_.size() : lo - 1);
+    if (first < last && next < params_.size())
+      if (auto& bk = buckets_[params_[next].slot.bucket]; !bk.values_held())
+        hold_values(bk, /*gather=*/true, /*pooled=*/true);
+    for (std::size_t i = first; i < last; ++i) buckets_[params_[i].slot.bucket].wait_values();
+  }
+  // A layer's forward (or backward) is done with parameters [first, first + count): a bucket whose
+  // every parameter is through gives its gathered memory back to the pool.
+  void done_with_values(std::size_t first, std::size_t count, std::vector<char>& through) {
+    if (pinned_) return;
+    const std::size_t last = std::min(first + count, params_.size());
+    for (std::size_t i = first; i < last; ++i) through[i] = 1;
+    for (std::size_t i = first; i < last; ++i) {
+      auto& bk = buckets_[params_[i].slot.bucket];
+      const auto members = bk.parameters();
+      if (bk.values_held() && std::all_of(members.begin(), members.end(), [&](std::size_t p) { return through[p] != 0; }))
+        release_values(bk, /*to_pool=*/true);
+    }
+  }
+  // Memory for the bucket's parameters (gathered into it, or to be written), from the pool or of
+  // its own, the module's values placed there.
+  void hold_values(bucket_type& bk, bool gather, bool pooled) {
+    bk.hold_values(pooled ? spare_for(bk.padded()) : device_array<Device, float>(device_, bk.padded()), gather);
+    for (const auto p : bk.parameters()) {
+      params_[p].value = bk.value_memory() + params_[p].slot.offset;
+      if (place_values_) place_values_(p, params_[p].value);
+    }
+  }
+  void release_values(bucket_type& bk, bool to_pool) {
+    for (const auto p : bk.parameters()) {
+      params_[p].value = nullptr;
+      if (place_values_) place_values_(p, nullptr);
+      forwarded_[p] = backwarded_[p] = 0;
+    }
+    auto memory = bk.release_values();
+    if (to_pool) spare_.push_back(std::move(memory));
   }
   // The bucket's reduction completes; its full gradients go back to the pool when the policy keeps
   // only the shard.
@@ -478,7 +628,7 @@ class gradient_reducer final : public layer_hooks {
     if (place_)
       for (const auto i : bk.parameters())
         if (params_[i].type == dtype::f32) place_(i, nullptr);
-    spare_gradients_.push_back(bk.release_gradients());
+    spare_.push_back(bk.release_gradients());
   }
 
   void launch(std::size_t b) {
@@ -610,7 +760,10 @@ class gradient_reducer final : public layer_hooks {
   bool overlaps_update_ = false;
   unused_view view_{*this};
   std::function<void(std::size_t, float*)> place_;  // the module's place_gradient
-  std::vector<device_array<Device, float>> spare_gradients_;  // held by no bucket now
+  std::function<void(std::size_t, float*)> place_values_;  // the module's place_parameter
+  std::vector<device_array<Device, float>> spare_;  // gradient and parameter memory held by no bucket now
+  std::vector<char> forwarded_, backwarded_;  // sharded parameters: through their layer's forward, backward
+  bool pinned_ = false;  // gather_parameters() holds every bucket's parameters
   device_array<Device, float> control_;  // the control floats, when sent on their own
   std::optional<typename bucket_type::work_type> control_work_;
 };

@@ -88,6 +88,8 @@ struct update_part {
   virtual bool gathers_parameters() const noexcept = 0;
   // > 0: only this rank's shard of the gradients is kept, at most this many buckets in flight.
   virtual std::size_t gradient_buckets_in_flight() const noexcept = 0;
+  // Only this rank's shard of the parameters is kept; they are gathered layer by layer.
+  virtual bool shards_parameters() const noexcept = 0;
   virtual update::layout plan(std::size_t numel, int rank, int ranks) const = 0;
   virtual void reduce(update::bucket_ops&) = 0;
   virtual void after_update(update::bucket_ops&) = 0;
@@ -103,6 +105,7 @@ struct update_adapter final : update_part {
   std::string_view name() const noexcept override { return policy_name(policy); }
   bool gathers_parameters() const noexcept override { return P::gathers_parameters; }
   std::size_t gradient_buckets_in_flight() const noexcept override { return update::gradient_buckets_in_flight<P>(); }
+  bool shards_parameters() const noexcept override { return update::shards_parameters<P>(); }
   update::layout plan(std::size_t numel, int rank, int ranks) const override { return policy.plan(numel, rank, ranks); }
   void reduce(update::bucket_ops& b) override { policy.reduce(b); }
   void after_update(update::bucket_ops& b) override { policy.after_update(b); }

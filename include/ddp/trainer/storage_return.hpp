@@ -4,7 +4,9 @@
 // reducer has placed every parameter, and hands the storage back to the module before the
 // buckets go, also when construction fails half-way. Under an update policy that keeps only its
 // shard of the gradients, it places the module's gradients nowhere instead, and makes the
-// reducer the module's layer hooks, which places them layer by layer in backward.
+// reducer the module's layer hooks, which places them layer by layer in backward; under one that
+// keeps only its shard of the parameters, the module's values too, layer by layer in forward and
+// backward (the module holds no parameter between steps, unless gathered).
 #include <cstddef>
 #include <functional>
 #include <vector>
@@ -41,6 +43,11 @@ class storage_return {
               module.place_gradient(i, nullptr);
               gradients_.push_back(i);
             }
+          if constexpr (places_parameters<Module>)
+            if (reducer.shards_parameters()) {
+              reducer.set_parameter_placement([m = module_](std::size_t i, float* at) { m->place_parameter(i, at); });
+              stop_placing_values_ = [&reducer] { reducer.set_parameter_placement({}); };
+            }
           module.set_layer_hooks(&reducer);
         }
       for (std::size_t i = 0; i < params.size(); ++i) {
@@ -71,6 +78,7 @@ class storage_return {
         if (stop_placing_) {
           module_->set_layer_hooks(nullptr);
           stop_placing_();
+          if (stop_placing_values_) stop_placing_values_();
         }
       if constexpr (binds_gradient_storage<Module>)
         for (const auto i : gradients_) module_->bind_gradient(i, nullptr);
@@ -84,6 +92,7 @@ class storage_return {
   // Set while the reducer places the module's gradients layer by layer (it is the module's layer
   // hooks): stops the placing, when the module takes its gradients back.
   std::function<void()> stop_placing_;
+  std::function<void()> stop_placing_values_;  // ... and its values (the parameters sharded)
   std::vector<std::size_t> gradients_;  // parameters with bound gradients
   std::vector<std::size_t> values_;     // parameters with bound values
 };

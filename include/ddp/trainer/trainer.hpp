@@ -127,6 +127,19 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "before each layer's backward) and `void place_gradient(std::size_t i, float* storage)` "
                 "(ddp/concepts/module.hpp), and `void bind_gradient(std::size_t i, float* storage)` to take its "
                 "gradients back when the trainer goes; ddp::nn::sequential has all three. Or use update::sharded");
+  static constexpr bool module_places_parameters() {
+    if constexpr (valid) return !update::shards_parameters<get<update::slot>>() ||
+                                (places_parameters<Module> && binds_parameter_storage<Module>);
+    else return true;
+  }
+  static_assert(module_places_parameters(),
+                "ddp: this update policy (update::fully_sharded, or one that declares shards_parameters) keeps only "
+                "this rank's shard of the parameters, so it places the module's values layer by layer in forward and "
+                "backward: the module needs `void place_parameter(std::size_t i, float* storage)` and layer hooks "
+                "that it calls around every layer's forward and backward (before_forward, after_forward, "
+                "before_backward, after_backward: ddp/core/layer_hooks.hpp), `void bind_parameter(std::size_t i, float* "
+                "storage)` to take its values back when the trainer goes, and what update::sharded_gradients needs; "
+                "ddp::nn::sequential has them all. Or use update::sharded_gradients");
   static constexpr bool hook_fits_reduction() {
     if constexpr (valid)
       return get<reduction::slot>::virtual_shards == 0 || std::is_same_v<get<comm_hook::slot>, comm_hook::none>;

@@ -131,6 +131,10 @@ class trainer_core {
   // Each bucket updated as soon as its reduction completes, while later ones still reduce
   // (trainer/update_stage.hpp, docs/trainer.md); the same bits. Between steps, on every rank alike.
   void overlap_optimizer(bool on = true) { reducer_.overlap_update(on); }
+  // update::fully_sharded: every parameter gathered into the module until the next step or
+  // release_parameters(), to read or run the whole model (trainer/gradient_reducer.hpp). Collective.
+  bool gather_parameters() { return reducer_.gather_parameters(); }
+  void release_parameters() { reducer_.release_parameters(); }
 
   // Zeroes this rank's gradients (not collective): for a module whose backward also runs outside
   // this trainer's steps, as a GAN's discriminator in the generator's step (PyTorch: D.zero_grad()).
@@ -157,7 +161,7 @@ class trainer_core {
   // (trainer/evaluation.hpp). Collective.
   template <class Loader, class F>
   auto evaluate(const Loader& loader, F&& per_batch) {
-    return detail::evaluate(*this, module_, loader, std::forward<F>(per_batch), reduction_part().virtual_shards());
+    return detail::evaluate(*this, module_, loader, std::forward<F>(per_batch), reduction_part().virtual_shards(), reducer_);
   }
 
   Module& module() noexcept { return module_; }

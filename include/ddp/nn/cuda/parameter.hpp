@@ -49,6 +49,16 @@ class parameter {
     own_grad_ = {};
   }
 
+  // The value is at `storage` as it is there, nothing copied; nullptr: nowhere (update::
+  // fully_sharded, layer by layer in forward and backward).
+  void place_value(float* storage) {
+    if (type_ != dtype::f32)
+      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                             ": only an f32 value can be placed");
+    value_ = storage;
+    own_value_ = {};
+  }
+
   parameter_ref ref(const std::string& prefix) const {
     const auto where = device_id::cuda(dev_->ordinal());
     if (type_ != dtype::f32)
