@@ -594,7 +594,10 @@ TEST_CASE("update::fully_sharded gathers the next layer's parameters while a lay
     for (const ddp::parameter_ref& p : model.parameters()) w.numels.push_back(p.value.numel());
     return w;
   });
-  const auto& [log, numels, buckets] = runs[0];
+  // Named, not a structured binding: the lambdas below capture them.
+  const auto& log = runs[0].log;
+  const auto& numels = runs[0].numels;
+  const auto& buckets = runs[0].buckets;
   REQUIRE(log.size() == 20);  // ten layers with parameters (a weight and a bias each), forward then backward
   const auto plan = ddp::bucket_cap<2400>{}.plan(numels);
   REQUIRE(plan.buckets.size() == buckets.size());
