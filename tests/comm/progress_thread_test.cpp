@@ -12,6 +12,8 @@
 
 #include "ddp/comm/progress_thread.hpp"
 
+namespace comm_progress_thread_test {
+
 namespace {
 
 // Operations append their index here; the queue runs one at a time, the lock is for TSan's sake.
@@ -121,3 +123,5 @@ TEST_CASE("operations never overlap, whether the progress thread, a waiter or a 
   CHECK(overlaps.load() == 0);
   CHECK(ran.load() == 600);
 }
+
+}  // namespace comm_progress_thread_test

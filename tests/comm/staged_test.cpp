@@ -9,6 +9,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/equivalence.hpp"
 
+namespace comm_staged_test {
+
 namespace {
 using staged = ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::host::device>;
 static_assert(ddp::diagnose_communicator<staged>());
@@ -69,3 +71,5 @@ TEST_CASE("a staged collective that fails returns a work whose wait() throws the
                                            }),
                        doctest::Contains("root 7 is not a rank"), std::exception);
 }
+
+}  // namespace comm_staged_test

@@ -10,6 +10,8 @@
 #include "ddp/inproc/communicator.hpp"
 #include "support/minimal_module.hpp"
 
+namespace concepts_test {
+
 namespace {
 
 struct complete_comm {
@@ -96,3 +98,5 @@ TEST_CASE("device concept") {
   static_assert(!ddp::device_requirements::has_queue<device_without_locate>);
   CHECK(ddp::device<ddp::host::device>);
 }
+
+}  // namespace concepts_test

@@ -35,6 +35,8 @@
 #include "ddp/core/spin_wait.hpp"
 #include "ddp/core/tensor.hpp"
 
+namespace core_test {
+
 TEST_CASE("ddp::error says where: the backend, the operation and the rank before the message, and gives each part back") {
   const ddp::error e("inproc", "all_reduce", 2, "count 7 differs from rank 0's 8");
   CHECK(std::string(e.what()) == "ddp[inproc] all_reduce on rank 2: count 7 differs from rank 0's 8");
@@ -400,3 +402,5 @@ TEST_CASE("cpu affinity: a thread binds to a CPU it may use, and one it may not 
   CHECK(cpus.empty());
 #endif
 }
+
+}  // namespace core_test

@@ -9,6 +9,8 @@
 
 #include "ddp/cuda/segment_table.hpp"
 
+namespace cuda_segment_table_test {
+
 namespace {
 
 using ddp::cuda::kernels::group_span;
@@ -90,3 +92,5 @@ TEST_CASE("segment_table: a table of empty segments has no work") {
   const auto r = walk(t, 64);
   CHECK(r.max_groups == 0);
 }
+
+}  // namespace cuda_segment_table_test

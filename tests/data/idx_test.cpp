@@ -12,6 +12,8 @@
 #include "ddp/data/idx.hpp"
 #include "ddp/data/loader.hpp"
 
+namespace data_idx_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -122,3 +124,5 @@ TEST_CASE("the loader makes full batches in the sampler's order and drops the pa
   CHECK(batches[0] == std::vector<int>{90, 10, 50});
   CHECK(batches[1] == std::vector<int>{20, 80, 0});
 }
+
+}  // namespace data_idx_test

@@ -21,6 +21,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace data_stream_test {
+
 namespace {
 
 using padded = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
@@ -273,3 +275,5 @@ TEST_CASE("a memory-mapped Fashion-MNIST gives the examples, bit for bit, of the
                        doctest::Contains("found a file of 0 bytes"), ddp::error);
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace data_stream_test

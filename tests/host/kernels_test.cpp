@@ -15,6 +15,8 @@
 #include "ddp/host/kernels.hpp"
 #include "ddp/host/linalg.hpp"
 
+namespace host_kernels_test {
+
 DDP_DEVICE_CONFORMANCE_SUITE("host device: ", ddp::host::device)
 
 TEST_CASE("the x86 16-bit conversions give the portable loops' bits, NaNs included") {
@@ -189,3 +191,5 @@ TEST_CASE("reduce_to_all gives the same bits with and without streamed outputs")
   CHECK(std::memcmp(streamed.data() + 1, plain.data(), n * sizeof(float)) == 0);
   CHECK(std::memcmp(a2.data(), plain.data(), n * sizeof(float)) == 0);
 }
+
+}  // namespace host_kernels_test

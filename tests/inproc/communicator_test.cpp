@@ -10,6 +10,8 @@
 #include "ddp/comm/collectives.hpp"
 #include "ddp/inproc/launch.hpp"
 
+namespace inproc_communicator_test {
+
 namespace {
 const int world_sizes[] = {1, 2, 3, 4, 8};
 }
@@ -97,3 +99,5 @@ TEST_CASE("inproc bind_to_cores puts each rank, and the threads it starts, on a 
 TEST_CASE("inproc avg: ranks at the largest power of two average to it, not inf (the sum would overflow)") {
   for (int w : {2, 3, 4}) ddp::inproc::launch(w, [](auto& comm) { conformance::avg_overflow_cases(comm); });
 }
+
+}  // namespace inproc_communicator_test

@@ -13,6 +13,8 @@
 #include "ddp/comm/collectives.hpp"
 #include "ddp/inproc/launch.hpp"
 
+namespace inproc_failure_test {
+
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
@@ -272,3 +274,5 @@ TEST_CASE("a rank that fails mid-stream stops every rank at the same collective"
     for (int r : {0, 2}) CHECK(o.rank_errors[r].find("rank 1 failed: injected") != std::string::npos);
   }
 }
+
+}  // namespace inproc_failure_test

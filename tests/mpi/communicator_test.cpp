@@ -11,6 +11,8 @@
 #include "../conformance/communicator_suite.hpp"
 #include "mpi/world.hpp"
 
+namespace mpi_communicator_test {
+
 TEST_CASE("mpi all_reduce: every dtype, op, size, in and out of place") { conformance::all_reduce_cases(mpi_test::comm()); }
 TEST_CASE("mpi broadcast: every dtype, size and root") { conformance::broadcast_cases(mpi_test::comm()); }
 TEST_CASE("mpi all_gather: every dtype and size, in and out of place") { conformance::all_gather_cases(mpi_test::comm()); }
@@ -61,3 +63,5 @@ TEST_CASE("mpi local rank numbers the ranks of each host") {
   const char* expected = std::getenv("DDP_TEST_HOSTS");
   CHECK(hosts.size() == static_cast<std::size_t>(expected ? std::atoi(expected) : 1));
 }
+
+}  // namespace mpi_communicator_test

@@ -12,6 +12,8 @@
 #include "trainer/hook_bound.hpp"
 #include "trainer/invariance.hpp"
 
+namespace mpi_trainer_test {
+
 using namespace equivalence;
 
 TEST_CASE_TEMPLATE("mpi: N processes equal one process on the global batch", Sync, ddp::buffer_sync::none,
@@ -170,3 +172,5 @@ TEST_CASE_TEMPLATE("mpi: reduction::invariant: N processes take the bits of one 
   })[0];
   CHECK(invariance::bitwise_equal(invariance::train_rank<invariant, Update>(comm, opt), one));
 }
+
+}  // namespace mpi_trainer_test

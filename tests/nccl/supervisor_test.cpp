@@ -20,6 +20,8 @@
 
 #include "ddp/nccl/supervisor.hpp"
 
+namespace nccl_supervisor_test {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -391,3 +393,5 @@ TEST_CASE("a communicator that aborts on failure (the default) cannot be shrunk 
   CHECK_THROWS_WITH(s.when_quiescent("ncclCommShrink", [](fake_handle&, bool) { return nd::call_result{}; }),
                     doctest::Contains("on_failure::revoke"));
 }
+
+}  // namespace nccl_supervisor_test

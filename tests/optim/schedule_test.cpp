@@ -5,6 +5,8 @@
 
 #include "ddp/optim/schedule.hpp"
 
+namespace optim_schedule_test {
+
 namespace s = ddp::optim::schedule;
 
 TEST_CASE("schedules: constant, cosine (with a floor), step decay, warm-up, and a lambda, composed") {
@@ -46,3 +48,5 @@ TEST_CASE("cosine gives the bits of the example's former hand-written schedule")
     CHECK(lr * cos(step) == before);
   }
 }
+
+}  // namespace optim_schedule_test

@@ -14,6 +14,8 @@
 #include "trainer/hook_bound.hpp"
 #include "trainer/test_model.hpp"
 
+namespace policy_comm_hook_test {
+
 namespace {
 
 using namespace equivalence;
@@ -90,3 +92,5 @@ TEST_CASE("a hook written outside the library fills the slot: average_in_f64") {
       CHECK(test::max_relative_error(params, ref.params) <= 1e-5);
   }
 }
+
+}  // namespace policy_comm_hook_test

@@ -18,6 +18,8 @@
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
+namespace policy_powersgd_test {
+
 namespace {
 
 using params_t = std::vector<std::vector<float>>;
@@ -193,3 +195,5 @@ TEST_CASE_TEMPLATE("a powersgd run resumed from a checkpoint continues with the 
   CHECK(resumed[1] == straight[1]);
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace policy_powersgd_test

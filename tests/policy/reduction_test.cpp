@@ -15,6 +15,8 @@
 #include "ddp/core/random.hpp"
 #include "ddp/policy/reduction.hpp"
 
+namespace policy_reduction_test {
+
 namespace exact = ddp::reduction::exact;
 
 namespace {
@@ -126,3 +128,5 @@ TEST_CASE("exact sum of doubles: any order and split gives the same bits, close 
   with_inf.add(std::numeric_limits<double>::infinity());
   CHECK(std::isnan(with_inf.value()));
 }
+
+}  // namespace policy_reduction_test

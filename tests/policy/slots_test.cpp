@@ -7,6 +7,8 @@
 #include "ddp/policy/slots.hpp"
 #include "ddp/policy/unused_params.hpp"
 
+namespace policy_slots_test {
+
 namespace {
 using slots = ddp::policy::slot_list<ddp::buffer_sync::slot, ddp::unused_params::slot,
                                      ddp::buckets::slot>;
@@ -45,3 +47,5 @@ TEST_CASE("a bucket cap prints in the largest unit that divides it, never as 0 K
   CHECK(ddp::bucket_cap<1536 << 10>{}.describe() == "1536 KiB");
   CHECK(ddp::bucket_cap<512>{}.describe() == "512 bytes");
 }
+
+}  // namespace policy_slots_test

@@ -11,6 +11,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace sampler_padding_test {
+
 namespace {
 
 using padded = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
@@ -178,3 +180,5 @@ TEST_CASE("trainer.evaluate: every sample counted once at any world size, in eva
     for (double c : correct_by_world) CHECK(c == correct_by_world[0]);  // the same samples, the same model
   }
 }
+
+}  // namespace sampler_padding_test

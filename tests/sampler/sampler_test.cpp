@@ -9,6 +9,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace sampler_test {
+
 TEST_CASE("P4 (sampler epoch not set): the trainer sets the epoch, orders differ per epoch, repeat per seed, and shard the data") {
   using sampler = ddp::sampler::distributed<true, ddp::sampler::tail::pad>;
   auto epoch_orders = [](std::uint64_t seed) {
@@ -153,3 +155,5 @@ TEST_CASE("every sampler deals each sample to exactly one rank at worlds 1 to 8 
     }
   }
 }
+
+}  // namespace sampler_test

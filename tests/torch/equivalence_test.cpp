@@ -9,6 +9,8 @@
 #include "support/relative_error.hpp"
 #include "torch/torch_model.hpp"
 
+namespace torch_equivalence_test {
+
 namespace {
 
 constexpr std::int64_t per_rank_batch = 8;
@@ -110,3 +112,5 @@ TEST_CASE("optim::external: the trainer reduces, a torch::optim optimizer steps,
     for (const auto& r : ranks) CHECK(test::max_relative_error(r, ref) <= 1e-5);
   }
 }
+
+}  // namespace torch_equivalence_test

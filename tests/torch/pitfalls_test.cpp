@@ -10,6 +10,8 @@
 #include "ddp/torch/module.hpp"
 #include "support/on_ranks.hpp"
 
+namespace torch_pitfalls_test {
+
 namespace {
 
 const ddp::optim::sgd sgd{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 1e-2f};
@@ -159,3 +161,5 @@ TEST_CASE("readiness comes from autograd after accumulation, and gradients live 
     for (auto& p : model.net()->parameters()) CHECK(p.grad().defined());
   });
 }
+
+}  // namespace torch_pitfalls_test

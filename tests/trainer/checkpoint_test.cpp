@@ -18,6 +18,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_checkpoint_test {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -386,3 +388,5 @@ TEST_CASE("checkpoint save options that differ across ranks or make no sense: an
   CHECK(ddp::detail::save_options_problem({.metric = std::nan("")}).find("metric is NaN") != std::string::npos);
   fs::remove_all(dir);
 }
+
+}  // namespace trainer_checkpoint_test

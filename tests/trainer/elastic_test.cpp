@@ -21,6 +21,8 @@
 #include "trainer/indexed_rows.hpp"
 #include "trainer/invariance.hpp"
 
+namespace trainer_elastic_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -270,6 +272,8 @@ TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoi
   }
 }
 
+namespace {
+
 template <class Update>
 void check_growing_back(ddp::optim::adamw opt) {
   const indexed_rows data(rows);
@@ -313,6 +317,8 @@ void check_growing_back(ddp::optim::adamw opt) {
   REQUIRE(elastic.params.size() == 5);
   for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
 }
+
+}  // namespace
 
 TEST_CASE_TEMPLATE("launch_elastic grows back: ranks join at a step boundary from a peer's state, every sample once, "
                    "the uninterrupted run's bits",
@@ -406,3 +412,5 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
   CHECK(taken.each_once(rows, epochs));
   fs::remove_all(dir);
 }
+
+}  // namespace trainer_elastic_test

@@ -8,6 +8,8 @@
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_equivalence_test {
+
 namespace {
 
 using namespace equivalence;
@@ -299,3 +301,5 @@ TEST_CASE("optim::external over a module that binds no gradient storage: the ave
   CHECK(unbound[0] == bound[0]);
   CHECK(unbound[1] == bound[1]);
 }
+
+}  // namespace trainer_equivalence_test

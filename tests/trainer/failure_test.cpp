@@ -14,6 +14,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_failure_test {
+
 namespace {
 
 enum class where { step_start, forward, backward, update, buffer_sync };
@@ -200,3 +202,5 @@ TEST_CASE("a failure at any point of a step reaches every rank as the cause, and
   SUBCASE("update::replicated") { check_every_fault<ddp::update::replicated>(); }
   SUBCASE("update::sharded") { check_every_fault<ddp::update::sharded>(); }
 }
+
+}  // namespace trainer_failure_test

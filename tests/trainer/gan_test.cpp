@@ -9,6 +9,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_gan_test {
+
 namespace {
 
 using generator = ddp::nn::sequential<ddp::nn::linear, ddp::nn::relu, ddp::nn::linear>;
@@ -190,3 +192,5 @@ TEST_CASE("a forward after the step's last backward is an error on every rank, n
     CHECK(e.find("a forward after this step's last backward") != std::string::npos);
   }
 }
+
+}  // namespace trainer_gan_test

@@ -20,6 +20,8 @@
 #include "support/relative_error.hpp"
 #include "trainer/invariance.hpp"
 
+namespace trainer_invariance_test {
+
 namespace {
 
 using namespace invariance;
@@ -363,3 +365,5 @@ TEST_CASE_TEMPLATE("reduction::invariant: a checkpoint saved in the middle of an
   }
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace trainer_invariance_test

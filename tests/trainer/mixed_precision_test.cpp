@@ -15,6 +15,8 @@
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_mixed_precision_test {
+
 namespace {
 
 using namespace equivalence;
@@ -182,3 +184,5 @@ TEST_CASE("what 16-bit parameters cannot do is an error naming the parameter") {
     });
   }
 }
+
+}  // namespace trainer_mixed_precision_test

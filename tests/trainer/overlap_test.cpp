@@ -23,6 +23,8 @@
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_overlap_test {
+
 namespace {
 
 using ddp::inproc::communicator;
@@ -265,3 +267,5 @@ TEST_CASE("elastic: a survivor that a peer's failure tore in its sharded update 
   CHECK(report.changes[0].resumed_at == 1);
   CHECK(report.changes[0].checkpoint == dir.string());
 }
+
+}  // namespace trainer_overlap_test

@@ -14,6 +14,8 @@
 #include "support/on_ranks.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_pitfalls_test {
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -431,3 +433,5 @@ TEST_CASE("buckets: reverse parameter order under the byte cap, reductions overl
     CHECK(t.overlapped_seconds <= t.reduction_seconds);
   });
 }
+
+}  // namespace trainer_pitfalls_test

@@ -8,6 +8,8 @@
 
 #include "ddp/trainer/progress.hpp"
 
+namespace trainer_progress_test {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -113,3 +115,5 @@ TEST_CASE("progress in place: redrawn at most every interval and at each epoch's
   CHECK_THROWS_WITH_AS(ddp::progress(0, {.epochs = 1}), doctest::Contains("progress_options::steps_per_epoch is 0"),
                        ddp::error);
 }
+
+}  // namespace trainer_progress_test

@@ -10,6 +10,8 @@
 #include "fashion_mnist/model.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_real_model_equivalence_test {
+
 namespace {
 
 using ddp::data::fashion_mnist;
@@ -59,3 +61,5 @@ TEST_CASE("the Fashion-MNIST model trains the same on 1, 2 and 4 ranks as on one
     for (const auto& r : ranks) CHECK(test::max_relative_error(r, expected) <= 1e-5);
   }
 }
+
+}  // namespace trainer_real_model_equivalence_test

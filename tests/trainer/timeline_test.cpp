@@ -20,6 +20,8 @@
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_timeline_test {
+
 namespace {
 
 constexpr int steps = 3;
@@ -167,3 +169,5 @@ TEST_CASE("a trace that cannot be written names the path") {
                       doctest::Contains("'/nonexistent-dir/trace.json'"));
   });
 }
+
+}  // namespace trainer_timeline_test

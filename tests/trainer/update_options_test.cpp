@@ -10,6 +10,8 @@
 #include "ddp/policy/powersgd.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_update_options_test {
+
 namespace {
 
 constexpr std::size_t per_rank_batch = 8;
@@ -307,3 +309,5 @@ TEST_CASE("a refused capture is decided before it records anything: no rank is a
     }
   }
 }
+
+}  // namespace trainer_update_options_test

@@ -9,6 +9,8 @@
 #include "trainer/invariance.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_user_policies_test {
+
 namespace {
 
 struct rank_state {
@@ -427,3 +429,5 @@ TEST_CASE("one_of: an unknown name lists the choices, and a policy chosen is pre
     CHECK(probe->prepared_before_first_forward == 1);
   });
 }
+
+}  // namespace trainer_user_policies_test

@@ -24,6 +24,8 @@
 #include "trainer/equivalence.hpp"
 #include "trainer/test_model.hpp"
 
+namespace trainer_zero_test {
+
 namespace {
 
 using namespace equivalence;
@@ -632,3 +634,5 @@ TEST_CASE("update::fully_sharded gathers the next layer's parameters while a lay
     CHECK(log[10 + k].gathered_floats <= 3 * largest);
   }
 }
+
+}  // namespace trainer_zero_test

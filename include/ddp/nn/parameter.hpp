@@ -42,10 +42,10 @@ class parameter {
   void bind_value(float* storage) { bind(storage, value_, own_value_); }
   // The gradient is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
   // goes too) until placed again (update::sharded_gradients, layer by layer in backward).
-  void place_gradient(float* storage);
+  void place_gradient(float* storage) { place(storage, grad_, own_grad_, "gradient"); }
   // The value is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
   // goes too) until placed again (update::fully_sharded, layer by layer in forward and backward).
-  void place_value(float* storage);
+  void place_value(float* storage) { place(storage, value_, own_value_, "value"); }
 
   parameter_ref ref(const std::string& prefix) const;
 
@@ -69,6 +69,8 @@ class parameter {
   // Moves the current contents to `storage` and points `where` at it; nullptr moves them back
   // into storage of this parameter's own (a trainer gives its buckets back).
   void bind(float* storage, float*& where, std::vector<float>& own);
+  // Points `where` at `storage` and lets the parameter's own memory go.
+  void place(float* storage, float*& where, std::vector<float>& own, const char* what);
   void widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const;
   void narrow(const std::vector<float>& from, std::vector<std::uint16_t>& to) const;
 
@@ -195,22 +197,13 @@ DDP_RUNTIME_INLINE void parameter::bind(float* storage, float*& where, std::vect
   own.shrink_to_fit();
 }
 
-DDP_RUNTIME_INLINE void parameter::place_gradient(float* storage) {
+DDP_RUNTIME_INLINE void parameter::place(float* storage, float*& where, std::vector<float>& own, const char* what) {
   if (type_ != dtype::f32)
-    throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
-                           ": only an f32 gradient can be placed");
-  grad_ = storage;
-  own_grad_.clear();
-  own_grad_.shrink_to_fit();
-}
-
-DDP_RUNTIME_INLINE void parameter::place_value(float* storage) {
-  if (type_ != dtype::f32)
-    throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
-                           ": only an f32 value can be placed");
-  value_ = storage;
-  own_value_.clear();
-  own_value_.shrink_to_fit();
+    throw std::logic_error("ddp::nn::parameter '" + name_ + "' is " + std::string(name_of(type_)) + ": only an f32 " +
+                           what + " can be placed");
+  where = storage;
+  own.clear();
+  own.shrink_to_fit();
 }
 
 DDP_RUNTIME_INLINE void parameter::widen(const std::vector<std::uint16_t>& from, std::vector<float>& to) const {

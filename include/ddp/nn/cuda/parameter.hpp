@@ -41,23 +41,10 @@ class parameter {
   void bind_value(float* storage) { bind(storage, value_, own_value_); }
   // The gradient is at `storage` as it is there, nothing copied; nullptr: nowhere (its own memory
   // goes too) until placed again (update::sharded_gradients, layer by layer in backward).
-  void place_gradient(float* storage) {
-    if (type_ != dtype::f32)
-      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
-                             ": only an f32 gradient can be placed");
-    grad_ = storage;
-    own_grad_ = {};
-  }
-
+  void place_gradient(float* storage) { place(storage, grad_, own_grad_, "gradient"); }
   // The value is at `storage` as it is there, nothing copied; nullptr: nowhere (update::
   // fully_sharded, layer by layer in forward and backward).
-  void place_value(float* storage) {
-    if (type_ != dtype::f32)
-      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
-                             ": only an f32 value can be placed");
-    value_ = storage;
-    own_value_ = {};
-  }
+  void place_value(float* storage) { place(storage, value_, own_value_, "value"); }
 
   parameter_ref ref(const std::string& prefix) const {
     const auto where = device_id::cuda(dev_->ordinal());
@@ -105,6 +92,14 @@ class parameter {
   }
 
  private:
+  // Points `where` at `storage` and lets the parameter's own memory go.
+  void place(float* storage, float*& where, ddp::cuda::device_vector<float>& own, const char* what) {
+    if (type_ != dtype::f32)
+      throw std::logic_error("ddp::nn::cuda::parameter '" + name_ + "' is " + std::string(name_of(type_)) +
+                             ": only an f32 " + what + " can be placed");
+    where = storage;
+    own = {};
+  }
   // Moves the current contents to `storage` (queued on the device's stream) and points `where` at it.
   // nullptr moves them back into storage of this parameter's own (a trainer gives its buckets back).
   void bind(float* storage, float*& where, ddp::cuda::device_vector<float>& own) {
