@@ -10,25 +10,6 @@ if(NOT DEFINED DDP_TEST_OPTIMIZATION)
   set(DDP_TEST_OPTIMIZATION -O1)
 endif()
 
-# A suite of several files can compile as UNITY_UNITS unity units: its files share
-# the trainer types they instantiate (the same model over the in-process communicator), which a
-# unit compiles once. The trainer suite's 13 files take about 330 s of compiler time one by one and
-# about 150 s as one unit. Each file keeps its names in a namespace named after its path, so the
-# files of a unit do not collide. DDP_UNITY_TESTS=OFF compiles every file on its own (an edit then
-# recompiles one file, not its unit).
-option(DDP_UNITY_TESTS "Compile multi-file test suites as unity units" ON)
-
-# ddp_unity_units(target units files...): the target's files compiled as `units` unity units,
-# in the order given.
-function(ddp_unity_units target units)
-  if(NOT DDP_UNITY_TESTS)
-    return()
-  endif()
-  list(LENGTH ARGN files)
-  math(EXPR batch "(${files} + ${units} - 1) / ${units}")
-  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${batch})
-endfunction()
-
 # ddp_add_doctest(name sources... [LABELS l...] [LIBS lib...] [UNITY_UNITS n])
 function(ddp_add_doctest name)
   cmake_parse_arguments(arg "" "UNITY_UNITS" "LABELS;LIBS" ${ARGN})

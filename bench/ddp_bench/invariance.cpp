@@ -40,7 +40,7 @@
 #endif
 
 namespace bench {
-namespace {
+namespace invariance_detail {
 
 using ddp::data::fashion_mnist;
 constexpr std::size_t shards = 8;
@@ -196,9 +196,10 @@ std::vector<setup> setups(const invariance_params& p) {
   return all;
 }
 
-}  // namespace
+}  // namespace invariance_detail
 
 int run_invariance(const invariance_params& p) {
+  using namespace invariance_detail;
   if (p.global_batch % shards != 0)
     throw std::invalid_argument("--global-batch " + std::to_string(p.global_batch) + " does not cut into " +
                                 std::to_string(shards) + " virtual shards: choose a multiple of " + std::to_string(shards));

@@ -35,7 +35,7 @@
 #include "model.hpp"
 
 namespace bench {
-namespace {
+namespace scaling_detail {
 
 using ddp::data::fashion_mnist;
 template <class Optimizer, class... More>
@@ -179,10 +179,11 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   }
 }
 
-}  // namespace
+}  // namespace scaling_detail
 
 
 int run_scaling(const scaling_params& p) {
+  using namespace scaling_detail;
   const std::string dir = p.data_dir.empty() ? std::string(fashion_mnist::default_directory) : p.data_dir;
   const auto train = fashion_mnist::load(fashion_mnist::split::train, dir);
   if (p.batch > train.size() / static_cast<std::size_t>(p.ranks))

@@ -33,7 +33,7 @@
 #include "ddp/sampler/virtual_shards.hpp"
 
 namespace bench {
-namespace {
+namespace step_detail {
 
 using ddp::nn::batch_norm, ddp::nn::linear, ddp::nn::relu;
 using model = ddp::nn::sequential<linear, batch_norm, relu, linear, batch_norm, relu, linear, batch_norm, relu, linear>;
@@ -319,9 +319,10 @@ std::vector<configuration> configurations(const std::vector<std::string>& vary) 
   return c;
 }
 
-}  // namespace
+}  // namespace step_detail
 
 int run_step(const step_params& p) {
+  using namespace step_detail;
   const auto w = solve(p.profile, p.params);
   const auto count = parameter_count(w);
   report out("step",
