@@ -1,6 +1,5 @@
 include(${doctest_DIR}/doctest.cmake OPTIONAL RESULT_VARIABLE ddp_doctest_module)
 
-set(DDP_WARNINGS -Wall -Wextra -Wpedantic -Wno-unknown-pragmas)
 # Test programs are built at -O1 whatever the build type: their template-heavy translation units
 # compile in about 2/3 of the -O3 time, and they run in seconds either way. No float result
 # changes with it (no -ffast-math, no FMA contraction on baseline x86-64), so the bitwise checks
