@@ -289,7 +289,7 @@ struct host_memory {
 // The reference operation for one call: `call` (every rank calls it), timed in turn with ddp's
 // forms; or, where it cannot run beside the ranks, `seconds` per call measured apart.
 struct baseline {
-  std::function<void()> call;
+  std::function<void()> call{};
   double seconds = 0;
 };
 using baseline_fn = std::function<baseline(collective_kind, ddp::dtype, ddp::reduce_op, call_shape, void* send, void* recv)>;

@@ -22,8 +22,8 @@ namespace fmnist {
 struct cnnImpl : torch::nn::Module {
   cnnImpl()
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1).bias(false)))),
-        bn1(register_module("bn1", torch::nn::BatchNorm2d(32))),
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1).bias(false)))),
+        bn1(register_module("bn1", torch::nn::BatchNorm2d(32))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(64))),
         dropout(register_module("dropout", torch::nn::Dropout(0.25))),
         fc1(register_module("fc1", torch::nn::Linear(64 * 7 * 7, 128))),

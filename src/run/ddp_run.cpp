@@ -348,7 +348,7 @@ int run(const settings& s) {
       ::poll(fds.data(), fds.size(), 20);
       if (fds[0].revents & POLLIN) {
         const int fd = ::accept4(lis.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) workers.push_back(worker{ddp::run::channel(fd)});
+        if (fd >= 0) workers.emplace_back().conn = ddp::run::channel(fd);
       }
       for (std::size_t i = 1; i < fds.size(); ++i) {
         auto& w = workers[i - 1];
