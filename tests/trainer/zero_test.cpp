@@ -62,6 +62,27 @@ std::size_t largest_held(const std::vector<std::size_t>& buckets, int world, std
   return sum;
 }
 
+
+// Each rank's parameters after the ten-bucket model's run (tests/trainer/deep_run.hpp) under Update, AdamW
+// and More.
+template <class Update, class... More>
+std::vector<std::vector<std::vector<float>>> deep_params(int world, test::deep_run_options o) {
+  return test::params_of(test::train_deep<Update, ddp::optim::adamw, More...>(world, o));
+}
+
+// Update strategies A and B give the same bits on the ten-bucket model with PowerSGD, fp16 and
+// static_graph (over micro-batches where they apply), and with clipping.
+template <class A, class B>
+void check_same_deep_bits(int world) {
+  using psgd = ddp::comm_hook::powersgd<1>;
+  using ddp::comm_hook::fp16, ddp::unused_params::static_graph;
+  const test::deep_run_options micro{.micro_batches = true};
+  CHECK(deep_params<A, psgd>(world, micro) == deep_params<B, psgd>(world, micro));
+  CHECK(deep_params<A, fp16>(world, {}) == deep_params<B, fp16>(world, {}));
+  CHECK(deep_params<A, static_graph>(world, micro) == deep_params<B, static_graph>(world, micro));
+  CHECK(deep_params<A>(world, {.clip = 0.05f}) == deep_params<B>(world, {.clip = 0.05f}));
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("update::sharded_gradients leaves every rank with bitwise the parameters of update::replicated",
@@ -111,24 +132,12 @@ TEST_CASE("update::sharded_gradients with a communication hook and with Join giv
 
 TEST_CASE("update::sharded_gradients gives update::sharded's bits with PowerSGD, fp16, static_graph, bf16 parameters, "
           "clipping and micro-batches, and around backwards outside its steps") {
-  auto train_deep = [&]<class Update, class... More>(int world, test::deep_run_options o) {
-    return test::params_of(test::train_deep<Update, ddp::optim::adamw, More...>(world, o));
-  };
   using ddp::update::sharded, ddp::update::sharded_gradients;
   for (int world : {2, 3}) {
     CAPTURE(world);
-    using psgd = ddp::comm_hook::powersgd<1>;
-    const test::deep_run_options micro{.micro_batches = true};
-    CHECK(train_deep.template operator()<sharded, psgd>(world, micro) ==
-          train_deep.template operator()<sharded_gradients, psgd>(world, micro));
-    CHECK(train_deep.template operator()<sharded, ddp::comm_hook::fp16>(world, {}) ==
-          train_deep.template operator()<sharded_gradients, ddp::comm_hook::fp16>(world, {}));
-    CHECK(train_deep.template operator()<sharded, ddp::unused_params::static_graph>(world, micro) ==
-          train_deep.template operator()<sharded_gradients, ddp::unused_params::static_graph>(world, micro));
-    CHECK(train_deep.template operator()<sharded>(world, {.micro_batches = true, .bf16 = true}) ==
-          train_deep.template operator()<sharded_gradients>(world, {.micro_batches = true, .bf16 = true}));
-    CHECK(train_deep.template operator()<sharded>(world, {.clip = 0.05f}) ==
-          train_deep.template operator()<sharded_gradients>(world, {.clip = 0.05f}));
+    check_same_deep_bits<sharded, sharded_gradients>(world);
+    CHECK(deep_params<sharded>(world, {.micro_batches = true, .bf16 = true}) ==
+          deep_params<sharded_gradients>(world, {.micro_batches = true, .bf16 = true}));
   }
   // A backward outside the trainer's steps (a GAN's discriminator in the generator's step) holds
   // its buckets until the next step reduces them, or until zero_gradients().
@@ -370,25 +379,14 @@ TEST_CASE("update::sharded_gradients: a checkpoint resumes bitwise, and the trai
 
 TEST_CASE("update::fully_sharded gives update::sharded_gradients' bits with PowerSGD, fp16, static_graph, clipping, "
           "micro-batches and the overlapped optimizer") {
-  auto train_deep = [&]<class Update, class... More>(int world, test::deep_run_options o) {
-    return test::params_of(test::train_deep<Update, ddp::optim::adamw, More...>(world, o));
-  };
   using ddp::update::sharded_gradients, ddp::update::fully_sharded;
   for (int world : {2, 3}) {
     CAPTURE(world);
-    using psgd = ddp::comm_hook::powersgd<1>;
+    check_same_deep_bits<sharded_gradients, fully_sharded>(world);
     const test::deep_run_options micro{.micro_batches = true};
-    CHECK(train_deep.template operator()<sharded_gradients, psgd>(world, micro) ==
-          train_deep.template operator()<fully_sharded, psgd>(world, micro));
-    CHECK(train_deep.template operator()<sharded_gradients, ddp::comm_hook::fp16>(world, {}) ==
-          train_deep.template operator()<fully_sharded, ddp::comm_hook::fp16>(world, {}));
-    CHECK(train_deep.template operator()<sharded_gradients, ddp::unused_params::static_graph>(world, micro) ==
-          train_deep.template operator()<fully_sharded, ddp::unused_params::static_graph>(world, micro));
-    const auto zero2 = train_deep.template operator()<sharded_gradients>(world, {.clip = 0.05f});
-    CHECK(zero2 == train_deep.template operator()<fully_sharded>(world, {.clip = 0.05f}));
-    const auto plain = train_deep.template operator()<sharded_gradients>(world, micro);
-    CHECK(plain == train_deep.template operator()<fully_sharded>(world, micro));
-    CHECK(plain == train_deep.template operator()<fully_sharded>(world, {.micro_batches = true, .overlap = true}));
+    const auto plain = deep_params<sharded_gradients>(world, micro);
+    CHECK(plain == deep_params<fully_sharded>(world, micro));
+    CHECK(plain == deep_params<fully_sharded>(world, {.micro_batches = true, .overlap = true}));
   }
 }
 
