@@ -61,4 +61,26 @@ void keep_a_torch_optimizer(MyNet net, ddp::inproc::communicator& comm, ddp::hos
   // [end doc]
 }
 
+void shard_a_sequential(ddp::inproc::communicator& comm, ddp::host::device& dev, const torch::Tensor& x,
+                        const torch::Tensor& y) {
+  // [doc: torch.md]
+  #include <ddp/ddp.hpp>
+  #include <ddp/torch/module.hpp>
+  #include <ddp/torch/seed.hpp>
+
+  auto net = ddp::torch::build_seeded(1, [] {
+    return torch::nn::Sequential(torch::nn::Linear(784, 512), torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                                 torch::nn::ReLU(), torch::nn::Linear(512, 10));
+  });
+  ddp::torch::module model(net);
+  // ZeRO-3: a rank keeps 1/N of the parameters, gradients and AdamW state; a layer's parameters
+  // are gathered for its forward and again for its backward.
+  ddp::trainer<decltype(model), ddp::update::fully_sharded, ddp::optim::adamw, ddp::bucket_cap<2 << 20>> trainer(
+      model, comm, dev, ddp::optim::adamw{.lr = 1e-3f});
+  trainer.step([&](auto& r) { r.backward(torch::nn::functional::cross_entropy(r.forward(x), y)); });
+  trainer.gather_parameters();  // collective: the whole net in net->parameters() until the next step
+  torch::save(net, "net.pt");
+  // [end doc]
+}
+
 }  // namespace snippets

@@ -17,15 +17,6 @@ constexpr std::int64_t per_rank_batch = 8;
 constexpr int steps = 3;
 constexpr double lr = 0.1, momentum = 0.9, weight_decay = 1e-3;
 
-std::vector<std::vector<float>> values(torch_test::net& n) {
-  std::vector<std::vector<float>> out;
-  for (auto& p : n->parameters()) {
-    auto c = p.detach().contiguous();
-    out.emplace_back(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
-  return out;
-}
-
 // Plain libtorch, one process, the global batch: what a ddp::torch run must equal.
 std::vector<std::vector<float>> reference(int world) {
   auto n = torch_test::make_net(3);
@@ -36,7 +27,7 @@ std::vector<std::vector<float>> reference(int world) {
     torch::nn::functional::cross_entropy(n->forward(b.x), b.y).backward();
     opt.step();
   }
-  return values(n);
+  return torch_test::values(n);
 }
 
 // Step s: this rank's rows of the global batch the reference takes whole, the user's loss.
@@ -59,7 +50,7 @@ std::vector<std::vector<float>> rank(ddp::inproc::communicator& comm) {
       ddp::optim::sgd{.lr = float(lr), .momentum = float(momentum), .weight_decay = float(weight_decay),
                       .nesterov = false});
   for (int s = 0; s < steps; ++s) step_on_this_ranks_rows(trainer, comm, s);
-  return values(n);
+  return torch_test::values(n);
 }
 
 template <class Sync, class Unused>
@@ -107,7 +98,7 @@ TEST_CASE("optim::external: the trainer reduces, a torch::optim optimizer steps,
         opt.step();  // on the averaged gradients the trainer left in .grad()
         opt.zero_grad();
       }
-      return values(n);
+      return torch_test::values(n);
     });
     for (const auto& r : ranks) CHECK(test::max_relative_error(r, ref) <= 1e-5);
   }

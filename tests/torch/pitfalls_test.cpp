@@ -9,6 +9,7 @@
 #include "ddp/inproc/launch.hpp"
 #include "ddp/torch/module.hpp"
 #include "support/on_ranks.hpp"
+#include "support/relative_error.hpp"
 
 namespace torch_pitfalls_test {
 
@@ -55,6 +56,13 @@ void two_forwards_on_a_queue(ddp::inproc::communicator& comm) {
     r.backward(second);
     r.backward(first);
   });
+}
+
+// The net with fc1 frozen, as a fine-tuning run keeps a pretrained layer.
+torch_test::net frozen_fc1(torch_test::net n) {
+  n->fc1->weight.set_requires_grad(false);
+  n->fc1->bias.set_requires_grad(false);
+  return n;
 }
 
 }  // namespace
@@ -122,6 +130,57 @@ TEST_CASE("P5 (torch): a different layer on one rank fails on every rank, naming
     CAPTURE(e);
     CHECK(contains(e, "pitfall P5"));
     CHECK(contains(e, "'aux.weight'"));
+  }
+}
+
+TEST_CASE("frozen parameters (torch) are left out: the rest fine-tunes as one process on the global batch, and "
+          "unfreezing one after the module was made is an error naming it") {
+  torch::set_num_threads(1);
+  constexpr int steps = 3;
+  constexpr std::int64_t per_rank = 6;
+  auto one = frozen_fc1(torch_test::make_net(5));
+  const auto fc1_before = one->fc1->weight.clone();
+  std::vector<torch::Tensor> trained;
+  for (auto& p : one->parameters())
+    if (p.requires_grad()) trained.push_back(p);
+  torch::optim::SGD opt(trained, torch::optim::SGDOptions(sgd.lr).momentum(sgd.momentum).weight_decay(sgd.weight_decay));
+  for (int s = 0; s < steps; ++s) {
+    const auto b = torch_test::make_batch(2 * per_rank, 40 + static_cast<std::uint64_t>(s));
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(one->forward(b.x), b.y).backward();
+    opt.step();
+  }
+  CHECK(torch::equal(one->fc1->weight, fc1_before));
+  const auto reference = torch_test::values(one);
+
+  const auto ranks = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto net = frozen_fc1(torch_test::make_net(5));
+    ddp::torch::module model(net);
+    CHECK(model.parameters().size() == 6);  // fc1's two are not the trainer's
+    ddp::host::device dev;
+    ddp::trainer<decltype(model)> trainer(model, comm, dev, sgd);
+    for (int s = 0; s < steps; ++s) {
+      const auto b = torch_test::make_batch(2 * per_rank, 40 + static_cast<std::uint64_t>(s));
+      const auto x = b.x.slice(0, comm.rank() * per_rank, (comm.rank() + 1) * per_rank);
+      const auto y = b.y.slice(0, comm.rank() * per_rank, (comm.rank() + 1) * per_rank);
+      trainer.step([&](auto& r) { r.backward(torch::nn::functional::cross_entropy(r.forward(x), y)); });
+    }
+    return torch_test::values(net);
+  });
+  for (const auto& r : ranks) CHECK(test::max_relative_error(r, reference) <= 1e-5);
+
+  const auto errors = errors_on_ranks(2, [](ddp::inproc::communicator& comm) {
+    auto net = frozen_fc1(torch_test::make_net(5));
+    ddp::torch::module model(net);
+    ddp::host::device dev;
+    ddp::trainer<decltype(model)> trainer(model, comm, dev, sgd);
+    net->fc1->weight.set_requires_grad(true);
+    const auto b = torch_test::make_batch(per_rank, 9);
+    trainer.step([&](auto& r) { r.backward(torch::nn::functional::cross_entropy(r.forward(b.x), b.y)); });
+  });
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(contains(e, "parameter 'fc1.weight' did not require a gradient when the ddp::torch::module was made"));
   }
 }
 

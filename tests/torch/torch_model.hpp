@@ -2,6 +2,8 @@
 // Small torch::nn modules for the ddp::torch tests.
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "ddp/torch/seed.hpp"
 
 namespace torch_test {
@@ -61,6 +63,18 @@ inline batch make_batch(std::int64_t n, std::uint64_t seed) {
   auto x = torch::rand({n, in_features}, gen) * 4 - 2;
   auto w = torch::arange(in_features * classes, torch::kFloat).reshape({in_features, classes}).remainder(7) - 3;
   return {x, (x.matmul(w)).argmax(1)};
+}
+
+// A tensor's elements, and every parameter's of a net in parameters() order: what the tests compare.
+inline std::vector<float> floats(const torch::Tensor& t) {
+  const auto c = t.detach().contiguous();
+  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+template <class Net>
+std::vector<std::vector<float>> values(Net& n) {
+  std::vector<std::vector<float>> out;
+  for (auto& p : n->parameters()) out.push_back(floats(p));
+  return out;
 }
 
 }  // namespace torch_test

@@ -9,6 +9,11 @@
 //                                     accumulation)
 //   bump_version(t)                   t's version counter goes up, as an in-place op would do,
 //                                     so autograd sees a write ddp made through raw memory
+//   point_storage(t, at)              t's storage object now holds the memory at `at` (not
+//                                     owned; nullptr: none): the same storage object, so the views
+//                                     autograd saved of t in a forward (a weight's transpose) read
+//                                     what is there when backward runs, as FSDP frees and refills a
+//                                     parameter's storage in place
 #include <torch/torch.h>
 
 #include <functional>
@@ -39,5 +44,16 @@ inline std::shared_ptr<::torch::autograd::Node> after_gradient_accumulated(const
 }
 
 inline void bump_version(const ::torch::Tensor& t) { t.unsafeGetTensorImpl()->bump_version(); }
+
+// Where t's elements are now (nullptr: nowhere); unlike data_ptr(), which refuses a storage
+// without memory.
+inline float* storage_floats(const ::torch::Tensor& t) {
+  auto* base = static_cast<float*>(t.storage().data());
+  return base ? base + t.storage_offset() : nullptr;
+}
+
+inline void point_storage(const ::torch::Tensor& t, float* at) {
+  t.storage().set_data_ptr_noswap(c10::DataPtr(at, t.device()));
+}
 
 }  // namespace ddp::torch::detail

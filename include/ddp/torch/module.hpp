@@ -13,6 +13,8 @@
 //
 // - Parameters and buffers come from named_parameters() / named_buffers(), under their dotted
 //   names ("conv1.weight", "bn.running_mean"): every ddp error names them as the net does.
+//   A parameter that does not require a gradient (frozen) is left out: not trained, not
+//   broadcast, so build it the same on every rank (build_seeded, or the same checkpoint).
 // - Readiness comes from autograd: a post hook on each parameter's AccumulateGrad node reports
 //   the parameter ready once its gradient is accumulated, so buckets reduce while backward
 //   runs, and the unused-parameter policies see what autograd saw.
@@ -25,11 +27,23 @@
 //   ("modified by an inplace operation") becomes ddp's, naming the buffer and the fix.
 // - backward(t): t is the loss (a tensor in the graph: loss.backward()) or, for a tensor outside
 //   the graph, the gradient of the innermost forward's output.
+// - update::sharded_gradients (any net): a hook on each parameter tells the trainer just before
+//   autograd accumulates its gradient, and the trainer places the gradient in bucket memory then;
+//   between a bucket's reduction and the next backward the parameter has no .grad().
+// - update::fully_sharded (a torch::nn::Sequential): the adapter runs the Sequential's layers one
+//   by one with the trainer's layer hooks around each forward, a hook on each layer's output for
+//   its backward, and the parameters' storage pointed at the gathered bucket memory (and at
+//   nothing between steps: trainer.gather_parameters() first, to read them). Other nets have no
+//   place_parameter(), and such a trainer is a compile error naming it.
 //
 // Parameters must be f32, contiguous and on the CPU (Debian's libtorch is CPU-only; a CUDA
 // libtorch would pair this adapter with the CUDA device and NCCL: see docs/torch.md).
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <stdexcept>
@@ -39,6 +53,7 @@
 
 #include "ddp/core/buffer_version.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/layer_hooks.hpp"
 #include "ddp/core/ready_sink.hpp"
 #include "ddp/core/tensor.hpp"
 #include "ddp/torch/autograd.hpp"
@@ -78,7 +93,26 @@ inline tensor_ref ref_of(const ::torch::Tensor& t, const std::string& name) {
 // (the net is kept and trained elsewhere) does nothing.
 struct hook_state {
   const ready_sink* ready = nullptr;  // set during backward
+  layer_hooks* hooks = nullptr;       // the trainer's, while it places gradients or values
+  // A Sequential run layer by layer: layer k holds parameters [first[k], first[k] + count[k]).
+  std::vector<std::size_t> first, count, layer_of;
+  std::vector<std::size_t> through;  // per layer: its parameters accumulated in this backward
+
+  // Parameter i's gradient is accumulated: its layer's backward is done with it.
+  void accumulated(std::size_t i) {
+    if (hooks && !layer_of.empty()) {
+      const std::size_t k = layer_of[i];
+      if (++through[k] == count[k]) {
+        through[k] = 0;
+        hooks->after_backward(first[k], count[k]);
+      }
+    }
+    if (ready) (*ready)(i);
+  }
 };
+
+template <class Net>
+concept sequential_net = std::same_as<std::remove_cvref_t<decltype(*std::declval<Net&>())>, ::torch::nn::SequentialImpl>;
 
 }  // namespace detail
 
@@ -97,7 +131,8 @@ class module {
                     "parameter '" + item.key() + "' is " + std::string(c10::toString(p.scalar_type())) +
                         "; ddp trains float32 parameters (net->to(torch::kFloat32))");
       (void)detail::ref_of(p, item.key());  // device and layout checked once, here
-      params_.push_back({item.key(), p});
+      if (p.requires_grad()) params_.push_back({item.key(), p});
+      else frozen_.push_back({item.key(), p});
     }
     for (const auto& item : net_->named_buffers(/*recurse=*/true)) {
       (void)detail::ref_of(item.value(), item.key());
@@ -107,8 +142,9 @@ class module {
     std::weak_ptr<detail::hook_state> weak = state_;
     for (std::size_t i = 0; i < params_.size(); ++i)
       accumulators_.push_back(detail::after_gradient_accumulated(params_[i].tensor, [weak, i] {
-        if (auto s = weak.lock(); s && s->ready) (*s->ready)(i);
+        if (auto s = weak.lock()) s->accumulated(i);
       }));
+    if constexpr (detail::sequential_net<Net>) find_layers();
   }
   module(const module&) = delete;
   module& operator=(const module&) = delete;
@@ -122,8 +158,12 @@ class module {
   std::vector<parameter_ref> parameters() {
     std::vector<parameter_ref> refs;
     for (auto& p : params_) {
-      ensure_gradient(p);
-      refs.push_back({p.name, detail::ref_of(p.tensor, p.name), detail::ref_of(p.tensor.grad(), p.name)});
+      if (!p.placed) ensure_gradient(p);
+      const auto sizes = p.tensor.sizes();
+      const shape_t shape(sizes.begin(), sizes.end());
+      refs.push_back({p.name, {detail::storage_floats(p.tensor), dtype::f32, shape, device_id::cpu()},
+                      p.placed ? tensor_ref{p.placed_at, dtype::f32, shape, device_id::cpu()}
+                               : detail::ref_of(p.tensor.grad(), p.name)});
     }
     return refs;
   }
@@ -134,29 +174,96 @@ class module {
     return refs;
   }
 
-  // The gradient of parameter i is a tensor over `storage` from now on (nullptr: its own again).
+  // The gradient of parameter i is a tensor over `storage` from now on (nullptr: its own again;
+  // zeros where it was placed nowhere).
   void bind_gradient(std::size_t i, float* storage) {
     auto& p = params_.at(i);
+    p.placed = false;
+    p.placed_at = nullptr;
     ensure_gradient(p);
     if (!storage) {
       p.tensor.mutable_grad() = p.tensor.grad().clone();
       p.bound = nullptr;
       return;
     }
-    auto view = ::torch::from_blob(storage, p.tensor.sizes(), p.tensor.options().requires_grad(false));
+    auto view = over(storage, p.tensor);
     view.copy_(p.tensor.grad());
     p.tensor.mutable_grad() = view;
     p.bound = storage;
+  }
+  // The value of parameter i lives at `storage` from now on, its contents copied there (nullptr:
+  // in memory of its own again; zeros where it was placed nowhere).
+  void bind_parameter(std::size_t i, float* storage) {
+    auto& p = params_.at(i);
+    const float* now = detail::storage_floats(p.tensor);
+    if (!storage) {
+      if (p.value_owned) return;
+      auto own = ::torch::empty_like(p.tensor);
+      if (now) std::memcpy(own.data_ptr(), now, bytes_of(p));
+      else own.zero_();
+      p.tensor.set_data(own);
+      p.value_owned = p.storage_alone = true;
+      return;
+    }
+    if (!now) std::memset(storage, 0, bytes_of(p));
+    else if (now != storage) std::memcpy(storage, now, bytes_of(p));
+    p.tensor.set_data(over(storage, p.tensor));  // a storage object of the parameter's alone
+    p.value_owned = false;
+    p.storage_alone = true;
+  }
+  // Layer by layer (update::sharded_gradients, update::fully_sharded: ddp/concepts/module.hpp).
+  void set_layer_hooks(layer_hooks* hooks) {
+    if (hooks && !gradient_hooks_) {  // each parameter's gradient placed just before autograd adds to it
+      std::weak_ptr<detail::hook_state> weak = state_;
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (params_[i].tensor.requires_grad())
+          params_[i].tensor.register_hook([weak, i](const ::torch::Tensor&) {
+            if (auto s = weak.lock(); s && s->hooks) s->hooks->before_backward(i, 1);
+          });
+      gradient_hooks_ = true;
+    }
+    state_->hooks = hooks;
+  }
+  // Parameter i's gradient is a tensor over `storage` as it is there (nullptr: it has none).
+  void place_gradient(std::size_t i, float* storage) {
+    auto& p = params_.at(i);
+    p.placed = true;
+    p.placed_at = storage;
+    p.bound = nullptr;
+    p.tensor.mutable_grad() = storage ? over(storage, p.tensor) : ::torch::Tensor();
+  }
+  // Parameter i's value is what is at `storage` (nullptr: nowhere, its memory gone). Only a
+  // Sequential, whose layers the adapter runs one by one with the hooks around them.
+  void place_parameter(std::size_t i, float* storage)
+    requires detail::sequential_net<Net>
+  {
+    auto& p = params_.at(i);
+    if (state_->layer_of.empty())
+      throw error("torch", "module", -1,
+                  "parameter '" + p.name + "' cannot be placed layer by layer: " + layers_unknown_ +
+                      "; update::fully_sharded needs every parameter in exactly one of the Sequential's layers");
+    if (!p.storage_alone) {  // a storage object of its own first: repointing moves every tensor on it
+      p.tensor.set_data(::torch::empty_like(p.tensor));
+      p.storage_alone = true;
+    }
+    detail::point_storage(p.tensor, storage);
+    p.value_owned = false;
   }
 
   output_type forward(const input_type& x) {
     publish_versions();  // the trainer synchronised buffers just before: autograd saves them as they are now
     for (auto& p : params_) rebind(p);
+    for (const auto& f : frozen_)
+      if (f.tensor.requires_grad())
+        throw error("torch", "forward", -1,
+                    "parameter '" + f.name + "' did not require a gradient when the ddp::torch::module was made, and "
+                    "now does: the trainer reduces the gradients of the parameters it was built with only, so this "
+                    "one would train on each rank's own batch; make the module and its trainer after unfreezing it");
     if (!net_->is_training()) {  // evaluation: no graph, nothing saved for a backward
       ::torch::NoGradGuard no_grad;
-      return net_->forward(x);
+      return run(x);
     }
-    auto y = net_->forward(x);
+    auto y = run(x);
     if (net_->is_training()) {
       std::vector<std::uint64_t> seen;
       for (const auto& v : versions_) seen.push_back(v.value());
@@ -172,6 +279,7 @@ class module {
     const auto entry = std::move(tape_.back());
     tape_.pop_back();
     publish_versions();
+    std::fill(state_->through.begin(), state_->through.end(), std::size_t{0});
     state_->ready = &ready;
     try {
       if (t.requires_grad())
@@ -189,7 +297,11 @@ class module {
   struct parameter_slot {
     std::string name;
     ::torch::Tensor tensor;
-    float* bound = nullptr;  // the trainer's storage of its gradient, when bound
+    float* bound = nullptr;      // the trainer's storage of its gradient, when bound
+    bool placed = false;         // its gradient placed by the trainer, at placed_at (or nowhere)
+    float* placed_at = nullptr;
+    bool value_owned = true;     // its value in memory of its own (not the trainer's)
+    bool storage_alone = false;  // its storage object is its own (bind_parameter made it)
   };
   struct buffer_slot {
     std::string name;
@@ -204,13 +316,80 @@ class module {
   static void ensure_gradient(parameter_slot& p) {
     if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = ::torch::zeros_like(p.tensor);
   }
+  static ::torch::Tensor over(float* storage, const ::torch::Tensor& like) {
+    return ::torch::from_blob(storage, like.sizes(), like.options().requires_grad(false));
+  }
   // A zero_grad() that set the gradient to None (libtorch 2.x's default) dropped the binding.
   static void rebind(parameter_slot& p) {
-    if (!p.bound || (p.tensor.grad().defined() && p.tensor.grad().data_ptr() == p.bound)) return;
-    auto view = ::torch::from_blob(p.bound, p.tensor.sizes(), p.tensor.options().requires_grad(false));
+    float* at = p.placed ? p.placed_at : p.bound;
+    if (!at || (p.tensor.grad().defined() && p.tensor.grad().data_ptr() == at)) return;
+    auto view = over(at, p.tensor);
     if (p.tensor.grad().defined()) view.copy_(p.tensor.grad());
-    else view.zero_();
+    else if (!p.placed) view.zero_();
     p.tensor.mutable_grad() = view;
+  }
+
+  static std::size_t bytes_of(const parameter_slot& p) { return static_cast<std::size_t>(p.tensor.numel()) * sizeof(float); }
+
+  // The Sequential's layers and the parameters each holds, in named_parameters() order.
+  void find_layers() {
+    const auto children = net_->named_children();
+    auto& st = *state_;
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < net_->size(); ++k) {
+      const auto layer_params = net_->ptr(k)->parameters(/*recurse=*/true);
+      const auto n = static_cast<std::size_t>(
+          std::count_if(layer_params.begin(), layer_params.end(), [](const auto& t) { return t.requires_grad(); }));
+      const std::string prefix = k < children.size() ? children[k].key() + "." : std::string();
+      for (std::size_t j = 0; j < n; ++j)
+        if (at + j >= params_.size() || params_[at + j].name.rfind(prefix, 0) != 0) {
+          layers_unknown_ = "layer " + std::to_string(k) + "'s parameters are not the net's parameters " +
+                            std::to_string(at) + " to " + std::to_string(at + n - 1) + " in named_parameters() order";
+          st.first.clear(), st.count.clear(), st.layer_of.clear();
+          return;
+        }
+      st.first.push_back(at);
+      st.count.push_back(n);
+      st.layer_of.resize(at + n, k);
+      at += n;
+    }
+    if (at != params_.size()) {
+      layers_unknown_ = "its layers hold " + std::to_string(at) + " of the net's " + std::to_string(params_.size()) +
+                        " parameters";
+      st.first.clear(), st.count.clear(), st.layer_of.clear();
+      return;
+    }
+    st.through.assign(st.count.size(), 0);
+  }
+
+  // The net's forward; a Sequential under the trainer's layer hooks runs layer by layer with the
+  // hooks around each layer's forward and a hook on its output that runs before its backward.
+  ::torch::Tensor run(const ::torch::Tensor& x) {
+    if constexpr (detail::sequential_net<Net>) {
+      auto& st = *state_;
+      if (st.hooks && !st.layer_of.empty()) {
+        std::weak_ptr<detail::hook_state> weak = state_;
+        ::torch::Tensor h = x;
+        std::size_t k = 0;
+        for (auto& layer : *net_) {
+          const std::size_t first = st.first[k], count = st.count[k];
+          ++k;
+          if (count == 0) {
+            h = layer.forward(h);
+            continue;
+          }
+          st.hooks->before_forward(first, count);
+          h = layer.forward(h);
+          st.hooks->after_forward(first, count);
+          if (h.requires_grad())
+            h.register_hook([weak, first, count](const ::torch::Tensor&) {
+              if (auto s = weak.lock(); s && s->hooks) s->hooks->before_backward(first, count);
+            });
+        }
+        return h;
+      }
+    }
+    return net_->forward(x);
   }
 
   // The trainer's writes into buffers (buffer sync) bump ddp's version; torch learns of them here.
@@ -241,10 +420,13 @@ class module {
   Net net_;
   std::shared_ptr<detail::hook_state> state_;
   std::vector<parameter_slot> params_;
+  std::vector<parameter_slot> frozen_;  // requires_grad() false: not trained, not the trainer's
   std::vector<buffer_slot> buffers_;
   std::deque<buffer_version> versions_;  // stable addresses: buffer_refs point at them
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
   std::vector<tape_entry> tape_;
+  bool gradient_hooks_ = false;  // the parameters' placing hooks are registered
+  std::string layers_unknown_;   // why a Sequential's layers could not be told apart
 };
 
 template <class Net>

@@ -126,7 +126,8 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "in backward: the module needs `void set_layer_hooks(ddp::layer_hooks*)` (calling before_backward "
                 "before each layer's backward) and `void place_gradient(std::size_t i, float* storage)` "
                 "(ddp/concepts/module.hpp), and `void bind_gradient(std::size_t i, float* storage)` to take its "
-                "gradients back when the trainer goes; ddp::nn::sequential has all three. Or use update::sharded");
+                "gradients back when the trainer goes; ddp::nn::sequential and ddp::torch::module have all three. Or "
+                "use update::sharded");
   static constexpr bool module_places_parameters() {
     if constexpr (valid) return !update::shards_parameters<get<update::slot>>() ||
                                 (places_parameters<Module> && binds_parameter_storage<Module>);
@@ -139,7 +140,8 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "that it calls around every layer's forward and backward (before_forward, after_forward, "
                 "before_backward, after_backward: ddp/core/layer_hooks.hpp), `void bind_parameter(std::size_t i, float* "
                 "storage)` to take its values back when the trainer goes, and what update::sharded_gradients needs; "
-                "ddp::nn::sequential has them all. Or use update::sharded_gradients");
+                "ddp::nn::sequential has them all, and ddp::torch::module over a torch::nn::Sequential (whose layers "
+                "it runs one by one). Or use update::sharded_gradients");
   static constexpr bool hook_fits_reduction() {
     if constexpr (valid)
       return get<reduction::slot>::virtual_shards == 0 || std::is_same_v<get<comm_hook::slot>, comm_hook::none>;

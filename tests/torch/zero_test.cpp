@@ -1,0 +1,136 @@
+// ddp::torch under the update strategies that keep only a shard: update::sharded_gradients on any
+// net (gradients placed as autograd accumulates them), update::fully_sharded on a
+// torch::nn::Sequential (values placed layer by layer, through the same storage objects autograd
+// saved in forward). Each gives update::replicated's bits.
+#include "torch/doctest.hpp"
+#include "torch/torch_model.hpp"
+
+#include "ddp/ddp.hpp"
+#include "ddp/host/device.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "ddp/torch/module.hpp"
+
+namespace torch_zero_test {
+
+namespace {
+
+constexpr std::int64_t per_rank_batch = 8;
+constexpr int steps = 4;
+const ddp::optim::adamw adamw{.lr = 0.01f, .weight_decay = 0.01f};
+
+using values_t = std::vector<std::vector<float>>;
+
+// Four layers with parameters (batch norm among them) and two without, so that the bucket cap
+// below makes buckets of a layer or two.
+torch::nn::Sequential make_sequential(std::uint64_t seed) {
+  return ddp::torch::build_seeded(seed, [] {
+    return torch::nn::Sequential(torch::nn::Linear(torch_test::in_features, 16), torch::nn::ReLU(),
+                                 torch::nn::BatchNorm1d(16), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                 torch::nn::Linear(16, torch_test::classes));
+  });
+}
+
+struct run {
+  values_t trained;    // the net's parameters after the trainer is gone
+  values_t evaluated;  // the net in eval mode on a batch, through the trainer's module, between steps
+  bool held_values_between_steps = true;
+  bool held_gradients_between_steps = true;
+};
+
+// `micro`: each step is two micro-batches of half the rank's rows.
+template <class Update, class Net>
+run train(ddp::inproc::communicator& comm, Net net, bool micro) {
+  ddp::torch::module model(net);
+  ddp::host::device dev;
+  run out;
+  {
+    ddp::trainer<decltype(model), Update, ddp::optim::adamw, ddp::bucket_cap<1024>> trainer(model, comm, dev, adamw);
+    for (int s = 0; s < steps; ++s) {
+      const auto global = torch_test::make_batch(per_rank_batch * comm.size(), 100 + s);
+      const auto rows = [&](std::int64_t from, std::int64_t n) {
+        return std::pair{global.x.slice(0, from, from + n), global.y.slice(0, from, from + n)};
+      };
+      const auto loss_on = [](auto part) {
+        return [part](auto& replica) {
+          replica.backward(torch::nn::functional::cross_entropy(replica.forward(part.first), part.second));
+        };
+      };
+      const std::int64_t first = comm.rank() * per_rank_batch;
+      if (micro) {
+        trainer.accumulate(loss_on(rows(first, per_rank_batch / 2)));
+        trainer.step(loss_on(rows(first + per_rank_batch / 2, per_rank_batch / 2)));
+      } else {
+        trainer.step(loss_on(rows(first, per_rank_batch)));
+      }
+      for (auto& p : net->parameters()) {
+        out.held_values_between_steps = out.held_values_between_steps && p.storage().data() != nullptr;
+        out.held_gradients_between_steps = out.held_gradients_between_steps && p.grad().defined();
+      }
+    }
+    model.eval();  // a forward on every rank: under fully_sharded it gathers layer by layer
+    out.evaluated.push_back(torch_test::floats(model.forward(torch_test::make_batch(5, 7).x)));
+    model.train();
+    trainer.gather_parameters();  // update::fully_sharded: the net keeps what is gathered when the trainer goes
+  }
+  out.trained = torch_test::values(net);
+  return out;
+}
+
+template <class Update>
+std::vector<run> on_ranks(int world, bool micro) {
+  return ddp::inproc::launch(world, [micro](ddp::inproc::communicator& comm) {
+    return train<Update>(comm, make_sequential(3), micro);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("ddp::torch over a torch::nn::Sequential: sharded, sharded_gradients and fully_sharded give replicated's "
+          "bits, worlds 1-3, with micro-batches, the net holding only its shard between steps") {
+  torch::set_num_threads(1);
+  for (int world : {1, 2, 3})
+    for (bool micro : {false, true}) {
+      CAPTURE(world);
+      CAPTURE(micro);
+      const auto replicated = on_ranks<ddp::update::replicated>(world, micro);
+      const auto sharded = on_ranks<ddp::update::sharded>(world, micro);
+      const auto zero2 = on_ranks<ddp::update::sharded_gradients>(world, micro);
+      const auto zero3 = on_ranks<ddp::update::fully_sharded>(world, micro);
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        CHECK(replicated[r].trained == replicated[0].trained);
+        CHECK(sharded[r].trained == replicated[r].trained);
+        CHECK(zero2[r].trained == replicated[r].trained);
+        CHECK(zero3[r].trained == replicated[r].trained);
+        CHECK(zero3[r].evaluated == replicated[r].evaluated);
+        CHECK(zero2[r].evaluated == replicated[r].evaluated);
+        CHECK(replicated[r].held_gradients_between_steps);
+        CHECK_FALSE(zero2[r].held_gradients_between_steps);
+        CHECK(zero2[r].held_values_between_steps);
+        CHECK_FALSE(zero3[r].held_gradients_between_steps);
+        CHECK_FALSE(zero3[r].held_values_between_steps);
+      }
+    }
+}
+
+TEST_CASE("ddp::torch: update::sharded_gradients on a net of its own forward (not a Sequential) gives replicated's "
+          "bits") {
+  torch::set_num_threads(1);
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    const auto with = [world]<class Update>(Update) {
+      return ddp::inproc::launch(world, [](ddp::inproc::communicator& comm) {
+        return train<Update>(comm, torch_test::make_net(3), true);
+      });
+    };
+    const auto replicated = with(ddp::update::replicated{});
+    const auto zero2 = with(ddp::update::sharded_gradients{});
+    for (int r = 0; r < world; ++r) {
+      CHECK(zero2[r].trained == replicated[r].trained);
+      CHECK(zero2[r].evaluated == replicated[r].evaluated);
+      CHECK_FALSE(zero2[r].held_gradients_between_steps);
+    }
+  }
+}
+
+}  // namespace torch_zero_test
