@@ -184,6 +184,23 @@ TEST_CASE("frozen parameters (torch) are left out: the rest fine-tunes as one pr
   }
 }
 
+TEST_CASE("a ddp error thrown from an autograd hook ends the module's backward: later backwards report to no one") {
+  torch::set_num_threads(1);
+  ddp::torch::module model(torch_test::make_net(5));
+  const auto b = torch_test::make_batch(4, 3);
+  int reports = 0;
+  auto throwing = [&](std::size_t) {
+    ++reports;
+    throw ddp::error("test", "ready", 0, "a failure inside backward");
+  };
+  ddp::ready_sink sink(throwing);  // alive throughout: a call after the failed backward would count
+  CHECK_THROWS_WITH_AS(model.backward(torch::nn::functional::cross_entropy(model.forward(b.x), b.y), sink),
+                       doctest::Contains("a failure inside backward"), ddp::error);
+  CHECK(reports == 1);
+  torch::nn::functional::cross_entropy(model.net()->forward(b.x), b.y).backward();  // plain libtorch
+  CHECK(reports == 1);
+}
+
 TEST_CASE("readiness comes from autograd after accumulation, and gradients live in the trainer's buckets") {
   torch::set_num_threads(1);
   ddp::inproc::launch(1, [](ddp::inproc::communicator& comm) {

@@ -30,11 +30,31 @@ torch::nn::Sequential make_sequential(std::uint64_t seed) {
   });
 }
 
+// A layer with parameters whose output is not a tensor: an LSTM over a sequence of one step.
+struct as_sequenceImpl : torch::nn::Module {
+  torch::Tensor forward(const torch::Tensor& x) { return x.unsqueeze(0); }
+};
+TORCH_MODULE(as_sequence);
+struct last_outputImpl : torch::nn::Module {
+  torch::Tensor forward(const std::tuple<torch::Tensor, std::tuple<torch::Tensor, torch::Tensor>>& out) {
+    return std::get<0>(out).squeeze(0);
+  }
+};
+TORCH_MODULE(last_output);
+
+torch::nn::Sequential make_recurrent(std::uint64_t seed) {
+  return ddp::torch::build_seeded(seed, [] {
+    return torch::nn::Sequential(as_sequence(), torch::nn::LSTM(torch_test::in_features, 8), last_output(),
+                                 torch::nn::Linear(8, torch_test::classes));
+  });
+}
+
 struct run {
   values_t trained;    // the net's parameters after the trainer is gone
   values_t evaluated;  // the net in eval mode on a batch, through the trainer's module, between steps
   bool held_values_between_steps = true;
   bool held_gradients_between_steps = true;
+  bool alias_follows = false;  // w.detach(), taken before the trainer, holds the trained values after it
 };
 
 // `micro`: each step is two micro-batches of half the rank's rows.
@@ -43,6 +63,7 @@ run train(ddp::inproc::communicator& comm, Net net, bool micro) {
   ddp::torch::module model(net);
   ddp::host::device dev;
   run out;
+  const auto alias = net->parameters().back().detach();
   {
     ddp::trainer<decltype(model), Update, ddp::optim::adamw, ddp::bucket_cap<1024>> trainer(model, comm, dev, adamw);
     for (int s = 0; s < steps; ++s) {
@@ -73,13 +94,15 @@ run train(ddp::inproc::communicator& comm, Net net, bool micro) {
     trainer.gather_parameters();  // update::fully_sharded: the net keeps what is gathered when the trainer goes
   }
   out.trained = torch_test::values(net);
+  const auto& last = net->parameters().back();
+  out.alias_follows = alias.storage().data() == last.storage().data() && torch_test::floats(alias) == out.trained.back();
   return out;
 }
 
 template <class Update>
-std::vector<run> on_ranks(int world, bool micro) {
-  return ddp::inproc::launch(world, [micro](ddp::inproc::communicator& comm) {
-    return train<Update>(comm, make_sequential(3), micro);
+std::vector<run> on_ranks(int world, bool micro, torch::nn::Sequential (*make)(std::uint64_t) = make_sequential) {
+  return ddp::inproc::launch(world, [micro, make](ddp::inproc::communicator& comm) {
+    return train<Update>(comm, make(3), micro);
   });
 }
 
@@ -109,8 +132,26 @@ TEST_CASE("ddp::torch over a torch::nn::Sequential: sharded, sharded_gradients a
         CHECK(zero2[r].held_values_between_steps);
         CHECK_FALSE(zero3[r].held_gradients_between_steps);
         CHECK_FALSE(zero3[r].held_values_between_steps);
+        for (const auto* u : {&replicated[r], &sharded[r], &zero2[r], &zero3[r]}) CHECK(u->alias_follows);
       }
     }
+}
+
+TEST_CASE("ddp::torch over a Sequential with a layer whose output is not a tensor (an LSTM): each strategy gives "
+          "replicated's bits") {
+  torch::set_num_threads(1);
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    const auto replicated = on_ranks<ddp::update::replicated>(world, true, make_recurrent);
+    const auto zero2 = on_ranks<ddp::update::sharded_gradients>(world, true, make_recurrent);
+    const auto zero3 = on_ranks<ddp::update::fully_sharded>(world, true, make_recurrent);
+    for (int r = 0; r < world; ++r) {
+      CHECK(zero2[r].trained == replicated[r].trained);
+      CHECK(zero3[r].trained == replicated[r].trained);
+      CHECK(zero3[r].evaluated == replicated[r].evaluated);
+      CHECK_FALSE(zero3[r].held_values_between_steps);
+    }
+  }
 }
 
 TEST_CASE("ddp::torch: update::sharded_gradients on a net of its own forward (not a Sequential) gives replicated's "

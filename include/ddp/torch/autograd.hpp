@@ -13,9 +13,12 @@
 //                                     owned; nullptr: none): the same storage object, so the views
 //                                     autograd saved of t in a forward (a weight's transpose) read
 //                                     what is there when backward runs, as FSDP frees and refills a
-//                                     parameter's storage in place
+//                                     parameter's storage in place; own_storage(t, from) gives
+//                                     it memory of its own again
 #include <torch/torch.h>
 
+#include <cstddef>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -54,6 +57,15 @@ inline float* storage_floats(const ::torch::Tensor& t) {
 
 inline void point_storage(const ::torch::Tensor& t, float* at) {
   t.storage().set_data_ptr_noswap(c10::DataPtr(at, t.device()));
+}
+
+// t's storage object holds memory of its own again, with what `from` holds (zeros: nullptr).
+inline void own_storage(const ::torch::Tensor& t, const float* from) {
+  const std::size_t bytes = t.storage().nbytes();
+  auto owned = c10::GetAllocator(c10::DeviceType::CPU)->allocate(bytes);
+  if (from) std::memcpy(owned.get(), from, bytes);
+  else std::memset(owned.get(), 0, bytes);
+  t.storage().set_data_ptr_noswap(std::move(owned));
 }
 
 }  // namespace ddp::torch::detail

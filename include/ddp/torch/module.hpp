@@ -32,9 +32,9 @@
 //   between a bucket's reduction and the next backward the parameter has no .grad().
 // - update::fully_sharded (a torch::nn::Sequential): the adapter runs the Sequential's layers one
 //   by one with the trainer's layer hooks around each forward, a hook on each layer's output for
-//   its backward, and the parameters' storage pointed at the gathered bucket memory (and at
-//   nothing between steps: trainer.gather_parameters() first, to read them). Other nets have no
-//   place_parameter(), and such a trainer is a compile error naming it.
+//   its backward, and the parameters' storage objects pointed at the gathered bucket memory (and
+//   at nothing between steps and outside their layer: trainer.gather_parameters() first, to read
+//   them). Other nets have no place_parameter(), and such a trainer is a compile error naming it.
 //
 // Parameters must be f32, contiguous and on the CPU (Debian's libtorch is CPU-only; a CUDA
 // libtorch would pair this adapter with the CUDA device and NCCL: see docs/torch.md).
@@ -161,7 +161,9 @@ class module {
       if (!p.placed) ensure_gradient(p);
       const auto sizes = p.tensor.sizes();
       const shape_t shape(sizes.begin(), sizes.end());
-      refs.push_back({p.name, {detail::storage_floats(p.tensor), dtype::f32, shape, device_id::cpu()},
+      refs.push_back({p.name,
+                      detail::storage_floats(p.tensor) ? detail::ref_of(p.tensor, p.name)
+                                                       : tensor_ref{nullptr, dtype::f32, shape, device_id::cpu()},
                       p.placed ? tensor_ref{p.placed_at, dtype::f32, shape, device_id::cpu()}
                                : detail::ref_of(p.tensor.grad(), p.name)});
     }
@@ -192,24 +194,21 @@ class module {
     p.bound = storage;
   }
   // The value of parameter i lives at `storage` from now on, its contents copied there (nullptr:
-  // in memory of its own again; zeros where it was placed nowhere).
+  // in memory of its own again; zeros where it was placed nowhere). The parameter keeps its
+  // storage object, so tensors that share it (w.detach(), a view) follow it there and back.
   void bind_parameter(std::size_t i, float* storage) {
     auto& p = params_.at(i);
+    make_storage_alone(p);
     const float* now = detail::storage_floats(p.tensor);
     if (!storage) {
-      if (p.value_owned) return;
-      auto own = ::torch::empty_like(p.tensor);
-      if (now) std::memcpy(own.data_ptr(), now, bytes_of(p));
-      else own.zero_();
-      p.tensor.set_data(own);
-      p.value_owned = p.storage_alone = true;
+      if (!p.value_owned) detail::own_storage(p.tensor, now);
+      p.value_owned = true;
       return;
     }
     if (!now) std::memset(storage, 0, bytes_of(p));
     else if (now != storage) std::memcpy(storage, now, bytes_of(p));
-    p.tensor.set_data(over(storage, p.tensor));  // a storage object of the parameter's alone
+    detail::point_storage(p.tensor, storage);
     p.value_owned = false;
-    p.storage_alone = true;
   }
   // Layer by layer (update::sharded_gradients, update::fully_sharded: ddp/concepts/module.hpp).
   void set_layer_hooks(layer_hooks* hooks) {
@@ -223,6 +222,7 @@ class module {
       gradient_hooks_ = true;
     }
     state_->hooks = hooks;
+    if (!hooks) values_placed_ = false;
   }
   // Parameter i's gradient is a tensor over `storage` as it is there (nullptr: it has none).
   void place_gradient(std::size_t i, float* storage) {
@@ -242,12 +242,10 @@ class module {
       throw error("torch", "module", -1,
                   "parameter '" + p.name + "' cannot be placed layer by layer: " + layers_unknown_ +
                       "; update::fully_sharded needs every parameter in exactly one of the Sequential's layers");
-    if (!p.storage_alone) {  // a storage object of its own first: repointing moves every tensor on it
-      p.tensor.set_data(::torch::empty_like(p.tensor));
-      p.storage_alone = true;
-    }
+    make_storage_alone(p);
     detail::point_storage(p.tensor, storage);
     p.value_owned = false;
+    values_placed_ = true;
   }
 
   output_type forward(const input_type& x) {
@@ -280,6 +278,12 @@ class module {
     tape_.pop_back();
     publish_versions();
     std::fill(state_->through.begin(), state_->through.end(), std::size_t{0});
+    // The sink lives for this call only: forgotten on every way out, a ddp error thrown from a
+    // hook (passed through autograd as it is) included.
+    struct forget_sink {
+      detail::hook_state* state;
+      ~forget_sink() { state->ready = nullptr; }
+    } forget{state_.get()};
     state_->ready = &ready;
     try {
       if (t.requires_grad())
@@ -287,10 +291,8 @@ class module {
       else
         entry.output.backward(t);  // the gradient of this forward's output
     } catch (const c10::Error& e) {
-      state_->ready = nullptr;
       throw translate(e, entry);
     }
-    state_->ready = nullptr;
   }
 
  private:
@@ -301,7 +303,7 @@ class module {
     bool placed = false;         // its gradient placed by the trainer, at placed_at (or nowhere)
     float* placed_at = nullptr;
     bool value_owned = true;     // its value in memory of its own (not the trainer's)
-    bool storage_alone = false;  // its storage object is its own (bind_parameter made it)
+    bool storage_alone = false;  // its storage object is its own (make_storage_alone)
   };
   struct buffer_slot {
     std::string name;
@@ -330,6 +332,18 @@ class module {
   }
 
   static std::size_t bytes_of(const parameter_slot& p) { return static_cast<std::size_t>(p.tensor.numel()) * sizeof(float); }
+  // Repointing a storage object moves every tensor on it: a parameter that shares its storage
+  // object with another parameter (a view of a flat buffer, a tied weight) gets one of its own
+  // first, with its values.
+  void make_storage_alone(parameter_slot& p) {
+    if (p.storage_alone) return;
+    const auto* impl = p.tensor.storage().unsafeGetStorageImpl();
+    bool alone = p.tensor.storage_offset() == 0 && p.tensor.storage().nbytes() == bytes_of(p);
+    for (const auto& q : params_)
+      if (&q != &p && q.tensor.storage().unsafeGetStorageImpl() == impl) alone = false;
+    if (!alone) p.tensor.set_data(p.tensor.detach().clone());
+    p.storage_alone = true;
+  }
 
   // The Sequential's layers and the parameters each holds, in named_parameters() order.
   void find_layers() {
@@ -362,31 +376,40 @@ class module {
     st.through.assign(st.count.size(), 0);
   }
 
-  // The net's forward; a Sequential under the trainer's layer hooks runs layer by layer with the
-  // hooks around each layer's forward and a hook on its output that runs before its backward.
+  // The net's forward. A Sequential whose values the trainer places runs layer by layer, passing
+  // each layer's value on as Sequential::forward does, with the hooks around each layer's forward
+  // and a hook on its output that runs before its backward. A layer whose output is not a tensor
+  // cannot carry that hook: in training it keeps its parameters from its forward until its
+  // backward is through.
   ::torch::Tensor run(const ::torch::Tensor& x) {
     if constexpr (detail::sequential_net<Net>) {
       auto& st = *state_;
-      if (st.hooks && !st.layer_of.empty()) {
+      if (st.hooks && values_placed_) {
         std::weak_ptr<detail::hook_state> weak = state_;
-        ::torch::Tensor h = x;
+        const bool training = net_->is_training() && ::torch::GradMode::is_enabled();
+        ::torch::nn::AnyValue value(x);
         std::size_t k = 0;
         for (auto& layer : *net_) {
           const std::size_t first = st.first[k], count = st.count[k];
           ++k;
           if (count == 0) {
-            h = layer.forward(h);
+            value = layer.any_forward(std::move(value));
             continue;
           }
           st.hooks->before_forward(first, count);
-          h = layer.forward(h);
+          value = layer.any_forward(std::move(value));
+          auto* h = value.try_get<::torch::Tensor>();
+          if (training && !h) continue;  // released after its backward (accumulated())
           st.hooks->after_forward(first, count);
-          if (h.requires_grad())
-            h.register_hook([weak, first, count](const ::torch::Tensor&) {
+          if (training && h->requires_grad())
+            h->register_hook([weak, first, count](const ::torch::Tensor&) {
               if (auto s = weak.lock(); s && s->hooks) s->hooks->before_backward(first, count);
             });
         }
-        return h;
+        if (auto* y = value.try_get<::torch::Tensor>()) return *y;
+        throw error("torch", "forward", -1,
+                    "the Sequential's last layer returned " + std::string(value.type_info().name()) +
+                        ", not a tensor; ddp::torch::module trains a net whose forward returns a torch::Tensor");
       }
     }
     return net_->forward(x);
@@ -426,6 +449,7 @@ class module {
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
   std::vector<tape_entry> tape_;
   bool gradient_hooks_ = false;  // the parameters' placing hooks are registered
+  bool values_placed_ = false;   // the trainer places the values (update::fully_sharded)
   std::string layers_unknown_;   // why a Sequential's layers could not be told apart
 };
 
