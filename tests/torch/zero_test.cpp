@@ -20,6 +20,10 @@ const ddp::optim::adamw adamw{.lr = 0.01f, .weight_decay = 0.01f};
 
 using values_t = std::vector<std::vector<float>>;
 
+// The memory test's tower: 40 linear layers of 64 x 64, a bucket each.
+constexpr int tower_layers = 40;
+constexpr std::int64_t tower_width = 64;
+
 // Four layers with parameters (batch norm among them) and two without, so that the bucket cap
 // below makes buckets of a layer or two.
 torch::nn::Sequential make_sequential(std::uint64_t seed) {
@@ -172,6 +176,50 @@ TEST_CASE("ddp::torch: update::sharded_gradients on a net of its own forward (no
       CHECK_FALSE(zero2[r].held_gradients_between_steps);
     }
   }
+}
+
+TEST_CASE("ddp::torch update::fully_sharded at world 4: a 40-layer Sequential's parameters, gradients and AdamW "
+          "state peak at most 0.35 of update::replicated's, the net holding none between steps") {
+  torch::set_num_threads(1);
+  constexpr int world = 4;
+  struct measured {
+    std::size_t peak = 0, module_floats = 0, parameter_floats = 0;
+  };
+  const auto run = []<class Update>(Update) {
+    return ddp::inproc::launch(world, [](ddp::inproc::communicator& comm) {
+      auto net = ddp::torch::build_seeded(9, [] {
+        torch::nn::Sequential tower;
+        for (int k = 0; k < tower_layers; ++k) tower->push_back(torch::nn::Linear(tower_width, tower_width));
+        return tower;
+      });
+      ddp::torch::module model(net);
+      ddp::host::device dev;
+      measured m;
+      for (const auto& p : net->parameters()) m.parameter_floats += static_cast<std::size_t>(p.numel());
+      ddp::trainer<decltype(model), Update, ddp::optim::adamw, ddp::bucket_cap<(tower_width + 1) * tower_width * 4>> trainer(
+          model, comm, dev, adamw);
+      dev.reset_memory_high_water();
+      const auto x = torch::rand({2, tower_width});
+      const auto y = torch::tensor(std::vector<std::int64_t>{1, 2});
+      trainer.step([&](auto& r) { r.backward(torch::nn::functional::cross_entropy(r.forward(x), y)); });
+      // Everything the trainer held at its high-water mark, and what the net keeps itself: under
+      // replicated its values (its gradients are views of the buckets), under fully_sharded nothing.
+      m.peak = dev.memory_high_water();
+      for (const auto& p : net->parameters())
+        m.module_floats += static_cast<std::size_t>((p.storage().data() ? p.numel() : 0) + (p.grad().defined() ? p.numel() : 0));
+      if (std::is_same_v<Update, ddp::update::replicated>) m.peak += m.parameter_floats * sizeof(float);
+      trainer.gather_parameters();
+      return m;
+    })[0];
+  };
+  const auto rep = run(ddp::update::replicated{});
+  const auto zero3 = run(ddp::update::fully_sharded{});
+  CHECK(zero3.module_floats == 0);
+  CHECK(rep.module_floats == 2 * rep.parameter_floats);  // values, and gradients bound into the buckets
+  CHECK(rep.peak >= 4 * rep.parameter_floats * sizeof(float));
+  const double ratio = static_cast<double>(zero3.peak) / static_cast<double>(rep.peak);
+  MESSAGE("ddp::torch fully_sharded peak / replicated peak at world 4: " << ratio);
+  CHECK(ratio <= 0.35);
 }
 
 }  // namespace torch_zero_test
