@@ -62,7 +62,9 @@ double timed_steps(Trainer& t, const batches_t& batches, int steps) {
     t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
   }
   t.communicator().barrier().wait();
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
+  const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  t.gather_parameters();  // update::fully_sharded: the model whole again before the trainer goes
+  return seconds;
 }
 
 // Samples/s of ranks that each took `seconds[r]` for `steps` steps of `batch` samples: the

@@ -195,6 +195,7 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());
     const bool moves_buffers = !std::is_same_v<typename Trainer::buffer_sync_policy, ddp::buffer_sync::none>;
     f.bytes = world > 1 ? grads + (moves_buffers ? buffers : 0) : 0;
+    t.gather_parameters();  // update::fully_sharded: the model whole again before the trainer goes
     return f;
   });
   return per_rank[0];

@@ -216,6 +216,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
     if constexpr (requires { dev.host_waits(); })
       out.host_waits_per_step = static_cast<double>(waits_in_steps) / static_cast<double>(std::max<std::size_t>(1, step - first_step));
   }
+  trainer.gather_parameters();  // update::fully_sharded: the trained model back in the module before the trainer goes
 }
 
 // --hook, --buffer-sync and --unused-params: chosen at run time inside one trainer type (a one_of,

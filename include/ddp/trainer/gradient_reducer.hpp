@@ -41,6 +41,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <span>
@@ -222,6 +223,16 @@ class gradient_reducer final : public layer_hooks {
     pinned_ = false;
     for (auto& bk : buckets_)
       if (bk.values_held()) release_values(bk, /*to_pool=*/false);
+  }
+  // The trainer goes: under a policy that keeps only shards of the parameters, a module whose
+  // parameters were not gathered gets zeros back, which rank 0 says (a destructor cannot gather).
+  void warn_unless_gathered() const {
+    if (shards_parameters() && !pinned_ && comm_.rank() == 0)
+      std::fprintf(stderr,
+                   "ddp: the trainer (update::%s) went without trainer.gather_parameters(), so the module gets its "
+                   "parameters back as zeros; call gather_parameters() on every rank before the trainer goes to keep "
+                   "the trained values, or load them from a checkpoint\n",
+                   std::string(w_.update.name()).c_str());
   }
   // Memory for every parameter, not gathered: a checkpoint's values are written there next, and
   // stage_values() keeps this rank's shard of them.

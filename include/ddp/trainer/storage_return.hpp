@@ -46,7 +46,10 @@ class storage_return {
           if constexpr (places_parameters<Module>)
             if (reducer.shards_parameters()) {
               reducer.set_parameter_placement([m = module_](std::size_t i, float* at) { m->place_parameter(i, at); });
-              stop_placing_values_ = [&reducer] { reducer.set_parameter_placement({}); };
+              stop_placing_values_ = [&reducer] {
+                reducer.warn_unless_gathered();
+                reducer.set_parameter_placement({});
+              };
             }
           module.set_layer_hooks(&reducer);
         }
