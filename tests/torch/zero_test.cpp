@@ -103,8 +103,9 @@ run train(ddp::inproc::communicator& comm, Net net, bool micro) {
   return out;
 }
 
-template <class Update>
-std::vector<run> on_ranks(int world, bool micro, torch::nn::Sequential (*make)(std::uint64_t) = make_sequential) {
+// `make(seed)` builds the net each rank trains.
+template <class Update, class Make = decltype(&make_sequential)>
+std::vector<run> on_ranks(int world, bool micro, Make make = make_sequential) {
   return ddp::inproc::launch(world, [micro, make](ddp::inproc::communicator& comm) {
     return train<Update>(comm, make(3), micro);
   });
@@ -163,13 +164,9 @@ TEST_CASE("ddp::torch: update::sharded_gradients on a net of its own forward (no
   torch::set_num_threads(1);
   for (int world : {1, 2, 3}) {
     CAPTURE(world);
-    const auto with = [world]<class Update>(Update) {
-      return ddp::inproc::launch(world, [](ddp::inproc::communicator& comm) {
-        return train<Update>(comm, torch_test::make_net(3), true);
-      });
-    };
-    const auto replicated = with(ddp::update::replicated{});
-    const auto zero2 = with(ddp::update::sharded_gradients{});
+    const auto make_net = [](std::uint64_t seed) { return torch_test::make_net(seed); };
+    const auto replicated = on_ranks<ddp::update::replicated>(world, true, make_net);
+    const auto zero2 = on_ranks<ddp::update::sharded_gradients>(world, true, make_net);
     for (int r = 0; r < world; ++r) {
       CHECK(zero2[r].trained == replicated[r].trained);
       CHECK(zero2[r].evaluated == replicated[r].evaluated);

@@ -349,6 +349,10 @@ class module {
   void find_layers() {
     const auto children = net_->named_children();
     auto& st = *state_;
+    const auto unknown = [&](std::string why) {
+      layers_unknown_ = std::move(why);
+      st.first.clear(), st.count.clear(), st.layer_of.clear();
+    };
     std::size_t at = 0;
     for (std::size_t k = 0; k < net_->size(); ++k) {
       const auto layer_params = net_->ptr(k)->parameters(/*recurse=*/true);
@@ -356,23 +360,17 @@ class module {
           std::count_if(layer_params.begin(), layer_params.end(), [](const auto& t) { return t.requires_grad(); }));
       const std::string prefix = k < children.size() ? children[k].key() + "." : std::string();
       for (std::size_t j = 0; j < n; ++j)
-        if (at + j >= params_.size() || params_[at + j].name.rfind(prefix, 0) != 0) {
-          layers_unknown_ = "layer " + std::to_string(k) + "'s parameters are not the net's parameters " +
-                            std::to_string(at) + " to " + std::to_string(at + n - 1) + " in named_parameters() order";
-          st.first.clear(), st.count.clear(), st.layer_of.clear();
-          return;
-        }
+        if (at + j >= params_.size() || params_[at + j].name.rfind(prefix, 0) != 0)
+          return unknown("layer " + std::to_string(k) + "'s parameters are not the net's parameters " +
+                         std::to_string(at) + " to " + std::to_string(at + n - 1) + " in named_parameters() order");
       st.first.push_back(at);
       st.count.push_back(n);
       st.layer_of.resize(at + n, k);
       at += n;
     }
-    if (at != params_.size()) {
-      layers_unknown_ = "its layers hold " + std::to_string(at) + " of the net's " + std::to_string(params_.size()) +
-                        " parameters";
-      st.first.clear(), st.count.clear(), st.layer_of.clear();
-      return;
-    }
+    if (at != params_.size())
+      return unknown("its layers hold " + std::to_string(at) + " of the net's " + std::to_string(params_.size()) +
+                     " parameters");
     st.through.assign(st.count.size(), 0);
   }
 
