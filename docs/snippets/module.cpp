@@ -80,6 +80,7 @@ static_assert(ddp::trainable_module<my_head>);
 
 // [doc: concepts/module.md]
 #include <ddp/ddp.hpp>
+#include <ddp/nn/matrix.hpp>
 
 struct minimal_module {   // the members the trainer calls, and nothing else
   using input_type = ddp::nn::matrix;                       // any types your forward takes

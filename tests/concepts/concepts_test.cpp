@@ -51,6 +51,9 @@ struct module_reporting : complete_module {
   static constexpr bool reports_gradient_ready = true;
   void bind_gradient(std::size_t, float*) {}
 };
+struct module_reporting_at_run_time : complete_module {
+  bool reports_gradient_ready = true;  // not a constant: reports nothing, and is no hard error
+};
 
 struct device_without_locate : ddp::host::device {
   void locate(const void*) = delete;
@@ -87,6 +90,7 @@ TEST_CASE("module concept and its optional capabilities") {
   static_assert(ddp::reports_gradient_ready<complete_module>);
   static_assert(!ddp::reports_gradient_ready<module_silent>);  // the capability is declared, not inferred
   static_assert(ddp::reports_gradient_ready<module_reporting>);
+  static_assert(!ddp::reports_gradient_ready<module_reporting_at_run_time>);
   static_assert(!ddp::binds_gradient_storage<complete_module>);
   static_assert(ddp::binds_gradient_storage<module_reporting>);
   CHECK(ddp::trainable_module<complete_module>);

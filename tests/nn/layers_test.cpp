@@ -2,10 +2,12 @@
 // (ddp::nn::check_gradients), and the building blocks: residual, layer_norm, gelu, embedding.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "ddp/core/random.hpp"
 #include "ddp/nn/batch_norm.hpp"
@@ -218,7 +220,26 @@ struct miscounting_linear : ddp::nn::linear {
   }
 };
 
+// A linear layer whose backward assigns its weight's gradient instead of adding to it.
+struct assigning_linear : ddp::nn::linear {
+  assigning_linear() : ddp::nn::linear(3, 2, 4) {}
+  ddp::nn::matrix backward(const ddp::nn::matrix& dy, bool need_dx) {
+    auto w = params()[0].grad();
+    std::fill(w.begin(), w.end(), 0.0f);
+    return ddp::nn::linear::backward(dy, need_dx);
+  }
+};
+
 }  // namespace
+
+TEST_CASE("check_gradients names a parameter whose backward assigns its gradient instead of accumulating it") {
+  assigning_linear bad;
+  const auto report = ddp::nn::check_gradients(bad, random_matrix(4, 3, 11));
+  CHECK_FALSE(report);
+  CHECK(report.mismatches.empty());  // each single backward is right
+  CHECK(report.not_accumulated == std::vector<std::string>{"weight"});
+  CHECK(report.message().find("a second backward did not add to the first gradient of 'weight'") != std::string::npos);
+}
 
 TEST_CASE("check_gradients names the element that disagrees with both values, samples large tensors, keeps "
           "accumulated gradients") {

@@ -180,6 +180,14 @@ TEST_CASE("a checkpoint that cannot be loaded is an error on every rank naming w
                    "optimizer=adamw");
   check_every_rank(load_errors<ddp::trainer<test::mlp, padded, ddp::bucket_cap<1024>>>(2, dir, mlp, sgd),
                    "the checkpoint has bucket_cap=256 bytes, this trainer bucket_cap=1 KiB");
+  // A policy's name may hold ", ", and the plain reduction goes unnamed: the slots still pair up.
+  using dropping = ddp::sampler::distributed<true, ddp::sampler::tail::drop>;
+  check_every_rank(load_errors<ddp::trainer<test::mlp, dropping, ddp::bucket_cap<256>>>(2, dir, mlp, sgd),
+                   "the checkpoint has sampler=distributed(shuffle, pad), this trainer sampler=distributed(shuffle, "
+                   "drop); build the trainer");
+  check_every_rank(
+      load_errors<ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>, ddp::reduction::invariant<2>>>(2, dir, mlp, sgd),
+      "the checkpoint has the default reduction, this trainer reduction=invariant(2); build the trainer");
 
   // A save that died half-way (a temporary file, a step directory without LATEST's blessing)
   // leaves the committed checkpoint loadable.
@@ -386,6 +394,19 @@ TEST_CASE("checkpoint save options that differ across ranks or make no sense: an
   CHECK(ddp::detail::read_whole_file(dir / "step-000000000001" / "rank-0-of-2.ddpckpt") == rank_file);
   CHECK(step_directories(dir) == std::vector<std::string>{"step-000000000001"});
   CHECK(ddp::detail::save_options_problem({.metric = std::nan("")}).find("metric is NaN") != std::string::npos);
+  // Compared before anything is written: no rank leaves a file of the refused save.
+  const auto fresh = scratch("options_fresh");
+  const auto refused = ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) -> std::string {
+    try {
+      (void)save_each_step(c, fresh, {0.25}, ddp::save_options{.keep_last = c.rank() == 0 ? 1u : 2u});
+    } catch (const ddp::error& e) {
+      return e.what();
+    }
+    return "";
+  });
+  check_every_rank(refused, "differ from rank 0's");
+  CHECK((!fs::exists(fresh) || fs::is_empty(fresh)));
+  fs::remove_all(fresh);
   fs::remove_all(dir);
 }
 

@@ -152,9 +152,28 @@ void check_invariant_elastic(Optimizer opt) {
   CHECK(report.changes[1].failed_rank == 0);
   CHECK(report.changes[1].steps == 6);
   CHECK(report.changes[1].new_world == 2);
+  CHECK(report.changes[1].failed_ranks == std::vector<int>{0});
   CHECK(taken.each_once(rows, epochs));
   REQUIRE(elastic.params.size() == 2);
   for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
+
+  // Ranks 1 and 2 throw in the same step: one change names both, each with its error.
+  run_result both;
+  taken_samples taken_both;
+  const std::vector<fault> at_once{{1, 3, 0, 0}, {2, 3, 0, 0}};
+  const auto two = ddp::inproc::launch_elastic(4, [&](ddp::inproc::communicator& c) {
+    invariant_rank<Update, Model>(c, data, opt, at_once, taken_both, both);
+  });
+  REQUIRE(two.changes.size() == 1);
+  auto lost = two.changes[0].failed_ranks;
+  CHECK(lost.front() == two.changes[0].failed_rank);
+  std::sort(lost.begin(), lost.end());
+  CHECK(lost == std::vector<int>{1, 2});
+  REQUIRE(two.changes[0].causes.size() == 2);
+  for (const auto& cause : two.changes[0].causes) CHECK(cause.find("injected fault") != std::string::npos);
+  CHECK(two.changes[0].survivors == std::vector<int>{0, 3});
+  CHECK(taken_both.each_once(rows, epochs));
+  for (const auto& rank : both.params) CHECK(bitwise_equal(rank, reference));
 }
 
 // The plain reduction with the distributed sampler: the interrupted epoch is re-cut for the
@@ -269,6 +288,8 @@ TEST_CASE("launch_elastic under a sharded update falls back to the last checkpoi
   } catch (const ddp::inproc::launch_error& e) {
     CHECK(e.origin_rank() == 0);
     CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+    CHECK(std::string(e.what()).find("the run ends: it has gone on after 1 lost rank(s) already (max_restarts = 1)") !=
+          std::string::npos);
   }
 }
 
@@ -361,7 +382,9 @@ TEST_CASE("launch_elastic: ranks due to join when a rank fails join the survivor
   // Without the request, 2 ranks are fewer than min_world: the run ends with the failure.
   taken_samples unused;
   run_result ended;
-  CHECK_THROWS_AS(run(nullptr, unused, ended), ddp::inproc::launch_error);
+  CHECK_THROWS_WITH_AS(run(nullptr, unused, ended),
+                       doctest::Contains("the run ends: 2 rank(s) would go on, fewer than min_world = 3"),
+                       ddp::inproc::launch_error);
 }
 
 TEST_CASE("launch_elastic grows back under the plain reduction: the rest of the epoch is re-cut for the larger world") {
@@ -381,7 +404,8 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
   fs::remove_all(dir);
   taken_samples taken;
   using trainer_t = ddp::trainer<test::mlp, ddp::bucket_cap<512>>;
-  auto part = [&](ddp::inproc::communicator& comm, std::size_t steps, bool resume) {
+  auto part = [&](ddp::inproc::communicator& comm, std::size_t steps, bool resume, std::size_t batch = 4,
+                  taken_samples* into = nullptr) {
     test::mlp model = test::make_mlp(3);
     ddp::host::device dev;
     trainer_t trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f}, {.seed = 8});
@@ -390,7 +414,7 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
       trainer.save(dir);  // before the epoch goes on: the same position again,
       trainer.load(dir);  // which this run goes on from
     }
-    ddp::data::loader loader(data, 4, &indexed_rows::collate);
+    ddp::data::loader loader(data, batch, &indexed_rows::collate);
     std::size_t done = 0;
     while (trainer.epochs_started() < epochs) {
       const auto epoch = trainer.epochs_started();
@@ -398,7 +422,7 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
         trainer.step([&](auto& replica) {
           replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
         });
-        taken.add(epoch, real_samples(b));
+        (into ? *into : taken).add(epoch, real_samples(b));
         if (++done == steps) return trainer.save(dir);
       }
     }
@@ -410,6 +434,15 @@ TEST_CASE("a checkpoint saved in the middle of an epoch continues at another wor
   ddp::inproc::launch(3, [&](ddp::inproc::communicator& c) { part(c, 5 + 3, true); });
   ddp::inproc::launch(4, [&](ddp::inproc::communicator& c) { part(c, 1000, true); });
   CHECK(taken.each_once(rows, epochs));
+
+  // Another batch size, at the same world size and at another: what was taken is counted in the
+  // batches of the loader it was saved with.
+  fs::remove_all(dir);
+  taken_samples resized;
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { part(c, 5, false, 4, &resized); });
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { part(c, 1, true, 8, &resized); });
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) { part(c, 1000, true, 16, &resized); });
+  CHECK(resized.each_once(rows, epochs));
   fs::remove_all(dir);
 }
 

@@ -12,6 +12,7 @@
 #include "ddp/nn/batch_norm.hpp"
 #include "ddp/nn/residual.hpp"
 #include "ddp/nn/cross_entropy.hpp"
+#include "ddp/nn/dropout.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
 #include "trainer/test_model.hpp"
 
@@ -38,6 +39,15 @@ inline residual_bn_mlp make_residual_bn_mlp(std::uint64_t seed) {
 }
 inline residual_bn_mlp& underlying(residual_bn_mlp& m) { return m; }
 // Two batch norms, the first frozen (fine-tuning): it records nothing, the second its statistics.
+// The same rank given to every replica's dropout: the masks differ by world size only through
+// which forward of a rank runs a shard, unless the trainer keys them by the shard.
+using dropout_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::relu, ddp::nn::dropout, ddp::nn::linear>;
+inline dropout_mlp make_dropout_mlp(std::uint64_t seed) {
+  return dropout_mlp(ddp::nn::linear(test::in_features, 16, seed), ddp::nn::relu(), ddp::nn::dropout(0.5f, seed, 0),
+                     ddp::nn::linear(16, test::classes, seed + 1));
+}
+inline dropout_mlp& underlying(dropout_mlp& m) { return m; }
+
 using frozen_bn_mlp = ddp::nn::sequential<ddp::nn::linear, ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear,
                                           ddp::nn::batch_norm, ddp::nn::relu, ddp::nn::linear>;
 inline frozen_bn_mlp make_frozen_bn_mlp(std::uint64_t seed) {
@@ -99,6 +109,8 @@ std::vector<float> train_rank(Comm& comm, Optimizer opt, const run_options& run 
       return make_residual_bn_mlp(seed);
     } else if constexpr (std::is_same_v<Module, frozen_bn_mlp>) {
       return make_frozen_bn_mlp(seed);
+    } else if constexpr (std::is_same_v<Module, dropout_mlp>) {
+      return make_dropout_mlp(seed);
     } else {
       test::mlp mlp = test::make_mlp(seed);
       if (run.precision != ddp::dtype::f32) mlp.cast_parameters(run.precision);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,19 @@ void check_invariance(Optimizer opt) {
     }
     const auto ranks = train<invariant, Update>(world, opt);
     for (const auto& rank : ranks) CHECK(bitwise_equal(rank, reference));
+  }
+}
+
+// Model trained under invariant<shards> at 1 rank and at each of `worlds`: every rank holds the
+// 1-rank run's bits, and the run moved the parameters from `fresh` (the model train() starts from).
+template <class Model, class Update = ddp::update::replicated, class Optimizer>
+void check_same_bits(Optimizer opt, Model fresh, std::initializer_list<int> worlds) {
+  using invariant = ddp::reduction::invariant<shards>;
+  const auto reference = train<invariant, Update, Model>(1, opt)[0];
+  CHECK(!bitwise_equal(reference, parameters_of(fresh)));
+  for (int world : worlds) {
+    CAPTURE(world);
+    for (const auto& rank : train<invariant, Update, Model>(world, opt)) CHECK(bitwise_equal(rank, reference));
   }
 }
 
@@ -122,6 +136,22 @@ TEST_CASE("reduction::invariant: a step with another number of micro-batches tha
   }
 }
 
+TEST_CASE("reduction::invariant: a world of more ranks than virtual shards is refused when the trainer is built") {
+  const auto errors = ddp::inproc::launch(5, [&](ddp::inproc::communicator& comm) {
+    test::mlp model(test::make_mlp(7));
+    ddp::host::device dev;
+    try {
+      ddp::trainer<test::mlp, ddp::reduction::invariant<4>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+    } catch (const ddp::collective_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  });
+  for (const auto& e : errors)
+    CHECK(e.find("a world of 5 ranks cannot hold 4 virtual shards, one at least per rank: run at most 4 ranks") !=
+          std::string::npos);
+}
+
 TEST_CASE_TEMPLATE("reduction::invariant: saved at 4 ranks and resumed at 3, 1 or 8, bitwise the run that never stopped",
                    Update, ddp::update::replicated, ddp::update::sharded, ddp::update::sharded_gradients,
                    ddp::update::fully_sharded) {
@@ -143,43 +173,22 @@ TEST_CASE_TEMPLATE("reduction::invariant: saved at 4 ranks and resumed at 3, 1 o
 TEST_CASE_TEMPLATE("reduction::invariant with batch norm: each shard normalises with its own statistics and the running "
                    "statistics take every shard's in shard order, the same bits at 1, 2, 3, 5 and 8 ranks",
                    Update, ddp::update::replicated, ddp::update::sharded) {
-  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f};
-  using invariant = ddp::reduction::invariant<shards>;
-  const auto reference = train<invariant, Update, bn_mlp>(1, opt)[0];
-  // The running statistics moved: every step's 8 shards were counted.
-  bn_mlp fresh = make_bn_mlp(7);
-  CHECK(!bitwise_equal(reference, parameters_of(fresh)));
-  for (int world : {2, 3, 5, 8}) {
-    CAPTURE(world);
-    for (const auto& rank : train<invariant, Update, bn_mlp>(world, opt)) CHECK(bitwise_equal(rank, reference));
-  }
+  // The running statistics moved too: every step's 8 shards were counted.
+  check_same_bits<bn_mlp, Update>(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f}, make_bn_mlp(7), {2, 3, 5, 8});
 }
 
 TEST_CASE("reduction::invariant with a frozen batch norm before a training one: the frozen one records nothing, the "
           "same bits at 1, 3 and 8 ranks") {
-  const ddp::optim::sgd opt{.lr = 0.1f, .momentum = 0.9f};
-  using invariant = ddp::reduction::invariant<shards>;
-  const auto reference = train<invariant, ddp::update::replicated, frozen_bn_mlp>(1, opt)[0];
-  frozen_bn_mlp fresh = make_frozen_bn_mlp(7);
-  CHECK(!bitwise_equal(reference, parameters_of(fresh)));
-  for (int world : {3, 8}) {
-    CAPTURE(world);
-    for (const auto& rank : train<invariant, ddp::update::replicated, frozen_bn_mlp>(world, opt))
-      CHECK(bitwise_equal(rank, reference));
-  }
+  check_same_bits(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f}, make_frozen_bn_mlp(7), {3, 8});
+}
+
+TEST_CASE("reduction::invariant with dropout: each virtual shard draws its mask from its own stream, the same bits at "
+          "1, 3 and 8 ranks") {
+  check_same_bits(ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f}, make_dropout_mlp(7), {3, 8});
 }
 
 TEST_CASE("reduction::invariant with batch norm inside a residual branch: the same bits at 1, 3 and 8 ranks") {
-  const ddp::optim::adamw opt{.lr = 0.01f};
-  using invariant = ddp::reduction::invariant<shards>;
-  const auto reference = train<invariant, ddp::update::replicated, residual_bn_mlp>(1, opt)[0];
-  residual_bn_mlp fresh = make_residual_bn_mlp(7);
-  CHECK(!bitwise_equal(reference, parameters_of(fresh)));
-  for (int world : {3, 8}) {
-    CAPTURE(world);
-    for (const auto& rank : train<invariant, ddp::update::replicated, residual_bn_mlp>(world, opt))
-      CHECK(bitwise_equal(rank, reference));
-  }
+  check_same_bits(ddp::optim::adamw{.lr = 0.01f}, make_residual_bn_mlp(7), {3, 8});
 }
 
 namespace {

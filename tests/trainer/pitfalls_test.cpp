@@ -150,6 +150,28 @@ TEST_CASE("P2 unchecked: a module that cannot report trains, every parameter cou
         run.template operator()<test::unbound_mlp, ddp::unused_params::forbid>());
 }
 
+namespace {
+// Declares that it reports ready gradients, and never does.
+struct forgetful_mlp : test::unbound_mlp {
+  using test::unbound_mlp::unbound_mlp;
+  void backward(const ddp::nn::matrix& g, const ddp::ready_sink&) { test::unbound_mlp::backward(g, ddp::ready_sink{}); }
+};
+}  // namespace
+
+TEST_CASE("P2: a module that declares reports_gradient_ready and never calls ready() is told so, not trained as "
+          "unused (detect_each_step would leave every parameter as it was)") {
+  auto o = on_ranks(2, [](auto& comm) {
+    forgetful_mlp model(test::make_mlp(4));
+    ddp::host::device dev;
+    ddp::trainer<forgetful_mlp, ddp::unused_params::detect_each_step> trainer(model, comm, dev, sgd);
+    const auto b = test::make_batch(6, 30 + static_cast<std::uint64_t>(comm.rank()));
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  });
+  for (const auto& e : o.errors)
+    CHECK(contains(e, "the module reported no parameter ready in this step's backward, though it declares "
+                      "reports_gradient_ready"));
+}
+
 TEST_CASE("P2 detect_each_step: a parameter used on some ranks is averaged over all, as one process") {
   // Rank 0 uses aux, rank 1 does not: one process sees aux on the first half of the global batch.
   test::branchy ref(5);
@@ -413,6 +435,44 @@ TEST_CASE("a forward without its backward is an error that says so") {
     trainer.step([&](auto& r) { (void)r.forward(b.x); });
   });
   CHECK(contains(o.errors[0], "1 forward(s) in this step had no backward"));
+}
+
+TEST_CASE("step() or accumulate() called from inside a step's function is an error that says so, on every rank") {
+  for (const bool nested_step : {true, false}) {
+    auto o = on_ranks(2, [&](auto& comm) {
+      test::branchy model(5);
+      ddp::host::device dev;
+      ddp::trainer<test::branchy> trainer(model, comm, dev, sgd);
+      auto b = test::make_batch(4, 1);
+      auto pair = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
+      trainer.step([&](auto& r) {
+        pair(r);
+        if (nested_step) trainer.step(pair);
+        else trainer.accumulate(pair);
+      });
+    });
+    CAPTURE(nested_step);
+    for (const auto& e : o.errors)
+      CHECK(contains(e, "called inside the function of a step() or accumulate(), whose micro-batch has not ended"));
+  }
+}
+
+TEST_CASE("a second trainer on a module that has one is refused by name, and once the first is gone one may be built") {
+  auto o = on_ranks(2, [](auto& comm) {
+    test::branchy model(5);
+    ddp::host::device dev;
+    {
+      ddp::trainer<test::branchy> first(model, comm, dev, sgd);
+      try {
+        ddp::trainer<test::branchy> second(model, comm, dev, sgd);
+        FAIL("a second trainer was built on the module");
+      } catch (const ddp::error& e) {
+        CHECK(contains(e.what(), "this module already has a trainer"));
+      }
+    }
+    ddp::trainer<test::branchy> again(model, comm, dev, sgd);
+  });
+  for (const auto& e : o.errors) CHECK(e.empty());
 }
 
 TEST_CASE("buckets: reverse parameter order under the byte cap, reductions overlap backward") {

@@ -62,6 +62,10 @@ std::vector<run> ranks(int world) {
       out.norms.push_back(trainer.gradient_norm());
     }
     out.params = test::parameter_values(model);
+    trainer.clip_gradient_norm(0.0f);  // off: the next step's norm is not taken, and reads 0
+    auto b = test::make_batch(per_rank_batch, 999);
+    trainer.step([&](auto& rep) { rep.backward(ddp::nn::softmax_cross_entropy(rep.forward(b.x), b.y).grad); });
+    CHECK(trainer.gradient_norm() == 0.0);
     return out;
   });
 }

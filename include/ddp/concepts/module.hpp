@@ -50,12 +50,18 @@
 //        // reduction::invariant the trainer applies every virtual shard's record in shard order on
 //        // every rank, so the buffers do not depend on the world size; a module with buffers that
 //        // change in training and without this fails such a step, naming the buffer.
+//   void set_random_stream(std::uint64_t stream);
+//        // the training forwards that follow draw their random numbers (dropout masks) from
+//        // `stream`; under reduction::invariant the trainer sets it before each virtual shard's
+//        // micro-batch to (step * V + shard), so a shard draws the same on whichever rank runs it.
 //
 // Example: ddp::nn::sequential (include/ddp/nn/sequential.hpp) models this concept.
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <ranges>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "ddp/core/buffer_version.hpp"
@@ -102,10 +108,12 @@ concept trainable_module =
     module_requirements::has_parameters<M> && module_requirements::has_buffers<M> &&
     module_requirements::has_forward<M> && module_requirements::has_backward<M>;
 
+// A constant: a non-static or non-constexpr member of that name reports nothing (the trainer's
+// static_assert then names `static constexpr bool reports_gradient_ready = true;`).
 template <class M>
-concept reports_gradient_ready = requires {
-  requires static_cast<bool>(M::reports_gradient_ready);
-};
+concept reports_gradient_ready =
+    requires { typename std::bool_constant<static_cast<bool>(M::reports_gradient_ready)>; } &&
+    static_cast<bool>(M::reports_gradient_ready);
 
 template <class M>
 concept binds_gradient_storage = requires(M& m, std::size_t i, float* p) { m.bind_gradient(i, p); };
@@ -121,6 +129,9 @@ concept places_gradients = requires(M& m, layer_hooks* h, std::size_t i, float* 
 
 template <class M>
 concept places_parameters = places_gradients<M> && requires(M& m, std::size_t i, float* p) { m.place_parameter(i, p); };
+
+template <class M>
+concept keys_random_streams = requires(M& m, std::uint64_t stream) { m.set_random_stream(stream); };
 
 template <class M>
 concept defers_buffer_updates = requires(M& m, bool on, std::span<const float> records) {

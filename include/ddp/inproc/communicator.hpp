@@ -130,7 +130,8 @@ class communicator {
                       "ranks disagree on the collective: rank " + std::to_string(rank_) +
                           " issued " + call.describe() + ", rank " + std::to_string(k) +
                           " issued " + slots[k]->call.describe() +
-                          "; every rank must issue the same collectives in the same order");
+                          "; every rank must issue the same collectives in the same order (ranks that run "
+                          "different numbers of steps: a rank out of batches calls trainer.join())");
       body(slots);
     } catch (const std::exception& e) {
       failure = std::current_exception();

@@ -4,8 +4,8 @@
 // rank that remains hands over its trainers' state of the last completed step, and fn runs
 // again on those ranks alone, renumbered in their old order: each trainer built there starts
 // from the handed-over state, and its next epoch continues the interrupted one with the samples
-// not yet taken. A failure that every rank raised alike (a collective_error: a non-finite
-// gradient, a checkpoint that cannot be loaded) is no lost rank and ends the run, as launch does.
+// not yet taken. A failure that every rank raised alike (a collective_error: a checkpoint that
+// cannot be loaded, mismatched options) is no lost rank and ends the run, as launch does.
 // Ranks join at a step boundary (elastic_control::grow): every rank ends its membership there,
 // hands over its state, and fn runs on the larger one, the new ranks starting from a peer's state.
 #include <chrono>
@@ -67,6 +67,8 @@ struct elastic_options {
 struct membership_change {
   int failed_rank = -1;          // in the old membership; -1 when ranks only joined
   std::string cause;             // its error, or why it ended ("2 ranks join")
+  std::vector<int> failed_ranks;     // every rank lost at once, in the old membership (failed_rank first)
+  std::vector<std::string> causes;   // the error of each, in the same order
   int joined = 0;                // ranks that joined: new_world - survivors
   std::uint64_t steps = 0;       // steps completed when it failed
   std::uint64_t resumed_at = 0;  // the step the new membership goes on from: `steps`, or under a
@@ -156,19 +158,35 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
       for (int r = 0; r < world; ++r) survivors.push_back(r);
     } else {
       const int origin = out.origin();
-      for (int r = 0; r < world; ++r)
+      std::string returned;  // ranks whose fn had already returned: their training is over
+      for (int r = 0; r < world; ++r) {
         if (r != origin && !launch_detail::failed_on_its_own(out, r)) survivors.push_back(r);
-      if (survivors.empty() || lost >= opts.max_restarts || !launch_detail::failed_on_its_own(out, origin))
-        out.throw_launch_error();
+        if (launch_detail::ending_of(out, r) == launch_detail::ending::returned)
+          returned += (returned.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if (survivors.empty() || !launch_detail::failed_on_its_own(out, origin)) out.throw_launch_error();
+      if (!returned.empty())
+        out.throw_launch_error("rank(s) " + returned + " had returned from the function (their training done) when rank " +
+                               std::to_string(origin) + " failed; a failure after a rank's last step ends the run");
+      if (lost >= opts.max_restarts)
+        out.throw_launch_error("it has gone on after " + std::to_string(lost) + " lost rank(s) already (max_restarts = " +
+                               std::to_string(opts.max_restarts) + ")");
       ++lost;
       change.failed_rank = origin;
       change.cause = out.message_of(origin);
+      for (int r = 0; r < world; ++r)
+        if (r == origin || launch_detail::failed_on_its_own(out, r)) {
+          change.failed_ranks.insert(r == origin ? change.failed_ranks.begin() : change.failed_ranks.end(), r);
+          change.causes.insert(r == origin ? change.causes.begin() : change.causes.end(), out.message_of(r));
+        }
     }
     elastic::carried_over carried;
     auto why = handoff.carry_over(survivors, carried);
     if (!why && grows && carried.joined == 0) why = "no request for ranks was due where the membership ended";
     // Ranks that join now count towards min_world.
-    if (!why && !grows && static_cast<int>(survivors.size()) + carried.joined < opts.min_world) out.throw_launch_error();
+    if (const int left = static_cast<int>(survivors.size()) + carried.joined; !why && !grows && left < opts.min_world)
+      out.throw_launch_error(std::to_string(left) + " rank(s) would go on, fewer than min_world = " +
+                             std::to_string(opts.min_world));
     if (why) {
       if (grows) throw error("inproc", "launch_elastic", 0, "ranks cannot join: " + *why);
       try {

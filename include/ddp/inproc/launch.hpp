@@ -23,8 +23,9 @@ namespace ddp::inproc {
 // exception is nested in it: std::rethrow_if_nested(e) throws it again with its own type.
 class launch_error : public error {
  public:
-  launch_error(int origin, std::vector<std::string> rank_errors)
-      : error("inproc", "launch", origin, summary(origin, rank_errors)),
+  // `ended`: why a launcher that goes on after failures (launch_elastic) stops here, when it says.
+  launch_error(int origin, std::vector<std::string> rank_errors, const std::string& ended = "")
+      : error("inproc", "launch", origin, summary(origin, rank_errors) + (ended.empty() ? "" : "\n  the run ends: " + ended)),
         origin_(origin),
         rank_errors_(std::move(rank_errors)) {}
   // The rank whose failure made the others fail.
@@ -113,14 +114,14 @@ struct rank_outcomes {
       return "unknown exception";
     }
   }
-  [[noreturn]] void throw_launch_error() const {
+  [[noreturn]] void throw_launch_error(const std::string& ended = "") const {
     const int o = origin();
     std::vector<std::string> messages(failures.size());
     for (std::size_t r = 0; r < failures.size(); ++r) messages[r] = message_of(static_cast<int>(r));
     try {
       std::rethrow_exception(failures[static_cast<std::size_t>(o)]);
     } catch (...) {
-      std::throw_with_nested(launch_error(o, std::move(messages)));
+      std::throw_with_nested(launch_error(o, std::move(messages), ended));
     }
   }
   auto take_results() {

@@ -15,7 +15,9 @@
 // parameters (dropout off: each forward draws a new mask). It runs two training forwards (and
 // backwards of zeros, which add nothing) per checked element, so layers with running statistics
 // (batch_norm) move them; it turns a module's compute_input_gradient() on to check the input.
-// Gradients accumulated before the call are kept.
+// Gradients accumulated before the call are kept. A second backward of the same loss must add to
+// the gradients (the module concept's +=, which micro-batches rely on): a parameter whose gradient
+// it does not double is named (`not_accumulated`).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -65,16 +67,27 @@ struct gradient_mismatch {
 struct gradient_check_report {
   std::size_t checked = 0;                  // elements compared
   std::vector<gradient_mismatch> mismatches;
+  std::vector<std::string> not_accumulated;  // parameters whose second backward did not add to the first
   double largest_difference = 0.0;          // the largest |analytic - numeric| among the checked
   gradient_check_options options;
 
-  bool passed() const noexcept { return mismatches.empty(); }
+  bool passed() const noexcept { return mismatches.empty() && not_accumulated.empty(); }
   explicit operator bool() const noexcept { return passed(); }
 
   std::string message() const {
     if (passed())
       return "ddp::nn::check_gradients: all " + std::to_string(checked) + " elements agree (largest difference " +
              std::to_string(largest_difference) + ")";
+    if (!not_accumulated.empty()) {
+      std::string s = "ddp::nn::check_gradients: a second backward did not add to the first gradient of";
+      for (const auto& name : not_accumulated) s += " '" + name + "'";
+      s += ": backward must accumulate (+=) into every parameter's gradient, never assign it (micro-batches and "
+           "several forwards per step add their gradients there)";
+      return mismatches.empty() ? s : s + "\n" + mismatch_message();
+    }
+    return mismatch_message();
+  }
+  std::string mismatch_message() const {
     std::string s = "ddp::nn::check_gradients: " + std::to_string(mismatches.size()) + " of " +
                     std::to_string(checked) + " elements disagree beyond " +
                     std::to_string(options.absolute_tolerance) + " + " + std::to_string(options.relative_tolerance) +
@@ -205,6 +218,20 @@ inline gradient_check_report check_gradients(const gradient_problem& problem, co
     auto g = p.grad.as<float>();
     analytic.emplace_back(g.begin(), g.end());
   }
+  gradient_check_report report;
+  report.options = options;
+  (void)problem.forward();  // the same loss again: its backward must add as much again
+  (void)problem.backward(w);
+  for (std::size_t k = 0; k < refs.size(); ++k) {
+    const auto g = refs[k].grad.as<float>();
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const double twice = 2.0 * analytic[k][i];
+      if (std::abs(g[i] - twice) > options.absolute_tolerance + options.relative_tolerance * std::abs(twice)) {
+        report.not_accumulated.push_back(refs[k].name);
+        break;
+      }
+    }
+  }
   const matrix zero(y0.rows, y0.cols);
   auto loss = [&] {
     const matrix y = problem.forward();
@@ -219,8 +246,6 @@ inline gradient_check_report check_gradients(const gradient_problem& problem, co
     return s;
   };
 
-  gradient_check_report report;
-  report.options = options;
   // Moves v to v + h and v - h; the numeric derivative over the two stored values' difference.
   auto compare = [&](float& v, double exact, const std::string& name, const shape_t& shape, std::size_t i) {
     const float keep = v;

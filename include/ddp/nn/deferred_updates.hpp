@@ -2,8 +2,10 @@
 // Deferred buffer updates of layers in a row (ddp::nn::sequential, ddp::nn::residual): the layers
 // that keep running statistics (ddp::nn::batch_norm) record each training forward's update
 // instead of applying it; a record of the row is its layers' records of one forward, in layer
-// order (ddp::defers_buffer_updates, reduction::invariant).
+// order (ddp::defers_buffer_updates, reduction::invariant). And the random streams of the layers
+// that draw (ddp::nn::dropout), keyed per virtual shard under the same policy.
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,15 @@ template <class Tuple, class F>
 void for_each_deferring(Tuple& layers, F&& f) {
   std::apply([&](auto&... l) { (..., [&](auto& one) {
                                  if constexpr (defers_updates<std::remove_reference_t<decltype(one)>>) f(one);
+                               }(l)); },
+             layers);
+}
+
+// The layers that draw random numbers take their draws from `stream` (reduction::invariant).
+template <class Tuple>
+void set_random_stream(Tuple& layers, std::uint64_t stream) {
+  std::apply([&](auto&... l) { (..., [&](auto& one) {
+                                 if constexpr (requires { one.set_random_stream(stream); }) one.set_random_stream(stream);
                                }(l)); },
              layers);
 }

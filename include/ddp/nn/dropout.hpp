@@ -1,7 +1,9 @@
 #pragma once
 // Inverted dropout: in training each element is zeroed with probability p and the rest scaled
 // by 1/(1-p). The mask comes from (seed, rank, forward count), so ranks draw different masks and
-// a rerun draws the same ones.
+// a rerun draws the same ones. Under reduction::invariant the trainer keys the draws instead
+// (set_random_stream: the step and the virtual shard), so a shard's mask is the same on whichever
+// rank runs it, at any world size.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -20,12 +22,20 @@ class dropout {
       throw std::invalid_argument("ddp::nn::dropout: p must be in [0, 1), got " + std::to_string(p));
   }
 
+  // From now on the masks come from (seed, stream, forward count within the stream).
+  void set_random_stream(std::uint64_t stream) noexcept {
+    stream_ = stream;
+    keyed_ = true;
+    forwards_ = 0;
+  }
+
   matrix forward(const matrix& x, bool training) {
     if (!training || p_ == 0.0f) {
       if (training) masks_.emplace_back();
       return x;
     }
-    splitmix64 rng(seed_ ^ (static_cast<std::uint64_t>(rank_) << 40) ^ (forwards_++ * 0x9e3779b97f4a7c15ull));
+    const std::uint64_t key = keyed_ ? splitmix64(stream_ ^ 0x6a09e667f3bcc909ull).next() : static_cast<std::uint64_t>(rank_) << 40;
+    splitmix64 rng(seed_ ^ key ^ (forwards_++ * 0x9e3779b97f4a7c15ull));
     const float keep = 1.0f / (1.0f - p_);
     std::vector<float> mask(x.size());
     for (auto& m : mask) m = rng.uniform(0.0f, 1.0f) < p_ ? 0.0f : keep;
@@ -50,6 +60,8 @@ class dropout {
   std::uint64_t seed_;
   int rank_;
   std::uint64_t forwards_ = 0;
+  std::uint64_t stream_ = 0;
+  bool keyed_ = false;
   std::vector<std::vector<float>> masks_;
 };
 

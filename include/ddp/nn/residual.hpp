@@ -133,6 +133,9 @@ class residual {
     return out;
   }
 
+  // Random draws keyed by a stream, passed to the branch's layers that draw (nn::dropout).
+  void set_random_stream(std::uint64_t stream) { detail::set_random_stream(branch_, stream); }
+
   // Deferred buffer updates of the branch's layers (reduction::invariant): nn/deferred_updates.hpp.
   void defer_buffer_updates(bool on) { detail::defer_buffer_updates(branch_, on); }
   std::size_t buffer_update_size() { return detail::buffer_update_size(branch_); }

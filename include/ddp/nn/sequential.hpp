@@ -141,6 +141,10 @@ class sequential {
     with_parameter(index, [&](auto& p) { p.place_value(storage); });
   }
 
+  // Random draws keyed by a stream (reduction::invariant: the step and the virtual shard), passed
+  // to the layers that draw (nn::dropout).
+  void set_random_stream(std::uint64_t stream) { detail::set_random_stream(layers_, stream); }
+
   // Deferred buffer updates (reduction::invariant): nn/deferred_updates.hpp.
   void defer_buffer_updates(bool on) { detail::defer_buffer_updates(layers_, on); }
   std::size_t buffer_update_size() { return detail::buffer_update_size(layers_); }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/trainer/checkpoint_file.hpp"
@@ -32,6 +33,7 @@ struct run_position {
   int world = 0;                       // the world size batches_in_epoch were taken at
   std::uint64_t order_offset = 0;      // positions of the epoch's order taken before those batches (an epoch
                                        // re-cut for another world size: sampler::remaining_shard)
+  std::uint64_t batch_size = 0;        // the loader's, for those batches (0: not known)
 
   // Writes the position into a rank's checkpoint file.
   void write(checkpoint_file& f, int rank) const {
@@ -45,6 +47,7 @@ struct run_position {
     f.set_text("epoch_finished", epoch_finished ? "1" : "0");
     f.set_text("epoch_in_shard_steps", in_shard_steps ? "1" : "0");
     f.set_text("epoch_order_offset", std::to_string(order_offset));
+    f.set_text("epoch_batch_size", std::to_string(batch_size));
   }
   static run_position read(const checkpoint_file& f) {
     run_position p;
@@ -56,22 +59,41 @@ struct run_position {
     p.in_shard_steps = f.has("meta/epoch_in_shard_steps") && f.text("epoch_in_shard_steps") == "1";
     p.world = static_cast<int>(f.number("world"));
     p.order_offset = f.has("meta/epoch_order_offset") ? f.number("epoch_order_offset") : 0;
+    p.batch_size = f.has("meta/epoch_batch_size") ? f.number("epoch_batch_size") : 0;
     return p;
   }
 
-  // The first slot whose policy differs, "" when none.
+  // The first slot whose policy differs, "" when none. The text is "slot=name, slot=name" in slot
+  // order; a name may hold ", " inside parentheses (distributed(shuffle, pad)), and a slot whose
+  // policy goes unnamed (the plain reduction) is left out of it.
   static std::string first_difference(const std::string& saved, const std::string& here) {
-    auto slots = [](const std::string& s) {  // "slot=name, slot=name" -> each "slot=name"
-      std::vector<std::string> parts;
-      for (std::size_t at = 0;;) {
-        const auto comma = s.find(", ", at);
-        parts.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-        if (comma == std::string::npos) return parts;
-        at = comma + 2;
+    using entry = std::pair<std::string, std::string>;  // slot, name
+    auto slots = [](const std::string& s) {
+      std::vector<entry> out;
+      std::size_t start = 0;
+      int depth = 0;
+      for (std::size_t i = 0; i <= s.size(); ++i) {
+        if (i < s.size() && s[i] == '(') ++depth;
+        if (i < s.size() && s[i] == ')') --depth;
+        if (i < s.size() && !(depth == 0 && s.compare(i, 2, ", ") == 0)) continue;
+        const std::string part = s.substr(start, i - start);
+        const auto eq = part.find('=');
+        if (!part.empty()) out.emplace_back(part.substr(0, eq), eq == std::string::npos ? "" : part.substr(eq + 1));
+        start = i + 2;
       }
+      return out;
     };
-    const auto d = detail::first_difference(slots(saved), slots(here));
-    return d ? "the checkpoint has " + d->first + ", this trainer " + d->second : std::string();
+    const auto a = slots(saved), b = slots(here);
+    auto named = [](const std::vector<entry>& list, const std::string& slot) -> std::string {
+      for (const auto& [s, name] : list)
+        if (s == slot) return slot + "=" + name;
+      return "the default " + slot;
+    };
+    for (const auto* list : {&a, &b})
+      for (const auto& e : *list)
+        if (const auto x = named(a, e.first), y = named(b, e.first); x != y)
+          return "the checkpoint has " + x + ", this trainer " + y;
+    return "";
   }
 };
 
@@ -103,10 +125,14 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
   const std::string step = checkpoint_directory::step_name(core.steps());
   std::optional<std::string> problem;
   std::vector<checkpoint_info> committed;  // rank 0: the directory's index before this save
-  // Every rank compares first (a collective), so options that differ stop every rank alike.
+  // Every rank compares first (a collective), so options that differ stop every rank alike,
+  // before any writes.
+  const std::string not_written =
+      "the checkpoint in '" + dir.string() + "' was not written (the one before it, if any, is intact)";
   if (auto differs = save_options_disagreement(comm, dev, options); !differs.empty()) problem = differs;
   else if (auto why = save_options_problem(options); !why.empty()) problem = why;
-  if (!problem) try {
+  agree_or_throw(comm, dev, problem, "save", not_written);
+  try {
       auto state = core.checkpoint_state("save");
       const detail::parameters_gathered whole(state.reducer);  // first: a collective, on every rank alike
       if (comm.rank() == 0) committed = where.index();
@@ -118,8 +144,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
     } catch (const std::exception& e) {
       problem = e.what();
     }
-  agree_or_throw(comm, dev, problem, "save",
-                 "the checkpoint in '" + dir.string() + "' was not written (the one before it, if any, is intact)");
+  agree_or_throw(comm, dev, problem, "save", not_written);
   // Every rank's file is on disk: commit, then drop the step directories the options do not keep
   // (and any a save that died left behind).
   problem.reset();

@@ -106,6 +106,10 @@ class gradient_reducer final : public layer_hooks {
       shape.binds_gradients = w.binds_gradients || shape.releases_gradients;  // placed, layer by layer
       shape.virtual_shards = w.reduction.virtual_shards();
       problem = layout_problem(shape);
+      if (!problem && shape.virtual_shards && static_cast<std::size_t>(comm.size()) > shape.virtual_shards)
+        problem = "a world of " + std::to_string(comm.size()) + " ranks cannot hold " +
+                  std::to_string(shape.virtual_shards) + " virtual shards, one at least per rank: run at most " +
+                  std::to_string(shape.virtual_shards) + " ranks, or choose more shards (reduction::invariant<V>)";
       if (!problem && shape.shards_parameters && !w.binds_values)
         problem = "update::" + std::string(w.update.name()) + " keeps only this rank's shard of the parameters, so "
                   "the module's values must live in the trainer's memory, which holds f32 parameters only; this "
@@ -308,6 +312,12 @@ class gradient_reducer final : public layer_hooks {
   // Launches the buckets backward has not, then waits for every bucket's reduction; when the
   // update overlaps them, it waits for none (complete_through, bucket by bucket).
   void reduce_all() {
+    if (w_.reports && !shadowing_ && params_.size() != 0 && std::find(used_.begin(), used_.end(), 1) == used_.end())
+      throw error("trainer", "step", comm_.rank(),
+                  "the module reported no parameter ready in this step's backward, though it declares "
+                  "reports_gradient_ready: its backward must call ready(i) (the ddp::ready_sink it is given) for "
+                  "each parameter i whose gradient it wrote, once that gradient is final; a module that cannot "
+                  "report drops reports_gradient_ready and runs under ddp::unused_params::unchecked");
     for (std::size_t b = next_launch_; b < buckets_.size(); ++b) launch(b);
     next_launch_ = buckets_.size();
     if (!overlaps_update_) complete_through(buckets_.size() - 1);

@@ -11,6 +11,10 @@
 // Any other change of a buffer during a step would depend on the world size: the step fails on
 // every rank, naming the buffer. Buffers with a version counter are checked by it, others by
 // their bytes.
+//
+// A module that draws random numbers in training (ddp::keys_random_streams: ddp::nn::dropout in a
+// ddp::nn::sequential) draws each micro-batch's from a stream keyed by the step and the virtual
+// shard it runs, so a shard's dropout mask does not depend on where it runs either.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +29,7 @@
 #include "ddp/concepts/device_array.hpp"
 #include "ddp/concepts/module.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/sampler/virtual_shards.hpp"
 #include "ddp/trainer/buffer_set.hpp"
 
 namespace ddp::detail {
@@ -46,6 +51,14 @@ class shard_buffers {
   }
   shard_buffers(const shard_buffers&) = delete;
   shard_buffers& operator=(const shard_buffers&) = delete;
+
+  // Micro-batch `index` of the step (0 the first) begins: it is this rank's index-th virtual shard,
+  // and a module that draws random numbers draws them keyed by the step and that shard.
+  void micro_batch_begins(std::uint64_t step, std::size_t index) {
+    if constexpr (keys_random_streams<Module>)
+      if (shards_)
+        module_.set_random_stream(step * shards_ + sampler::virtual_shards(shards_, comm_.rank(), comm_.size()).first + index);
+  }
 
   // The step's first forward is about to run (after the buffer-sync policy's own writes).
   void step_began() {

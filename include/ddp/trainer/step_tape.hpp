@@ -15,7 +15,13 @@ class step_tape {
   explicit step_tape(int rank) noexcept : rank_(rank) {}
 
   // A micro-batch begins; `final`: the step's last (its backward reduces and the update follows).
-  void begin_micro_batch(bool final) noexcept {
+  void begin_micro_batch(bool final) {
+    if (open_)  // step(f) or accumulate(f) from inside f: the outer micro-batch has not ended
+      fail(final ? "step" : "accumulate",
+           "called inside the function of a step() or accumulate(), whose micro-batch has not ended; each call "
+           "runs its function as one whole micro-batch: call step() and accumulate() one after another, "
+           "never from inside their functions");
+    open_ = true;
     final_ = final;
     sent_ = false;
   }
@@ -46,6 +52,7 @@ class step_tape {
 
   // Returns whether the micro-batch was the step's last.
   bool end_micro_batch() {
+    open_ = false;
     if (depth_ != 0) {
       const auto n = depth_;
       depth_ = 0;
@@ -58,6 +65,8 @@ class step_tape {
   void end_step() noexcept { forwards_ = forward_index_ = 0; }
 
   bool in_last_backward() const noexcept { return in_last_backward_; }
+  // Inside the function of a step() or accumulate().
+  bool in_micro_batch() const noexcept { return open_; }
   // The running forward's index since the last update, 0 between steps (the buffer-sync
   // policies' forward_index()).
   const std::size_t& forward_index() const noexcept { return forward_index_; }
@@ -69,6 +78,7 @@ class step_tape {
 
   int rank_;
   int depth_ = 0;  // forwards without their backward yet
+  bool open_ = false;   // a micro-batch's function is running
   bool final_ = false;
   bool sent_ = false;  // the step's last backward has begun: buckets go out as they fill
   bool in_last_backward_ = false;

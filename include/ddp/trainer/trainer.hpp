@@ -299,7 +299,9 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     in_shard_steps_ = true;
     loaded_position_.reset();
     order_offset_ = 0;
+    epoch_batch_size_ = 0;
     resume_recut_.reset();
+    resume_cut_.reset();
     epoch_start_ = position_count();
     epoch_length_ = streams.front().size();
     if (resume_skip_) {  // the steps taken before the checkpoint, at whatever world size it was saved
@@ -371,6 +373,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // of the last world's ranks (each rank's batch count x ranks).
   struct epoch_cut {
     std::uint64_t positions = 0, batches = 0;
+    std::uint64_t batch_size = 0;  // of those batches (0: not known, the loader's)
   };
 
   void load_at(const std::filesystem::path& dir, std::optional<std::uint64_t> steps) {
@@ -383,9 +386,12 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
     resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
     resume_recut_.reset();
-    if (!saved.epoch_finished && !saved.in_shard_steps &&
-        (saved.world != this->communicator().size() || saved.order_offset != 0))
-      resume_recut_ = epoch_cut{saved.order_offset, static_cast<std::uint64_t>(saved.world) * saved.batches_in_epoch};
+    resume_cut_.reset();
+    if (!saved.epoch_finished && !saved.in_shard_steps) {
+      resume_cut_ = epoch_cut{saved.order_offset, static_cast<std::uint64_t>(saved.world) * saved.batches_in_epoch,
+                              saved.batch_size};
+      if (saved.world != this->communicator().size() || saved.order_offset != 0) resume_recut_ = resume_cut_;
+    }
     in_shard_steps_ = saved.in_shard_steps;
     epoch_start_ = position_count();
     epoch_length_.reset();
@@ -463,7 +469,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     const std::uint64_t taken = count - epoch_start_;
     return {checkpoint_policies(), options_.seed, epoch_, taken,
             epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), in_shard_steps_,
-            this->communicator().size(), order_offset_};
+            this->communicator().size(), order_offset_, epoch_batch_size_};
   }
 
   template <class Loader>
@@ -473,7 +479,14 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                   "already orders the data per epoch (pitfall P4); use a loader without a "
                   "shuffle of its own (ddp::data::loader<Dataset, Collate>), or sampler::contiguous");
     loaded_position_.reset();
-    const auto recut = std::exchange(resume_recut_, std::nullopt);
+    auto recut = std::exchange(resume_recut_, std::nullopt);
+    const auto cut = std::exchange(resume_cut_, std::nullopt);
+    epoch_batch_size_ = 0;
+    if constexpr (requires { loader.batch_size(); }) {
+      epoch_batch_size_ = loader.batch_size();
+      // Saved with another batch size: the batches taken are not as many of this loader's.
+      if (!recut && cut && cut->batch_size != 0 && cut->batch_size != epoch_batch_size_) recut = cut;
+    }
     order_offset_ = 0;
     auto batches = [&] {
       if constexpr (loader_requirements::has_shard_batches<Loader>)
@@ -502,13 +515,13 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   shard rest_of_epoch_shard(const Loader& loader, const epoch_cut& taken) {
     const auto& comm = this->communicator();
     if constexpr (sampler_recuts && requires { loader.batch_size(); }) {
-      order_offset_ = taken.positions + taken.batches * loader.batch_size();
+      order_offset_ = taken.positions + taken.batches * (taken.batch_size ? taken.batch_size : loader.batch_size());
       return sampler::remaining_shard(current_sampler(), loader.dataset_size(), order_offset_, comm.rank(), comm.size(),
                                       options_.seed, epoch_++);
     } else {
       throw error("trainer", "epoch", comm.rank(),
-                  "continuing an epoch at another world size re-cuts it, which needs a sampler with remaining_indices() "
-                  "(sampler::distributed) and a loader with batch_size()");
+                  "continuing an epoch at another world size or batch size re-cuts it, which needs a sampler with "
+                  "remaining_indices() (sampler::distributed) and a loader with batch_size()");
     }
   }
   template <class Range>
@@ -533,6 +546,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::optional<std::uint64_t> resume_skip_;  // batches of the next epoch() a loaded checkpoint took
   std::optional<epoch_cut> resume_recut_;
   std::uint64_t order_offset_ = 0;  // positions of the current epoch's order taken at earlier world sizes
+  std::uint64_t epoch_batch_size_ = 0;  // the current epoch's loader's (0: not known)
+  std::optional<epoch_cut> resume_cut_;  // a checkpoint's epoch, whichever way it continues
   detail::trainer_handoff<communicator_type> handoff_{this->communicator()};
   // The position a load or hand-over set, until the next epoch() or epoch_shards() takes it up.
   std::optional<detail::run_position> loaded_position_;

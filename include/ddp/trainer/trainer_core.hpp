@@ -27,6 +27,7 @@
 #include "ddp/trainer/gradient_reducer.hpp"
 #include "ddp/trainer/master_weights.hpp"
 #include "ddp/trainer/metrics.hpp"
+#include "ddp/trainer/module_claim.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/shard_buffers.hpp"
 #include "ddp/trainer/slots.hpp"
@@ -77,7 +78,7 @@ class trainer_core {
   // Checks that every tensor is on the rank's device and that every rank holds the same model,
   // then broadcasts rank 0's parameters and buffers.
   trainer_core(Module& module, Comm& comm, Device& dev, parts_type parts)
-      : module_(module), comm_(comm), device_(dev), parts_(parts),
+      : module_(module), comm_(comm), device_(dev), claim_(&module, comm.rank()), parts_(parts),
         params_(module, comm, dev, optimizer_part().applies_update()),
         masters_(dev, params_),
         buffers_(comm, dev, params_.buffers()),
@@ -139,6 +140,8 @@ class trainer_core {
   // Zeroes this rank's gradients (not collective): for a module whose backward also runs outside
   // this trainer's steps, as a GAN's discriminator in the generator's step (PyTorch: D.zero_grad()).
   void zero_gradients() {
+    if (tape_.in_micro_batch())
+      fail("zero_gradients", "called inside the function of a step() or accumulate(); call it between steps");
     reducer_.require_no_micro_batches("zero_gradients");
     reducer_.zero_gradients();
   }
@@ -268,6 +271,7 @@ class trainer_core {
       auto span = observer_.phase(final ? "step" : "accumulate", steps_);
       tape_.begin_micro_batch(final);
       reducer_.begin_micro_batch();  // this one included: the control floats may go during its backward
+      shard_buffers_.micro_batch_begins(steps_, reducer_.micro_batches() - 1);
       ++micro_batches_run_;
       replica r(*this);
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
@@ -362,6 +366,7 @@ class trainer_core {
   Module& module_;
   Comm& comm_;
   Device& device_;
+  detail::module_claim claim_;  // before anything touches the module
   parts_type parts_;
   std::uint64_t steps_ = 0;
   std::uint64_t micro_batches_run_ = 0;

@@ -75,6 +75,7 @@ class update_stage {
     const bool bucket_by_bucket = reducer.overlaps_update() && max_gradient_norm_ == 0.0f;
     const bool scales = mean_micro_batches != 1.0f;
     const float inverse = 1.0f / mean_micro_batches;
+    gradient_norm_ = 0.0;  // this step's, when it clips
     if (!bucket_by_bucket) {
       reducer.complete_through(buckets.size() - 1);
       if (scales)
