@@ -46,9 +46,9 @@ void choose_at_run_time(model& module, ddp::inproc::communicator& comm, ddp::hos
   // [doc: policies.md]
   #include <ddp/ddp.hpp>
 
-  using sync = ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none>;
-  using unused = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::static_graph>;
-  ddp::trainer<model, sync, unused> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+  using sync_choice = ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none>;
+  using unused_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::static_graph>;
+  ddp::trainer<model, sync_choice, unused_choice> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
   trainer.policy<ddp::buffer_sync::slot>().select(flags.buffer_sync);  // on every rank, before the first step
   trainer.policy<ddp::unused_params::slot>().select(flags.unused_params);
   // [end doc]

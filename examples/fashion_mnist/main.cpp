@@ -160,8 +160,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", c.prefetch, "batches made ahead of the step on a thread per rank (0: none)")
       ->check(CLI::Range(0, 64))->capture_default_str();
   app.add_flag("--mapped", c.mapped,
-               "memory-map uncompressed IDX files in --data-dir (train-images-idx3-ubyte, ...; gunzip -k the .gz "
-               "ones into a directory of your own) instead of reading the .gz files into memory");
+               "memory-map uncompressed IDX files in --data-dir (train-images-idx3-ubyte, ...; gunzip -c each .gz "
+               "one into a directory of your own) instead of reading the .gz files into memory");
   CLI11_PARSE(app, argc, argv);
 
   fmnist::report r;

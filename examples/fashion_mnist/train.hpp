@@ -137,6 +137,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   const auto start = std::chrono::steady_clock::now();
   std::size_t step = trainer.steps();  // the schedule's position: 0, or where a checkpoint left off
   std::uint64_t waits_in_steps = 0;
+  std::size_t step_peak = 0;  // the most the device held in training steps beyond what it held between them
   const std::size_t first_step = step;
   ddp::timeline timeline;  // --trace FILE: every step's phases, written after the last epoch
   if (!c.trace.empty()) trainer.record_timeline(&timeline);
@@ -159,6 +160,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
       progress.step(loss.mean());
       ++step;
     };
+    if constexpr (requires { dev.reset_memory_high_water(); }) dev.reset_memory_high_water();
     if (shards) {  // this rank's virtual shards of each step, in shard order
       for (const auto& batches : policies.epoch_shards(loader)) {
         trainer.learning_rate() = c.lr * schedule(step);
@@ -177,6 +179,9 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
         after_step();
       }
     }
+    // Read before the evaluation, which gathers a fully sharded model whole.
+    if constexpr (requires { dev.memory_high_water(); })
+      step_peak = std::max(step_peak, dev.memory_high_water() - dev.memory_in_use());
     const auto global = trainer.reduce(std::array<ddp::exact_metric, 2>{loss, accuracy});
     const double epoch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
     const ddp::metric test = test_accuracy<Platform>(trainer, dev, test_set);
@@ -211,8 +216,7 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
     if (c.overlap_optimizer) out.policies += "; the optimizer overlapped with the reductions";
     out.memory = trainer.memory();
     // What a step allocates beyond that (sharded_gradients' buckets while they reduce).
-    if constexpr (requires { dev.memory_high_water(); })
-      out.memory_peak = out.memory.total() + (dev.memory_high_water() - dev.memory_in_use());
+    if constexpr (requires { dev.memory_high_water(); }) out.memory_peak = out.memory.total() + step_peak;
     if constexpr (requires { dev.host_waits(); })
       out.host_waits_per_step = static_cast<double>(waits_in_steps) / static_cast<double>(std::max<std::size_t>(1, step - first_step));
   }

@@ -72,11 +72,19 @@ TEST_CASE("a missing, truncated, corrupt or mislabelled file is an error naming 
   CHECK_THROWS_WITH_AS(ddp::data::read_idx(write_plain("dims", idx_bytes({2, 2}, 4)), 1),
                        doctest::Contains("expected 1 dimensions, found 2"), ddp::error);
   CHECK_THROWS_WITH_AS(ddp::data::read_idx(write_plain("type", idx_bytes({2}, 2, 0x0d)), 1),
-                       doctest::Contains("expected element type 0x08"), ddp::error);
+                       doctest::Contains("expected element type 0x08 (unsigned byte), found 0x0d"), ddp::error);
   auto not_idx = idx_bytes({2}, 2);
   not_idx[0] = 'P';
   CHECK_THROWS_WITH_AS(ddp::data::read_idx(write_plain("magic", not_idx), 1),
-                       doctest::Contains("expected IDX magic bytes 00 00"), ddp::error);
+                       doctest::Contains("expected IDX magic bytes 00 00, found 50 00 (not an IDX file)"), ddp::error);
+  // Only a Fashion-MNIST path is told where Fashion-MNIST comes from.
+  CHECK_THROWS_WITH_AS(ddp::data::read_idx((scratch() / "absent.idx").string(), 1),
+                       doctest::Contains("absent.idx': No such file or directory"), ddp::error);
+  try {
+    (void)ddp::data::read_idx((scratch() / "absent.idx").string(), 1);
+  } catch (const ddp::error& e) {
+    CHECK(std::string(e.what()).find("Fashion-MNIST") == std::string::npos);
+  }
   // Dimensions whose product does not fit in size_t (found by reading for the fuzzer, which keeps
   // looking: tests/fuzz/idx_fuzz.cpp).
   CHECK_THROWS_WITH_AS(ddp::data::read_idx(write_plain("huge", idx_bytes({0xFFFFFFFF, 0xFFFFFFFF, 2}, 4)), 3),

@@ -265,7 +265,7 @@ TEST_CASE("a memory-mapped Fashion-MNIST gives the examples, bit for bit, of the
                        doctest::Contains("a gzip stream: decompress it first"), ddp::error);
   CHECK_THROWS_WITH_AS(fm::map(fm::split::train, dir.string()),
                        doctest::Contains("train-images-idx3-ubyte': No such file or directory (a mapped data set needs "
-                                         "the uncompressed IDX files: gunzip -k"),
+                                         "the uncompressed IDX files: decompress each .gz one"),
                        ddp::error);
   write_plain(dir / "short-images", idx_bytes({6, 28, 28}, 100));
   CHECK_THROWS_WITH_AS(ddp::data::mapped_idx((dir / "short-images").string(), 3),

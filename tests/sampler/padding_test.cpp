@@ -4,11 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <set>
+#include <type_traits>
 
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "support/on_ranks.hpp"
 #include "trainer/test_model.hpp"
 
 namespace sampler_padding_test {
@@ -122,6 +124,17 @@ TEST_CASE("pad mode: an epoch at any world size equals one process over exactly 
       }
     }
   }
+}
+
+TEST_CASE("an epoch that makes no batch is an error naming the data set, the ranks and the batch") {
+  const points data(5);  // dropped: 2 per rank at 2 ranks, no whole batch of 4
+  auto o = test::on_ranks(2, [&](ddp::inproc::communicator& comm) { (void)train<dropped>(comm, data, 4, 1); });
+  for (const auto& e : o.errors)
+    CHECK(test::contains(e, "the epoch makes no batch: a data set of 5 samples dealt to 2 ranks in batches of 4"));
+  // A loader keeps a pointer to its data set: a temporary one does not compile.
+  using loader_type = ddp::data::loader<points, decltype(&points::collate)>;
+  static_assert(std::is_constructible_v<loader_type, const points&, std::size_t, decltype(&points::collate)>);
+  static_assert(!std::is_constructible_v<loader_type, points&&, std::size_t, decltype(&points::collate)>);
 }
 
 TEST_CASE("unweighted, the padding would count: the weights are what makes pad exact") {

@@ -45,8 +45,8 @@ class fashion_mnist {
 
   // Reads the gzipped files of `directory` into memory (47 MB for the training split).
   static fashion_mnist load(split which, const std::string& directory = std::string(default_directory));
-  // Maps the uncompressed files of `directory` (train-images-idx3-ubyte, ...: gunzip -k the .gz
-  // ones) instead: nothing is read until a batch touches it, and the pages are the kernel's page
+  // Maps the uncompressed files of `directory` (train-images-idx3-ubyte, ...: gunzip -c each .gz
+  // one into it) instead: nothing is read until a batch touches it, and the pages are the kernel's page
   // cache, shared by every rank and process on the host. The same examples, bit for bit.
   static fashion_mnist map(split which, const std::string& directory);
 

@@ -48,7 +48,9 @@ DDP_RUNTIME_INLINE std::vector<std::uint8_t> read_maybe_gzipped(const std::strin
   if (!f)
     throw error("data", "read", -1,
                 "cannot open '" + path + "': " + std::strerror(errno) +
-                    (errno == ENOENT ? " (Fashion-MNIST comes with Debian's dataset-fashion-mnist)" : ""));
+                    (errno == ENOENT && path.find("fashion-mnist") != std::string::npos
+                         ? " (Fashion-MNIST comes with Debian's dataset-fashion-mnist)"
+                         : ""));
   std::vector<std::uint8_t> bytes;
   std::uint8_t chunk[1 << 16];
   for (;;) {
@@ -73,13 +75,17 @@ DDP_RUNTIME_INLINE std::vector<std::uint8_t> read_maybe_gzipped(const std::strin
 DDP_RUNTIME_INLINE idx_header parse_idx_header(const std::uint8_t* bytes, std::size_t size, const std::string& path,
                                    std::size_t expected_dims) {
   auto fail = [&](const std::string& what) { throw error("data", "read_idx", -1, "'" + path + "': " + what); };
+  auto hex = [](std::uint8_t b) {
+    const char* digits = "0123456789abcdef";
+    return std::string{digits[b >> 4], digits[b & 15]};
+  };
   if (size < 4) fail("expected an IDX header of at least 4 bytes, found a file of " + std::to_string(size) + " bytes");
   if (bytes[0] != 0 || bytes[1] != 0)
-    fail("expected IDX magic bytes 00 00, found " + std::to_string(bytes[0]) + " " + std::to_string(bytes[1]) +
-         (bytes[0] == 0x1f && bytes[1] == 0x8b ? " (a gzip stream: decompress it first, e.g. gunzip -k)"
+    fail("expected IDX magic bytes 00 00, found " + hex(bytes[0]) + " " + hex(bytes[1]) +
+         (bytes[0] == 0x1f && bytes[1] == 0x8b ? " (a gzip stream: decompress it first: gunzip -c FILE.gz > FILE)"
                                                : " (not an IDX file)"));
   if (bytes[2] != 0x08)
-    fail("expected element type 0x08 (unsigned byte), found 0x" + std::to_string(bytes[2]));
+    fail("expected element type 0x08 (unsigned byte), found 0x" + hex(bytes[2]));
   if (bytes[3] != expected_dims)
     fail("expected " + std::to_string(expected_dims) + " dimensions, found " + std::to_string(bytes[3]));
   idx_header h;

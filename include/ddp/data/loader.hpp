@@ -52,6 +52,9 @@ class loader {
       : data_(&data), batch_size_(batch_size), collate_(std::move(collate)), ahead_(ahead) {
     if (batch_size == 0) throw std::invalid_argument("ddp::data::loader: batch size must be at least 1");
   }
+  // The loader and its batches keep a pointer to the data set: give it one that outlives them
+  // (a named variable), not a temporary.
+  loader(const Dataset&& temporary, std::size_t batch_size, Collate collate, prefetch ahead = {}) = delete;
 
   std::size_t dataset_size() const { return data_->size(); }
   std::size_t batch_size() const noexcept { return batch_size_; }

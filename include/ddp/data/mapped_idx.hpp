@@ -67,8 +67,8 @@ DDP_RUNTIME_INLINE mapped_idx::mapped_idx(const std::string& path, std::size_t e
   if (fd < 0)
     throw error("data", "mapped_idx", -1,
                 "cannot open '" + path + "': " + std::strerror(errno) +
-                    (errno == ENOENT ? " (a mapped data set needs the uncompressed IDX files: gunzip -k the "
-                                       ".gz ones into a directory of your own)"
+                    (errno == ENOENT ? " (a mapped data set needs the uncompressed IDX files: decompress each "
+                                       ".gz one into a directory of your own, gunzip -c FILE.gz > DIR/FILE)"
                                      : ""));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

@@ -503,6 +503,13 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     epoch_start_ = position_count();
     epoch_length_.reset();
     if constexpr (std::ranges::sized_range<decltype(batches)>) epoch_length_ = std::ranges::size(batches);
+    if (epoch_length_ == std::size_t{0} && !recut && !resume_skip_)  // every rank alike: the sampler deals evenly
+      throw error("trainer", "epoch", this->communicator().rank(),
+                  "the epoch makes no batch: a data set of " + std::to_string(loader.dataset_size()) +
+                      " samples dealt to " + std::to_string(this->communicator().size()) + " ranks" +
+                      (epoch_batch_size_ ? " in batches of " + std::to_string(epoch_batch_size_) : std::string()) +
+                      " leaves each rank no whole batch: use a smaller batch, fewer ranks, or a sampler that pads "
+                      "(sampler::distributed<true, tail::pad>, the default); an empty data set cannot train");
     if (resume_skip_) {  // a checkpoint's epoch: its first batches were taken before it was saved
       skip_taken(batches, static_cast<std::size_t>(*resume_skip_));
       epoch_start_ -= *resume_skip_;
