@@ -17,6 +17,7 @@
 // --rejoin K: a rank joins them again K steps later (elastic_control::grow); the table adds the
 // world size then and the time from that step boundary to the first step the larger world
 // completes (rejoin_ms).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -216,6 +217,9 @@ int run_invariance(const invariance_params& p) {
                                     "the optimizer state goes with it (docs/elastic.md)");
     if (lose.step >= static_cast<std::uint64_t>(p.steps))
       throw std::invalid_argument("--lose " + p.lose + ": the run has only " + std::to_string(p.steps) + " steps");
+    if (lose.rank < 0 || std::none_of(p.ranks.begin(), p.ranks.end(), [&](int w) { return lose.rank < w && w > 1; }))
+      throw std::invalid_argument("--lose " + p.lose + ": no world of --ranks has a rank " + std::to_string(lose.rank) +
+                                  " to lose and others to go on");
     lose.rejoin = static_cast<std::uint64_t>(p.rejoin);
     if (lose.rejoin && lose.step + lose.rejoin >= static_cast<std::uint64_t>(p.steps))
       throw std::invalid_argument("--rejoin " + std::to_string(p.rejoin) + ": step " +
@@ -316,7 +320,9 @@ int run_invariance(const invariance_params& p) {
         }
       }
   }
-  out.note(all_agree ? "every world size gave one hash per set-up" : "the hashes differ between world sizes");
+  out.note(all_agree ? "every world size gave one hash per set-up"
+                     : p.expect.empty() ? "the hashes differ between world sizes"
+                                        : "the hashes differ between world sizes or from --expect " + p.expect);
   if (lead) out.write(p.out);
   return all_agree ? 0 : 1;
 }

@@ -19,7 +19,14 @@ namespace {
 // "64M", "256K", "1G" or a plain count, as nccl-tests reads -b and -e.
 std::size_t parse_size(const std::string& text) {
   std::size_t pos = 0;
-  const double v = std::stod(text, &pos);
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::logic_error&) {  // not a number, or out of double's range
+    pos = 0;
+  }
+  if (pos == 0 || !(v >= 0))
+    throw CLI::ValidationError("size", "'" + text + "': use a count of at least 0 with K, M or G, as 64M");
   const std::string unit = text.substr(pos);
   double scale = 1;
   if (unit == "K" || unit == "k") scale = 1024;

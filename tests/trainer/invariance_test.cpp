@@ -346,14 +346,14 @@ TEST_CASE_TEMPLATE("reduction::invariant: a checkpoint saved in the middle of an
   std::filesystem::remove_all(dir);
   constexpr std::size_t total = 14;  // two epochs of 7 steps
   // Steps [from, to) of the run; saved at `to` when asked, loaded first when `from` > 0.
-  auto run = [&](int world, std::size_t from, std::size_t to, bool save) {
+  auto run = [&](int world, std::size_t from, std::size_t to, bool save, std::size_t batch = 4) {
     return ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
       test::mlp model = test::make_mlp(from ? 99 : 7);
       ddp::host::device dev;
       ddp::trainer<test::mlp, ddp::reduction::invariant<shards>, Update, ddp::optim::adamw> trainer(
           model, comm, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 5});
       if (from) trainer.load(dir);
-      const ddp::data::loader loader(data, 4, &test::toy_dataset::collate);
+      const ddp::data::loader loader(data, batch, &test::toy_dataset::collate);
       std::size_t step = from;
       while (step < to)
         for (const auto& shards : trainer.epoch_shards(loader)) {
@@ -372,6 +372,10 @@ TEST_CASE_TEMPLATE("reduction::invariant: a checkpoint saved in the middle of an
     CAPTURE(world);
     for (const auto& rank : run(world, 3, total, false)) CHECK(bitwise_equal(rank, whole));
   }
+  // Another batch per shard is another global batch: refused by name, the same on every rank.
+  CHECK_THROWS_WITH(run(2, 3, total, false, 8),
+                    doctest::Contains("the checkpoint's epoch was taken in batches of 4 per virtual shard, and this "
+                                      "loader makes batches of 8"));
   std::filesystem::remove_all(dir);
 }
 

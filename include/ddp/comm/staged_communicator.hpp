@@ -9,6 +9,7 @@
 //
 //   ddp::inproc::launch(2, [&](ddp::inproc::communicator& host) {
 //     ddp::cuda::device dev(0);                                   // both ranks on GPU 0
+//     Model model = make_model(dev);                              // each rank its own
 //     ddp::comm::staged_communicator<ddp::inproc::communicator, ddp::cuda::device> comm(host, dev);
 //     ddp::trainer<Model, ddp::use_communicator<decltype(comm)>, ddp::use_device<ddp::cuda::device>>
 //         trainer(model, comm, dev, opt);

@@ -48,7 +48,8 @@ DDP_RUNTIME_INLINE std::vector<std::uint8_t> read_maybe_gzipped(const std::strin
   if (!f)
     throw error("data", "read", -1,
                 "cannot open '" + path + "': " + std::strerror(errno) +
-                    (errno == ENOENT && path.find("fashion-mnist") != std::string::npos
+                    (errno == ENOENT &&
+                             (path.find("fashion") != std::string::npos || path.find("-idx") != std::string::npos)
                          ? " (Fashion-MNIST comes with Debian's dataset-fashion-mnist)"
                          : ""));
   std::vector<std::uint8_t> bytes;

@@ -279,6 +279,7 @@ class gradient_reducer final : public layer_hooks {
 
   // A backward begins; in the step's final one, buckets launch as their parameters report ready.
   void begin_backward(bool final) {
+    backward_ran_ = true;
     collecting_ = final;
     if (!final) return;
     for (auto& bk : buckets_) bk.expect(bk.parameters().size());
@@ -312,7 +313,9 @@ class gradient_reducer final : public layer_hooks {
   // Launches the buckets backward has not, then waits for every bucket's reduction; when the
   // update overlaps them, it waits for none (complete_through, bucket by bucket).
   void reduce_all() {
-    if (w_.reports && !shadowing_ && params_.size() != 0 && std::find(used_.begin(), used_.end(), 1) == used_.end())
+    // A rank whose step function ran no backward (no data of its own) contributes zeros, as before.
+    if (w_.reports && backward_ran_ && !shadowing_ && params_.size() != 0 &&
+        std::find(used_.begin(), used_.end(), 1) == used_.end())
       throw error("trainer", "step", comm_.rank(),
                   "the module reported no parameter ready in this step's backward, though it declares "
                   "reports_gradient_ready: its backward must call ready(i) (the ddp::ready_sink it is given) for "
@@ -440,6 +443,7 @@ class gradient_reducer final : public layer_hooks {
     next_complete_ = 0;
     micro_batches_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
+    backward_ran_ = false;
     // The update changed the kept shards: gathered copies still held (a layer that skipped its
     // backward) are stale.
     if (shards_parameters())
@@ -772,6 +776,7 @@ class gradient_reducer final : public layer_hooks {
   std::vector<bucket_type> buckets_;
   std::vector<char> used_;      // reported in any backward of this step
   std::vector<char> reported_;  // reported in the final backward
+  bool backward_ran_ = false;   // in this step, on this rank
   std::size_t next_launch_ = 0;
   std::size_t next_complete_ = 0;  // buckets [0, next_complete_) completed their reduction in this step
   std::size_t micro_batches_ = 0;

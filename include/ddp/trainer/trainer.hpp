@@ -290,6 +290,15 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     static_assert(loader_requirements::has_shard_batches<Loader>,
                   "ddp: epoch_shards() needs a loader with batches(ddp::shard) (ddp::data::loader has it)");
     const auto& comm = this->communicator();
+    std::size_t batch_size = 0;
+    if constexpr (requires { loader.batch_size(); }) batch_size = loader.batch_size();
+    if (resume_skip_ && loaded_position_ && loaded_position_->batch_size != 0 && batch_size != 0 &&
+        loaded_position_->batch_size != batch_size)  // refused before anything changes
+      throw error("trainer", "epoch_shards", comm.rank(),
+                  "the checkpoint's epoch was taken in batches of " + std::to_string(loaded_position_->batch_size) +
+                      " per virtual shard, and this loader makes batches of " + std::to_string(batch_size) +
+                      ": the step's global batch is V times that, so resume with a loader of batch size " +
+                      std::to_string(loaded_position_->batch_size));
     const auto mine = sampler::virtual_shards(shards, comm.rank(), comm.size());
     std::vector<decltype(loader.batches(std::declval<shard>()))> streams;
     for (std::size_t s = mine.first; s < mine.last; ++s)
@@ -299,7 +308,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     in_shard_steps_ = true;
     loaded_position_.reset();
     order_offset_ = 0;
-    epoch_batch_size_ = 0;
+    epoch_batch_size_ = batch_size;
     resume_recut_.reset();
     resume_cut_.reset();
     epoch_start_ = position_count();
@@ -478,25 +487,35 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                   "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
                   "already orders the data per epoch (pitfall P4); use a loader without a "
                   "shuffle of its own (ddp::data::loader<Dataset, Collate>), or sampler::contiguous");
-    loaded_position_.reset();
-    auto recut = std::exchange(resume_recut_, std::nullopt);
-    const auto cut = std::exchange(resume_cut_, std::nullopt);
-    epoch_batch_size_ = 0;
+    auto recut = resume_recut_;
+    std::size_t batch_size = 0;
     if constexpr (requires { loader.batch_size(); }) {
-      epoch_batch_size_ = loader.batch_size();
+      batch_size = loader.batch_size();
       // Saved with another batch size: the batches taken are not as many of this loader's.
-      if (!recut && cut && cut->batch_size != 0 && cut->batch_size != epoch_batch_size_) recut = cut;
+      if (!recut && resume_cut_ && resume_cut_->batch_size != 0 && resume_cut_->batch_size != batch_size)
+        recut = resume_cut_;
     }
+    constexpr bool can_recut =
+        sampler_recuts && loader_requirements::has_shard_batches<Loader> && requires { loader.batch_size(); };
+    if (recut && !can_recut)  // refused before anything changes: the checkpoint's position stays loaded
+      throw error("trainer", "epoch", this->communicator().rank(),
+                  "the checkpoint's epoch was taken at another world size or batch size, so its rest is re-cut, "
+                  "which needs a sampler with remaining_indices() (sampler::distributed) and a loader with "
+                  "batches(ddp::shard) and batch_size() (ddp::data::loader has them); or resume at the world size "
+                  "and batch size it was saved with");
+    loaded_position_.reset();
+    resume_recut_.reset();
+    resume_cut_.reset();
+    epoch_batch_size_ = batch_size;
     order_offset_ = 0;
     auto batches = [&] {
-      if constexpr (loader_requirements::has_shard_batches<Loader>)
-        return loader.batches(recut ? rest_of_epoch_shard(loader, *recut) : next_epoch_shard(loader.dataset_size()));
-      else if (recut)
-        throw error("trainer", "epoch", this->communicator().rank(),
-                    "continuing an epoch at another world size re-cuts it, which needs a loader with "
-                    "batches(ddp::shard) (ddp::data::loader has it)");
-      else
+      if constexpr (loader_requirements::has_shard_batches<Loader>) {
+        if constexpr (can_recut)
+          if (recut) return loader.batches(rest_of_epoch_shard(loader, *recut));
+        return loader.batches(next_epoch_shard(loader.dataset_size()));
+      } else {
         return loader.batches(next_epoch_indices(loader.dataset_size()));
+      }
     }();
     if (recut) resume_skip_.reset();  // the re-cut shard holds only what was not taken
     in_shard_steps_ = false;
@@ -521,16 +540,11 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   template <class Loader>
   shard rest_of_epoch_shard(const Loader& loader, const epoch_cut& taken) {
     const auto& comm = this->communicator();
-    if constexpr (sampler_recuts && requires { loader.batch_size(); }) {
-      order_offset_ = taken.positions + taken.batches * (taken.batch_size ? taken.batch_size : loader.batch_size());
-      return sampler::remaining_shard(current_sampler(), loader.dataset_size(), order_offset_, comm.rank(), comm.size(),
-                                      options_.seed, epoch_++);
-    } else {
-      throw error("trainer", "epoch", comm.rank(),
-                  "continuing an epoch at another world size or batch size re-cuts it, which needs a sampler with "
-                  "remaining_indices() (sampler::distributed) and a loader with batch_size()");
-    }
+    order_offset_ = taken.positions + taken.batches * (taken.batch_size ? taken.batch_size : loader.batch_size());
+    return sampler::remaining_shard(current_sampler(), loader.dataset_size(), order_offset_, comm.rank(), comm.size(),
+                                    options_.seed, epoch_++);
   }
+
   template <class Range>
   void skip_taken(Range& batches, std::size_t n) {
     if constexpr (requires { batches.skip(n); }) {
