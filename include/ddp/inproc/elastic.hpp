@@ -159,8 +159,11 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
     } else {
       const int origin = out.origin();
       std::string returned;  // ranks whose fn had already returned: their training is over
+      change.failed_ranks.push_back(origin);
       for (int r = 0; r < world; ++r) {
-        if (r != origin && !launch_detail::failed_on_its_own(out, r)) survivors.push_back(r);
+        if (r == origin) continue;
+        if (launch_detail::failed_on_its_own(out, r)) change.failed_ranks.push_back(r);
+        else survivors.push_back(r);
         if (launch_detail::ending_of(out, r) == launch_detail::ending::returned)
           returned += (returned.empty() ? "" : ", ") + std::to_string(r);
       }
@@ -174,11 +177,7 @@ elastic_report launch_elastic(int world_size, F&& fn, elastic_options opts = {})
       ++lost;
       change.failed_rank = origin;
       change.cause = out.message_of(origin);
-      for (int r = 0; r < world; ++r)
-        if (r == origin || launch_detail::failed_on_its_own(out, r)) {
-          change.failed_ranks.insert(r == origin ? change.failed_ranks.begin() : change.failed_ranks.end(), r);
-          change.causes.insert(r == origin ? change.causes.begin() : change.causes.end(), out.message_of(r));
-        }
+      for (int r : change.failed_ranks) change.causes.push_back(out.message_of(r));
     }
     elastic::carried_over carried;
     auto why = handoff.carry_over(survivors, carried);

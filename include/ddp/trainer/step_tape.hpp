@@ -16,11 +16,7 @@ class step_tape {
 
   // A micro-batch begins; `final`: the step's last (its backward reduces and the update follows).
   void begin_micro_batch(bool final) {
-    if (open_)  // step(f) or accumulate(f) from inside f: the outer micro-batch has not ended
-      fail(final ? "step" : "accumulate",
-           "called inside the function of a step() or accumulate(), whose micro-batch has not ended; each call "
-           "runs its function as one whole micro-batch: call step() and accumulate() one after another, "
-           "never from inside their functions");
+    require_outside_micro_batch(final ? "step" : "accumulate");
     open_ = true;
     final_ = final;
     sent_ = false;
@@ -65,8 +61,13 @@ class step_tape {
   void end_step() noexcept { forwards_ = forward_index_ = 0; }
 
   bool in_last_backward() const noexcept { return in_last_backward_; }
-  // Inside the function of a step() or accumulate().
-  bool in_micro_batch() const noexcept { return open_; }
+  // For what must not run from inside the function of a step() or accumulate().
+  void require_outside_micro_batch(const char* operation) const {
+    if (open_)
+      fail(operation, "called inside the function of a step() or accumulate(), whose micro-batch has not ended; "
+                      "each call runs its function as one whole micro-batch: call step(), accumulate() and "
+                      "zero_gradients() one after another, never from inside those functions");
+  }
   // The running forward's index since the last update, 0 between steps (the buffer-sync
   // policies' forward_index()).
   const std::size_t& forward_index() const noexcept { return forward_index_; }

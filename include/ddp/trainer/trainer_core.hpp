@@ -140,8 +140,7 @@ class trainer_core {
   // Zeroes this rank's gradients (not collective): for a module whose backward also runs outside
   // this trainer's steps, as a GAN's discriminator in the generator's step (PyTorch: D.zero_grad()).
   void zero_gradients() {
-    if (tape_.in_micro_batch())
-      fail("zero_gradients", "called inside the function of a step() or accumulate(); call it between steps");
+    tape_.require_outside_micro_batch("zero_gradients");
     reducer_.require_no_micro_batches("zero_gradients");
     reducer_.zero_gradients();
   }
