@@ -6,12 +6,16 @@
 #include "ddp/data/mapped_idx.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/host/kernels.hpp"
+#include "ddp/nn/attention.hpp"
 #include "ddp/nn/batch_norm.hpp"
 #include "ddp/nn/cross_entropy.hpp"
 #include "ddp/nn/gelu.hpp"
+#include "ddp/nn/gpt.hpp"
 #include "ddp/nn/layer_norm.hpp"
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/parameter.hpp"
+#include "ddp/nn/sequence_cross_entropy.hpp"
+#include "ddp/nn/transformer_block.hpp"
 #include "ddp/runtime/inproc.hpp"
 
 #ifndef DDP_BUILDING_RUNTIME

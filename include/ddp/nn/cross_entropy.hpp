@@ -37,7 +37,8 @@ namespace detail {
 void check_cross_entropy_arguments(const std::string& who, std::size_t rows, std::size_t labels,
                                    std::size_t weights, double divisor);
 cross_entropy_result softmax_cross_entropy(const matrix& logits, std::span<const std::int32_t> labels,
-                                           std::span<const float> weights, double divisor);
+                                           std::span<const float> weights, double divisor,
+                                           const char* who = "ddp::nn::softmax_cross_entropy");
 
 #if DDP_RUNTIME_DEFINITIONS
 DDP_RUNTIME_INLINE void check_cross_entropy_arguments(const std::string& who, std::size_t rows,
@@ -56,16 +57,16 @@ DDP_RUNTIME_INLINE void check_cross_entropy_arguments(const std::string& who, st
 // weights empty: every sample weighs 1. Each row's loss and gradient are scaled by weight / divisor.
 DDP_RUNTIME_INLINE cross_entropy_result softmax_cross_entropy(const matrix& logits,
                                                               std::span<const std::int32_t> labels,
-                                                              std::span<const float> weights, double divisor) {
-  check_cross_entropy_arguments("ddp::nn::softmax_cross_entropy", logits.rows, labels.size(), weights.size(),
-                                divisor);
+                                                              std::span<const float> weights, double divisor,
+                                                              const char* who) {
+  check_cross_entropy_arguments(who, logits.rows, labels.size(), weights.size(), divisor);
   cross_entropy_result out{0.0, matrix(logits.rows, logits.cols), 0, 0.0, 0.0};
   const double inv_divisor = 1.0 / divisor;
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const float* z = logits.row(r);
     const auto label = static_cast<std::size_t>(labels[r]);
     if (labels[r] < 0 || label >= logits.cols)
-      throw std::invalid_argument("ddp::nn::softmax_cross_entropy: label " + std::to_string(labels[r]) +
+      throw std::invalid_argument(std::string(who) + ": label " + std::to_string(labels[r]) +
                                   " outside [0, " + std::to_string(logits.cols) + ")");
     const double weight = weights.empty() ? 1.0 : static_cast<double>(weights[r]);
     const double scale = weight * inv_divisor;

@@ -1,0 +1,182 @@
+#pragma once
+// Multi-head self-attention, as nanoGPT's CausalSelfAttention: one fused projection to queries,
+// keys and values (c_attn: weight [3C, C], bias [3C]), the heads split (D = C / heads columns
+// each), att = softmax(q kᵀ / √D), with the causal mask when asked (a position sees itself and
+// the positions before it), y = att v, the heads merged, and the output projection (c_proj:
+// weight [C, C], bias [C]).
+//
+// The input's rows are B sequences of T positions each, row b*T + t; the layer is told T with
+// set_sequence_length(T) (ddp::nn::transformer_block and ddp::nn::gpt tell it on each forward).
+// The softmax is computed in f32 with the row's maximum subtracted; masked probabilities are
+// exactly 0, so no gradient reaches a position from the outputs before it. Matrix products go
+// through CBLAS, per sequence and head. A training forward keeps its input, the projections
+// (B*T x 3C), the merged heads (B*T x C) and the B*H*T*T probabilities for backward.
+//
+// Weights start N(0, 0.02) and biases 0, as nanoGPT initialises them, from a seed.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ddp/core/error.hpp"
+#include "ddp/nn/blas.hpp"
+#include "ddp/nn/embedding.hpp"
+#include "ddp/nn/linear.hpp"
+#include "ddp/nn/residual.hpp"
+#include "ddp/core/compiled_runtime.hpp"
+
+namespace ddp::nn {
+
+// N(0, std) draws from `seed` (initialise_embedding's N(0, 1), scaled): nanoGPT's initialisation.
+inline void initialise_normal(std::span<float> values, float std, std::uint64_t seed) {
+  initialise_embedding(values, seed);
+  for (auto& v : values) v *= std;
+}
+
+class attention {
+ public:
+  using matrix_type = matrix;
+
+  // c_attn's weight from `seed`, c_proj's from seed + 1 (scaled by projection_scale: nanoGPT
+  // scales it by 1/sqrt(2 * layers)).
+  attention(std::size_t width, std::size_t heads, std::uint64_t seed, bool causal = true,
+            float projection_scale = 1.0f);
+
+  // T: the input's rows are sequences of this many positions.
+  void set_sequence_length(std::size_t length) noexcept { length_ = length; }
+  std::size_t sequence_length() const noexcept { return length_; }
+
+  matrix forward(const matrix& x, bool training);
+  matrix backward(const matrix& dy, bool need_dx);
+
+  // "c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias".
+  std::vector<nested_parameter<parameter>> params();
+  std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
+
+  std::size_t width() const noexcept { return width_; }
+  std::size_t heads() const noexcept { return heads_; }
+  bool causal() const noexcept { return causal_; }
+  linear& c_attn() noexcept { return c_attn_; }
+  linear& c_proj() noexcept { return c_proj_; }
+
+ private:
+  struct saved {
+    matrix qkv;                        // B*T x 3C: q, k, v side by side
+    std::vector<float> probabilities;  // B*H*T*T, sequence-major then head
+    std::size_t length = 0;
+  };
+  // The rows' sequence length, or an error naming the fix.
+  std::size_t checked_length(std::size_t rows) const;
+  // Row i of a T x T score block to probabilities, positions past i zeroed under the mask.
+  void softmax_rows(float* s, std::size_t t) const;
+
+  std::size_t width_, heads_;
+  bool causal_;
+  std::size_t length_ = 0;
+  linear c_attn_, c_proj_;
+  std::vector<saved> saved_;
+};
+
+#if DDP_RUNTIME_DEFINITIONS
+
+DDP_RUNTIME_INLINE attention::attention(std::size_t width, std::size_t heads, std::uint64_t seed, bool causal,
+                                        float projection_scale)
+    : width_(width), heads_(heads), causal_(causal), c_attn_(width, 3 * width, seed), c_proj_(width, width, seed + 1) {
+  if (width == 0 || heads == 0 || width % heads != 0)
+    throw error("nn", "attention", -1,
+                "width " + std::to_string(width) + " over " + std::to_string(heads) +
+                    " heads: the width must be a positive multiple of the number of heads");
+  initialise_normal(c_attn_.params()[0].value(), 0.02f, seed);
+  initialise_normal(c_proj_.params()[0].value(), 0.02f * projection_scale, seed + 1);
+  for (auto* l : {&c_attn_, &c_proj_}) std::fill(l->params()[1].value().begin(), l->params()[1].value().end(), 0.0f);
+}
+
+DDP_RUNTIME_INLINE std::vector<nested_parameter<parameter>> attention::params() {
+  std::vector<nested_parameter<parameter>> out;
+  for (auto& p : c_attn_.params()) out.emplace_back(p, "c_attn.");
+  for (auto& p : c_proj_.params()) out.emplace_back(p, "c_proj.");
+  return out;
+}
+
+DDP_RUNTIME_INLINE std::size_t attention::checked_length(std::size_t rows) const {
+  if (length_ == 0)
+    throw error("nn", "attention", -1,
+                "no sequence length: call set_sequence_length(T) before forward (the input's rows are sequences "
+                "of T positions)");
+  if (rows % length_ != 0)
+    throw error("nn", "attention", -1,
+                std::to_string(rows) + " rows are not whole sequences of " + std::to_string(length_) +
+                    " positions; pass B*T rows, or set_sequence_length to the batch's T");
+  return length_;
+}
+
+DDP_RUNTIME_INLINE void attention::softmax_rows(float* s, std::size_t t) const {
+  for (std::size_t i = 0; i < t; ++i) {
+    float* row = s + i * t;
+    const std::size_t seen = causal_ ? i + 1 : t;
+    const float top = *std::max_element(row, row + seen);
+    float sum = 0.0f;
+    for (std::size_t j = 0; j < seen; ++j) sum += row[j] = std::exp(row[j] - top);
+    const float inv = 1.0f / sum;
+    for (std::size_t j = 0; j < seen; ++j) row[j] *= inv;
+    std::fill(row + seen, row + t, 0.0f);
+  }
+}
+
+DDP_RUNTIME_INLINE matrix attention::forward(const matrix& x, bool training) {
+  require_cols(x, width_, "attention");
+  const std::size_t t = checked_length(x.rows), b_count = x.rows / t, c = width_, d = c / heads_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  matrix qkv = c_attn_.forward(x, training);
+  matrix y(x.rows, c);
+  std::vector<float> probabilities(training ? b_count * heads_ * t * t : t * t);
+  for (std::size_t b = 0; b < b_count; ++b)
+    for (std::size_t h = 0; h < heads_; ++h) {
+      const float* q = qkv.row(b * t) + h * d;
+      float* s = probabilities.data() + (training ? (b * heads_ + h) * t * t : 0);
+      blas::gemm(false, true, t, t, d, scale, q, 3 * c, q + c, 3 * c, 0.0f, s, t);
+      softmax_rows(s, t);
+      blas::gemm(false, false, t, d, t, 1.0f, s, t, q + 2 * c, 3 * c, 0.0f, y.row(b * t) + h * d, c);
+    }
+  matrix out = c_proj_.forward(y, training);
+  if (training) saved_.push_back({std::move(qkv), std::move(probabilities), t});
+  return out;
+}
+
+// With P a head's probabilities and dY its part of d loss / d y: dV = Pᵀ dY, dP = dY Vᵀ,
+// dS = P ∘ (dP − rowsum(P ∘ dP)), dQ = dS K / √D, dK = dSᵀ Q / √D.
+DDP_RUNTIME_INLINE matrix attention::backward(const matrix& dy, bool need_dx) {
+  const saved st = pop_saved(saved_, "attention");
+  const std::size_t t = st.length, c = width_, d = c / heads_, b_count = st.qkv.rows / t;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const matrix dheads = c_proj_.backward(dy, true);
+  matrix dqkv(st.qkv.rows, 3 * c);
+  std::vector<float> ds(t * t);
+  for (std::size_t b = 0; b < b_count; ++b)
+    for (std::size_t h = 0; h < heads_; ++h) {
+      const float* q = st.qkv.row(b * t) + h * d;
+      const float* p = st.probabilities.data() + (b * heads_ + h) * t * t;
+      const float* g = dheads.row(b * t) + h * d;
+      float* dq = dqkv.row(b * t) + h * d;
+      blas::gemm(true, false, t, d, t, 1.0f, p, t, g, c, 0.0f, dq + 2 * c, 3 * c);
+      blas::gemm(false, true, t, t, d, 1.0f, g, c, q + 2 * c, 3 * c, 0.0f, ds.data(), t);
+      for (std::size_t i = 0; i < t; ++i) {
+        const float* pr = p + i * t;
+        float* row = ds.data() + i * t;
+        const std::size_t seen = causal_ ? i + 1 : t;
+        float dot = 0.0f;
+        for (std::size_t j = 0; j < seen; ++j) dot += pr[j] * row[j];
+        for (std::size_t j = 0; j < seen; ++j) row[j] = pr[j] * (row[j] - dot);
+        std::fill(row + seen, row + t, 0.0f);
+      }
+      blas::gemm(false, false, t, d, t, scale, ds.data(), t, q + c, 3 * c, 0.0f, dq, 3 * c);
+      blas::gemm(true, false, t, d, t, scale, ds.data(), t, q, 3 * c, 0.0f, dq + c, 3 * c);
+    }
+  return c_attn_.backward(dqkv, need_dx);
+}
+
+#endif  // DDP_RUNTIME_DEFINITIONS
+
+}  // namespace ddp::nn
