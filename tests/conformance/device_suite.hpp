@@ -915,10 +915,122 @@ void device_linalg_cases(D& dev) {
   }
 }
 
+namespace device_detail {
+
+// exp of a value within a.e of a.v: within v (e^(a.e) - 1) from exp(a.v), and the device's expf
+// within 2 ulps of its own argument's (CUDA's bound; glibc's is below one), subnormals included:
+// an ulp of x is at most 2 u |x|.
+inline bounded exponential(bounded a) {
+  const double v = std::exp(a.v), spread = v * std::expm1(a.e);
+  return own(v, spread + 4.0 * u32 * (v + spread) + 0x1p-148);
+}
+// A sum in f32 in any order (a warp's lanes, then a shuffle tree): n roundings of partial sums,
+// each within 2^-24 of at most sum |terms|.
+struct any_order_sum32 {
+  double v = 0.0, e = 0.0, magnitude = 0.0;
+  std::size_t n = 0;
+  void add(bounded t) {
+    v += t.v;
+    e += t.e;
+    magnitude += std::fabs(t.v) + t.e;
+    ++n;
+  }
+  bounded result() const { return {v, e + static_cast<double>(n + 1) * u32 * magnitude}; }
+};
+
+// The kept columns of row r (of `rows` per matrix) under the causal mask, as the contract says.
+inline std::size_t kept_columns(std::size_t r, std::size_t rows, std::size_t cols, bool causal) {
+  return causal ? std::min(r % rows + 1, cols) : cols;
+}
+
+// The softmax forward and backward on `matrices` rows x cols matrices, against the formula in
+// double with its f32 rounding bounds; the masked columns must be +0 bit for bit.
+template <class D>
+void attention_softmax_case(D& dev, std::size_t matrices, std::size_t rows, std::size_t cols, float scale,
+                            bool causal, float spread, std::uint64_t seed) {
+  const std::size_t n = matrices * rows * cols;
+  const auto scores = random_floats(n, seed, -spread, spread), dprobs = random_floats(n, seed + 1);
+  auto d_scores = upload(dev, scores), d_dprobs = upload(dev, dprobs);
+  auto d_probs = upload(dev, std::vector<float>(n, -1.0f)), d_dscores = upload(dev, std::vector<float>(n, -1.0f));
+  attention_softmax(dev, d_scores.data(), d_probs.data(), matrices, rows, cols, scale, causal);
+  const auto probs = download(dev, d_probs.data(), n);
+  // The backward from the device's own probabilities (exact inputs here).
+  attention_softmax_backward(dev, d_probs.data(), d_dprobs.data(), d_dscores.data(), matrices, rows, cols, scale,
+                             causal);
+  const auto dscores = download(dev, d_dscores.data(), n);
+  // In place (probabilities over their scores, the gradient over dprobs): the same bits.
+  attention_softmax(dev, d_scores.data(), d_scores.data(), matrices, rows, cols, scale, causal);
+  attention_softmax_backward(dev, d_scores.data(), d_dprobs.data(), d_dprobs.data(), matrices, rows, cols, scale,
+                             causal);
+
+  std::vector<bounded> want_p(n), want_ds(n);
+  std::vector<float> masked_p, masked_ds;
+  for (std::size_t r = 0; r < matrices * rows; ++r) {
+    const std::size_t kept = kept_columns(r, rows, cols, causal), at = r * cols;
+    std::vector<bounded> z(kept), e(kept);
+    bounded top{-std::numeric_limits<double>::infinity(), 0.0};
+    for (std::size_t j = 0; j < kept; ++j) {
+      z[j] = f32(exact(scale) * exact(scores[at + j]));
+      if (z[j].v > top.v) top.v = z[j].v;
+      top.e = std::max(top.e, z[j].e);
+    }
+    any_order_sum32 sum;
+    for (std::size_t j = 0; j < kept; ++j) sum.add(e[j] = exponential(f32(z[j] - top)));
+    const bounded inverse = f32(exact(1.0) / f32(sum.result()));
+    any_order_sum32 dot;
+    for (std::size_t j = 0; j < kept; ++j) {
+      want_p[at + j] = f32(e[j] * inverse);
+      dot.add(f32(exact(probs[at + j]) * exact(dprobs[at + j])));
+    }
+    const bounded d = f32(dot.result());
+    for (std::size_t j = 0; j < kept; ++j)
+      want_ds[at + j] = f32(exact(scale) * f32(exact(probs[at + j]) * f32(exact(dprobs[at + j]) - d)));
+    for (std::size_t j = kept; j < cols; ++j) {
+      want_p[at + j] = want_ds[at + j] = exact(0.0);
+      masked_p.push_back(probs[at + j]);
+      masked_ds.push_back(dscores[at + j]);
+    }
+  }
+  char what[160];
+  std::snprintf(what, sizeof what, "%zu matrices of %zu x %zu, scale %g, %s, scores in +-%g", matrices, rows, cols,
+                static_cast<double>(scale), causal ? "causal" : "unmasked", static_cast<double>(spread));
+  check_within(probs, want_p, model_margin, std::string("attention_softmax, ") + what);
+  check_within(dscores, want_ds, model_margin, std::string("attention_softmax_backward, ") + what);
+  check_bits(download(dev, d_scores.data(), n), probs, std::string("attention_softmax in place, ") + what);
+  check_bits(download(dev, d_dprobs.data(), n), dscores, std::string("attention_softmax_backward in place, ") + what);
+  check_bits(masked_p, std::vector<float>(masked_p.size(), 0.0f), std::string("masked probabilities, ") + what);
+  check_bits(masked_ds, std::vector<float>(masked_ds.size(), 0.0f), std::string("masked gradients, ") + what);
+}
+
+}  // namespace device_detail
+
+// Multi-head attention's softmax and its backward (ddp/host/attention_softmax.hpp's contract):
+// within f32 rounding of the formula, in place the same bits as not, causal or not, rows past a warp's width, scores whose
+// exponentials overflow f32 unless the row's maximum is taken out, more columns than rows;
+// the masked columns exactly +0 in both directions.
+template <class D>
+void device_attention_softmax_cases(D& dev) {
+  using namespace device_detail;
+  static_assert(requires(D& d, float* x) {
+    attention_softmax(d, x, x, 1, 1, 1, 1.0f, true);
+    attention_softmax_backward(d, x, x, x, 1, 1, 1, 1.0f, true);
+  }, "include the device's attention_softmax header (ddp/host/attention_softmax.hpp, ddp/nn/cuda/attention_softmax.hpp) "
+     "before instantiating the suite");
+  for (const bool causal : {true, false}) {
+    attention_softmax_case(dev, 1, 1, 1, 1.0f, causal, 1.0f, 60);
+    attention_softmax_case(dev, 3, 5, 5, 0.5f, causal, 2.0f, 61);
+    attention_softmax_case(dev, 8, 64, 64, 0.125f, causal, 4.0f, 62);   // 4 heads of 2 sequences, head size 64
+    attention_softmax_case(dev, 2, 97, 97, 1.0f, causal, 3.0f, 63);     // rows past 3 warps' width
+    attention_softmax_case(dev, 2, 33, 33, 1.0f, causal, 200.0f, 64);   // e^200 overflows f32
+    attention_softmax_case(dev, 2, 7, 40, 0.25f, causal, 1.0f, 65);     // more columns than rows
+  }
+}
+
 }  // namespace conformance
 
 // Every body of the suite as a doctest test case on a device of type DEVICE (default-constructed),
-// each named PREFIX and what it checks. For the linalg case, include the device's linalg header first.
+// each named PREFIX and what it checks. For the linalg case, include the device's linalg header first,
+// and its attention_softmax header for the attention case.
 #define DDP_DEVICE_CONFORMANCE_SUITE(PREFIX, DEVICE)                                                                   \
   TEST_CASE(PREFIX "memory: allocate, the three copies, fill_zero, locate") {                                          \
     DEVICE dev;                                                                                                         \
@@ -959,4 +1071,8 @@ void device_linalg_cases(D& dev) {
   TEST_CASE(PREFIX "PowerSGD's algebra: gemm within a dot product's rounding bound, axpy, orthonormalize_columns") {   \
     DEVICE dev;                                                                                                         \
     conformance::device_linalg_cases(dev);                                                                              \
+  }                                                                                                                     \
+  TEST_CASE(PREFIX "attention's softmax, causal or not, and its backward within f32 rounding; masked entries +0") {   \
+    DEVICE dev;                                                                                                         \
+    conformance::device_attention_softmax_cases(dev);                                                                   \
   }

@@ -11,6 +11,7 @@
 #include "ddp/cuda/blas.hpp"
 #include "ddp/cuda/device.hpp"
 #include "ddp/cuda/linalg.hpp"
+#include "ddp/nn/cuda/attention_softmax.hpp"
 
 DDP_DEVICE_CONFORMANCE_SUITE("cuda device: ", ddp::cuda::device)
 

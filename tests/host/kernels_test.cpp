@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "conformance/device_suite.hpp"
+#include "ddp/host/attention_softmax.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/host/kernels.hpp"
 #include "ddp/host/linalg.hpp"

@@ -34,4 +34,22 @@ inline void gemm(cuda::device& dev, bool trans_a, bool trans_b, std::size_t m, s
         "cublasSgemm", site);
 }
 
+// For each i < batch: C_i = alpha * op(A_i) op(B_i) + beta * C_i, row-major, A_i at a + i * stride_a
+// (B_i and C_i alike): one cuBLAS call for many equal products (an attention's sequences and heads).
+inline void gemm_strided_batched(cuda::device& dev, bool trans_a, bool trans_b, std::size_t m, std::size_t n,
+                                 std::size_t k, float alpha, const float* a, std::size_t lda, std::size_t stride_a,
+                                 const float* b, std::size_t ldb, std::size_t stride_b, float beta, float* c,
+                                 std::size_t ldc, std::size_t stride_c, std::size_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const auto site = dev.site();
+  const int im = blas_int(m, "m", site), in = blas_int(n, "n", site), ik = blas_int(k, "k", site);
+  const int ilda = blas_int(lda, "lda", site), ildb = blas_int(ldb, "ldb", site), ildc = blas_int(ldc, "ldc", site);
+  const int count = blas_int(batch, "batch", site);
+  check(cublasSgemmStridedBatched(dev.blas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  in, im, ik, &alpha, b, ildb, static_cast<long long>(stride_b), a, ilda,
+                                  static_cast<long long>(stride_a), &beta, c, ildc, static_cast<long long>(stride_c),
+                                  count),
+        "cublasSgemmStridedBatched", site);
+}
+
 }  // namespace ddp::cuda::blas

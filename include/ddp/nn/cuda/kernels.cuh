@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "ddp/nn/cuda/kernels.hpp"
@@ -234,6 +235,87 @@ __global__ void embedding_backward_kernel(float* grad, const std::int32_t* indic
     for (std::size_t r = 0; r < rows; ++r) grad[static_cast<std::size_t>(indices[r]) * dim + c] += dy[r * dim + c];
 }
 
+// One warp per row of the attention's scores: lanes stride the columns, shuffles reduce.
+constexpr unsigned warp = 32;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (unsigned o = warp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (unsigned o = warp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__global__ void attention_softmax_kernel(const float* s, float* p, std::size_t total_rows, std::size_t rows,
+                                         std::size_t cols, float scale, bool causal) {
+  const unsigned lane = threadIdx.x % warp;
+  const std::size_t warps = stride() / warp;
+  for (std::size_t r = first_index() / warp; r < total_rows; r += warps) {
+    const std::size_t i = r % rows, kept = causal && i + 1 < cols ? i + 1 : cols;
+    const float* sr = s + r * cols;
+    float* pr = p + r * cols;
+    float top = -INFINITY;
+    for (std::size_t j = lane; j < kept; j += warp) top = fmaxf(top, scale * sr[j]);
+    top = warp_max(top);
+    float sum = 0.0f;
+    for (std::size_t j = lane; j < kept; j += warp) sum += expf(scale * sr[j] - top);
+    const float inverse = 1.0f / warp_sum(sum);
+    for (std::size_t j = lane; j < cols; j += warp) pr[j] = j < kept ? expf(scale * sr[j] - top) * inverse : 0.0f;
+  }
+}
+
+__global__ void attention_softmax_backward_kernel(const float* p, const float* dp, float* ds, std::size_t total_rows,
+                                                  std::size_t rows, std::size_t cols, float scale, bool causal) {
+  const unsigned lane = threadIdx.x % warp;
+  const std::size_t warps = stride() / warp;
+  for (std::size_t r = first_index() / warp; r < total_rows; r += warps) {
+    const std::size_t i = r % rows, kept = causal && i + 1 < cols ? i + 1 : cols, at = r * cols;
+    float dot = 0.0f;
+    for (std::size_t j = lane; j < kept; j += warp) dot += p[at + j] * dp[at + j];
+    dot = warp_sum(dot);
+    for (std::size_t j = lane; j < cols; j += warp)
+      ds[at + j] = j < kept ? scale * (p[at + j] * (dp[at + j] - dot)) : 0.0f;
+  }
+}
+
+__global__ void heads_from_rows_kernel(const float* x, std::size_t row_cols, std::size_t offset, float* y,
+                                       std::size_t sequences, std::size_t length, std::size_t heads,
+                                       std::size_t head_dim) {
+  const std::size_t n = sequences * heads * length * head_dim;
+  for (std::size_t i = first_index(); i < n; i += stride()) {
+    const std::size_t d = i % head_dim, t = i / head_dim % length, h = i / (head_dim * length) % heads,
+                      b = i / (head_dim * length * heads);
+    y[i] = x[(b * length + t) * row_cols + offset + h * head_dim + d];
+  }
+}
+
+__global__ void rows_from_heads_kernel(const float* y, float* x, std::size_t row_cols, std::size_t offset,
+                                       std::size_t sequences, std::size_t length, std::size_t heads,
+                                       std::size_t head_dim) {
+  const std::size_t n = sequences * heads * length * head_dim;
+  for (std::size_t i = first_index(); i < n; i += stride()) {
+    const std::size_t d = i % head_dim, t = i / head_dim % length, h = i / (head_dim * length) % heads,
+                      b = i / (head_dim * length * heads);
+    x[(b * length + t) * row_cols + offset + h * head_dim + d] = y[i];
+  }
+}
+
+__global__ void position_forward_kernel(const float* x, const float* w, float* y, std::size_t rows,
+                                        std::size_t length, std::size_t width) {
+  for (std::size_t i = first_index(); i < rows * width; i += stride())
+    y[i] = x[i] + w[(i / width) % length * width + i % width];
+}
+
+__global__ void position_backward_kernel(float* grad, const float* dy, std::size_t rows, std::size_t length,
+                                         std::size_t width) {
+  for (std::size_t i = first_index(); i < length * width; i += stride()) {
+    float g = grad[i];
+    for (std::size_t r = i / width; r < rows; r += length) g += dy[r * width + i % width];
+    grad[i] = g;
+  }
+}
+
 }  // namespace device_code
 
 #define DDP_NN_LAUNCH(n, kernel, ...)                                                       \
@@ -315,6 +397,39 @@ cudaError_t embedding_forward(const float* weight, const std::int32_t* indices, 
 cudaError_t embedding_backward(float* grad, const std::int32_t* indices, const float* dy, std::size_t rows,
                                std::size_t dim, cudaStream_t stream) {
   DDP_NN_LAUNCH(dim, embedding_backward_kernel, grad, indices, dy, rows, dim);
+}
+
+cudaError_t attention_softmax(const float* scores, float* probs, std::size_t matrices, std::size_t rows,
+                              std::size_t cols, float scale, bool causal, cudaStream_t stream) {
+  DDP_NN_LAUNCH(matrices * rows * cols == 0 ? 0 : matrices * rows * device_code::warp, attention_softmax_kernel, scores,
+                probs, matrices * rows, rows, cols, scale, causal);
+}
+cudaError_t attention_softmax_backward(const float* probs, const float* dprobs, float* dscores, std::size_t matrices,
+                                       std::size_t rows, std::size_t cols, float scale, bool causal,
+                                       cudaStream_t stream) {
+  DDP_NN_LAUNCH(matrices * rows * cols == 0 ? 0 : matrices * rows * device_code::warp,
+                attention_softmax_backward_kernel, probs, dprobs, dscores, matrices * rows, rows, cols, scale, causal);
+}
+cudaError_t heads_from_rows(const float* rows, std::size_t row_cols, std::size_t offset, float* heads,
+                            std::size_t sequences, std::size_t length, std::size_t heads_count, std::size_t head_dim,
+                            cudaStream_t stream) {
+  DDP_NN_LAUNCH(sequences * length * heads_count * head_dim, heads_from_rows_kernel, rows, row_cols, offset, heads,
+                sequences, length, heads_count, head_dim);
+}
+cudaError_t rows_from_heads(const float* heads, float* rows, std::size_t row_cols, std::size_t offset,
+                            std::size_t sequences, std::size_t length, std::size_t heads_count, std::size_t head_dim,
+                            cudaStream_t stream) {
+  DDP_NN_LAUNCH(sequences * length * heads_count * head_dim, rows_from_heads_kernel, heads, rows, row_cols, offset,
+                sequences, length, heads_count, head_dim);
+}
+
+cudaError_t position_forward(const float* x, const float* weight, float* y, std::size_t rows, std::size_t length,
+                             std::size_t width, cudaStream_t stream) {
+  DDP_NN_LAUNCH(rows * width, position_forward_kernel, x, weight, y, rows, length, width);
+}
+cudaError_t position_backward(float* grad, const float* dy, std::size_t rows, std::size_t length, std::size_t width,
+                              cudaStream_t stream) {
+  DDP_NN_LAUNCH(length * width, position_backward_kernel, grad, dy, rows, length, width);
 }
 
 #undef DDP_NN_LAUNCH

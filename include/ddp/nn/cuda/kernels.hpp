@@ -77,4 +77,37 @@ cudaError_t embedding_forward(const float* weight, const std::int32_t* indices, 
 cudaError_t embedding_backward(float* grad, const std::int32_t* indices, const float* dy, std::size_t rows,
                                std::size_t dim, cudaStream_t);
 
+// Multi-head attention (ddp/nn/cuda/attention.hpp). Its scores and probabilities are `matrices`
+// row-major rows x cols matrices, one after another (one per sequence and head).
+// probs = softmax of scale * scores over each row, in f32: the row's maximum taken out before
+// exp. causal: row i keeps columns 0..i, and the columns past i are exactly +0. One warp per row;
+// probs may be scores (in place), and dscores dprobs below.
+cudaError_t attention_softmax(const float* scores, float* probs, std::size_t matrices, std::size_t rows,
+                              std::size_t cols, float scale, bool causal, cudaStream_t);
+// Its backward: dscores = scale * p * (dp - sum over the row of p * dp); the masked columns
+// exactly +0.
+cudaError_t attention_softmax_backward(const float* probs, const float* dprobs, float* dscores, std::size_t matrices,
+                                       std::size_t rows, std::size_t cols, float scale, bool causal, cudaStream_t);
+// The heads of a batch of sequences. rows: (sequences * length) rows of `row_cols` floats, row
+// b * length + t; head h of it is the `head_dim` columns from offset + h * head_dim. heads:
+// [sequences, heads, length, head_dim], one row-major length x head_dim matrix per sequence and head.
+// heads[b, h, t, :] = rows[b * length + t, offset + h * head_dim ...]
+cudaError_t heads_from_rows(const float* rows, std::size_t row_cols, std::size_t offset, float* heads,
+                            std::size_t sequences, std::size_t length, std::size_t heads_count, std::size_t head_dim,
+                            cudaStream_t);
+// The inverse: rows[b * length + t, offset + h * head_dim ...] = heads[b, h, t, :]; the other
+// columns of rows are left as they are.
+cudaError_t rows_from_heads(const float* heads, float* rows, std::size_t row_cols, std::size_t offset,
+                            std::size_t sequences, std::size_t length, std::size_t heads_count, std::size_t head_dim,
+                            cudaStream_t);
+
+// A learned position embedding (ddp/nn/cuda/position_embedding.hpp): rows are sequences of
+// `length` positions, row r at position r % length. y[r, :] = x[r, :] + weight[r % length, :]
+cudaError_t position_forward(const float* x, const float* weight, float* y, std::size_t rows, std::size_t length,
+                             std::size_t width, cudaStream_t);
+// grad[t, :] += dy[r, :] for the rows r at position t, in row order: one thread per element of
+// the table walks its rows, so the sums are the host's, bit for bit
+cudaError_t position_backward(float* grad, const float* dy, std::size_t rows, std::size_t length, std::size_t width,
+                              cudaStream_t);
+
 }  // namespace ddp::nn::cuda::kernels
