@@ -20,15 +20,9 @@
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/reduce_op.hpp"
+#include "ddp/trainer/step_verdict.hpp"
 
 namespace ddp::detail {
-
-// What every rank concluded from the averaged control floats: the mean micro-batch count over
-// the ranks (0: every rank shadowed; 1 under an exact sum, whose gradients are the average
-// already). Which parameters the optimizer updates is written beside it (update_stage's mask).
-struct step_verdict {
-  float mean_micro_batches = 0.0f;
-};
 
 template <communicator Comm, device Device>
 class control_channel {

@@ -33,6 +33,7 @@
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/bucket_layout.hpp"
 #include "ddp/trainer/bucket_sections.hpp"
+#include "ddp/trainer/completed_buckets.hpp"
 #include "ddp/trainer/consensus.hpp"
 #include "ddp/trainer/control_channel.hpp"
 #include "ddp/trainer/gradient_residency.hpp"
@@ -48,7 +49,7 @@
 namespace ddp::detail {
 
 template <communicator Comm, device Device>
-class gradient_reducer {
+class gradient_reducer final : bucket_completion {
  public:
   using bucket_type = bucket<Comm, Device>;
 
@@ -108,6 +109,8 @@ class gradient_reducer {
   }
 
   std::span<bucket_type> buckets() noexcept { return buckets_; }
+  // The buckets for the update stage: each completed as it is reached (completed_buckets.hpp).
+  completed_buckets<bucket_type> completed() noexcept { return {buckets_, *this, overlaps_update_}; }
   std::span<const bucket_type> buckets() const noexcept { return buckets_; }
   std::vector<std::size_t> bucket_sizes() const {
     std::vector<std::size_t> sizes;
@@ -209,7 +212,7 @@ class gradient_reducer {
   }
   // Waits for the reductions of buckets up to `b` (those not yet complete, in bucket order); after
   // the last, the step's reductions go to the timeline and the overlap figures.
-  void complete_through(std::size_t b) {
+  void complete_through(std::size_t b) override {
     if (next_complete_ > b) return;
     {
       auto span = w_.observer.phase("wait for reductions", w_.steps);
@@ -231,7 +234,7 @@ class gradient_reducer {
   // After an overlapped update, before the step counts: on a stream backend (NCCL) the host waits
   // for the device and learns whether a collective it has not read back since (the last bucket's
   // reduction, a hook's, an all-gather) failed; a host backend's wait() has thrown already.
-  void confirm_collectives() {
+  void confirm_collectives() override {
     using work_type = typename bucket_type::work_type;
     if constexpr (stream_ordered_work<work_type>) {
       if (capturing_) return;  // a captured step reads nothing back (and a capture cannot wait)

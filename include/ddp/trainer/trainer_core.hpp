@@ -323,12 +323,12 @@ class trainer_core {
     if (reducer_.capturing()) {  // nothing read on the host: each replay is this step, updating every parameter
       reducer_.reduce_captured_step();
       update_.update_every_parameter();
-      return finish_update(1.0f);
+      return finish_update({1.0f});
     }
     reducer_.reduce_all();
     const detail::step_verdict verdict = reducer_.read_control(update_.update_mask());
     shard_buffers_.step_ended();
-    finish_update(verdict.mean_micro_batches);
+    finish_update(verdict);
   }
 
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
@@ -342,16 +342,16 @@ class trainer_core {
       reducer_.reduce_all();
       const detail::step_verdict verdict = reducer_.read_control(update_.update_mask());
       const bool active = verdict.mean_micro_batches > 0.0f;
-      if (active) finish_update(verdict.mean_micro_batches);
+      if (active) finish_update(verdict);
       else end_step();
       reducer_.set_shadowing(false);
       return active;
     });
   }
 
-  void finish_update(float mean_micro_batches) {
+  void finish_update(detail::step_verdict verdict) {
     auto span = observer_.phase("update", steps_);
-    update_.run(reducer_, mean_micro_batches, observer_, steps_);
+    update_.run(reducer_.completed(), verdict, observer_, steps_);
     masters_.round_into_module();
     end_step();
     ++steps_;
