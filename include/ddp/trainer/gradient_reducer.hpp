@@ -219,7 +219,7 @@ class gradient_reducer final : bucket_completion {
       for (; next_complete_ <= b; ++next_complete_) complete(buckets_[next_complete_]);
     }
     if (next_complete_ < buckets_.size()) return;
-    w_.observer.record_reductions(buckets_, w_.steps, w_.update.name(), w_.hook.name());
+    w_.observer.record_reductions(buckets_, w_.steps, w_.update.name(), w_.hook.plain() ? "" : w_.hook.name());
     if (!shadowing_ && !capturing_) w_.observer.measure_overlap(buckets_);
   }
 

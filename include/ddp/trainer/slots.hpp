@@ -131,13 +131,16 @@ struct slot_descriptor<comm_hook::slot> : named_description {
   template <class Device>
   using part = comm_hook_part<Device>;
   template <class P>
-  static std::string describe_type() { return unless_plain(std::string(P::name)); }
+  static std::string describe_type() {
+    if constexpr (comm_hook::is_plain<P>()) return std::string();
+    else return std::string(P::name);
+  }
   template <class P, class H>
   static std::string describe(const H& h) {
-    if constexpr (requires { h.policy.describe(); }) return unless_plain(h.policy.describe());
+    if (h.plain()) return std::string();
+    if constexpr (requires { h.policy.describe(); }) return h.policy.describe();
     else return describe_type<P>();
   }
-  static std::string unless_plain(std::string hook) { return comm_hook::is_plain(hook) ? std::string() : hook; }
 };
 
 // The plain reduction goes unnamed (a trainer reads, and its checkpoints match, as one without the

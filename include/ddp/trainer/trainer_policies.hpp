@@ -114,13 +114,13 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "it runs one by one). Or use update::sharded_gradients");
   static constexpr bool hook_fits_reduction() {
     if constexpr (valid)
-      return get<reduction::slot>::virtual_shards == 0 || std::is_same_v<get<comm_hook::slot>, comm_hook::none>;
+      return get<reduction::slot>::virtual_shards == 0 || comm_hook::is_plain<get<comm_hook::slot>>();
     else return true;
   }
   static_assert(hook_fits_reduction(),
                 "ddp: reduction::invariant sums the gradients exactly, as they are; a communication hook would "
                 "change them first (compression, low rank) and its result depends on the world size: use "
-                "comm_hook::none with reduction::invariant");
+                "comm_hook::none with reduction::invariant (or a hook that declares `plain = true`)");
   static constexpr bool buffer_sync_fits_reduction() {
     if constexpr (valid)
       return get<reduction::slot>::virtual_shards == 0 || !buffer_sync::refused_under_invariant<get<buffer_sync::slot>>;
