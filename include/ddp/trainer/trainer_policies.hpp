@@ -49,7 +49,7 @@ template <class Module, class List, class... Policies>
 struct sorted_policies;
 template <class Module, class... Slots, class... Policies>
 struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
-  using resolved = policy::resolve<trainer_slots, Policies...>;
+  using resolved = policy::resolve<policy::slot_list<Slots...>, Policies...>;
   static_assert(resolved::valid, "ddp: see the policy error above");
   template <class Slot>
   using get = typename resolved::template get<Slot>;
@@ -180,7 +180,8 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
 };
 
 template <class Module, class... Policies>
-using trainer_policies = sorted_policies<Module, trainer_slots, Policies...>;
+using trainer_policies =
+    sorted_policies<Module, typename with_policy_slots<trainer_slots, Policies...>::type, Policies...>;
 
 }  // namespace detail
 
