@@ -29,3 +29,4 @@ DDP_HOST_KERNEL_INSTANCES(template)
 DDP_TRAINER_PART_INSTANCES(template, ddp::inproc::communicator, ddp::host::device)
 template class ddp::detail::buffer_group<ddp::host::device>;
 template class ddp::detail::master_weights<ddp::host::device>;
+template class ddp::detail::memory_pool<ddp::host::device>;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
+#include <type_traits>
 
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
@@ -407,6 +409,75 @@ TEST_CASE("checkpoint save options that differ across ranks or make no sense: an
   check_every_rank(refused, "differ from rank 0's");
   CHECK((!fs::exists(fresh) || fs::is_empty(fresh)));
   fs::remove_all(fresh);
+  fs::remove_all(dir);
+}
+
+
+// ---- a slot declared outside the library --------------------------------------------------
+
+// A throwaway slot, declared here alone: its tag, two policies and its descriptor. No trainer
+// file names it; a trainer takes it because a listed policy fills it and it has a descriptor.
+namespace throwaway {
+struct slot;
+struct off {
+  using slot = throwaway::slot;
+  static constexpr std::string_view name = "off";
+};
+struct on {
+  using slot = throwaway::slot;
+  static constexpr std::string_view name = "on";
+  int setting = 3;
+};
+struct slot {
+  static constexpr std::string_view name = "throwaway";
+  using default_policy = off;
+};
+}  // namespace throwaway
+}  // namespace trainer_checkpoint_test
+
+template <>
+struct ddp::detail::slot_descriptor<trainer_checkpoint_test::throwaway::slot>
+    : ddp::detail::unnamed_default_description<trainer_checkpoint_test::throwaway::slot> {
+  template <class P>
+  static consteval bool check() {
+    static_assert(requires { P::name; }, "a policy of the throwaway slot lacks its name");
+    return true;
+  }
+  template <class P, class Device>
+  using holder = ddp::detail::policy_holder<P>;
+  template <class Device>
+  using part = void;
+};
+
+namespace trainer_checkpoint_test {
+
+TEST_CASE("a slot declared in a program: the trainer holds its policy, and a checkpoint from before it loads") {
+  using with_on = ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>, throwaway::on>;
+  using with_off = ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>, throwaway::off>;
+  static_assert(std::is_same_v<with_on::policy_type<throwaway::slot>, throwaway::on>);
+  CHECK(with_on::describe_policies().find("throwaway=on") != std::string::npos);
+  // At its default the slot goes unnamed: the trainer describes itself as one without the slot.
+  CHECK(with_off::describe_policies() == sgd_trainer::describe_policies());
+
+  const rows data(40);
+  const ddp::optim::sgd sgd{.lr = 0.1f, .momentum = 0.9f};
+  const auto dir = scratch("added_slot");
+  ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {  // written before the slot existed
+    return run<ddp::optim::sgd, ddp::update::replicated>(c, data, 4, 3, 3, dir, false, sgd);
+  });
+  const auto mlp = [] { return test::make_mlp(1); };
+  CHECK(load_errors<with_off>(2, dir, mlp, sgd) == std::vector<std::string>{"", ""});
+  check_every_rank(load_errors<with_on>(2, dir, mlp, sgd),
+                   "the checkpoint has the default throwaway, this trainer throwaway=on");
+  // The policy object is the trainer's, and the slot changes nothing of the numbers.
+  const auto held = ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    auto model = test::make_mlp(1);
+    ddp::host::device dev;
+    with_on t(model, c, dev, sgd);
+    t.policy<throwaway::slot>().setting = 7;
+    return t.policy<throwaway::slot>().setting;
+  });
+  CHECK(held[0] == 7);
   fs::remove_all(dir);
 }
 

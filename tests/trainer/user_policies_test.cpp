@@ -430,4 +430,27 @@ TEST_CASE("one_of: an unknown name lists the choices, and a policy chosen is pre
   });
 }
 
+
+namespace {
+// A hook of the user's that leaves the gradients to the update policy's collective, and says so.
+struct user_plain_hook {
+  using slot = ddp::comm_hook::slot;
+  static constexpr std::string_view name = "user_plain";
+  static constexpr bool plain = true;
+  void reduce(ddp::comm_hook::bucket_io& b) { b.reduce_gradients(); }
+  void finish(ddp::comm_hook::bucket_io&) {}
+};
+}  // namespace
+
+TEST_CASE("a hook that declares itself plain, and one_of<none>, are taken where none is, and read as none") {
+  using invariant = ddp::reduction::invariant<4>;
+  static_assert(ddp::detail::trainer_policies<test::mlp, invariant, user_plain_hook>::valid);
+  static_assert(ddp::detail::trainer_policies<test::mlp, invariant, ddp::comm_hook::one_of<ddp::comm_hook::none>>::valid);
+  static_assert(!ddp::comm_hook::is_plain<ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16>>());
+  const auto plain = ddp::trainer<test::mlp>::describe_policies();
+  CHECK(ddp::trainer<test::mlp, user_plain_hook>::describe_policies() == plain);
+  CHECK(ddp::trainer<test::mlp, ddp::comm_hook::one_of<ddp::comm_hook::none>>::describe_policies() == plain);
+  check_same(train<user_plain_hook>(3, 3), train<>(3, 3));
+}
+
 }  // namespace trainer_user_policies_test

@@ -23,7 +23,10 @@
 // templates over the bucket_io they are given: the trainer gives a bucket_io_on<Device>.
 // A hook that does the same device work and collectives every step, and reads nothing on the
 // host, may declare `static constexpr bool capturable = true;`: a step captured into a CUDA graph
-// (ddp::cuda::step_graph) may then hold it.
+// (ddp::cuda::step_graph) may then hold it. A hook that leaves the gradients to the update
+// policy's own collective, unchanged (the bits of none), may declare `static constexpr bool
+// plain = true;`: it is then accepted where none is (under reduction::invariant) and goes
+// unnamed where the trainer describes itself, as none does.
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -121,9 +124,18 @@ struct none {
   using slot = comm_hook::slot;
   static constexpr std::string_view name = "none";
   static constexpr bool capturable = true;  // ddp::cuda::step_graph may hold it
+  static constexpr bool plain = true;       // the update policy's own collective, unchanged
   void reduce(bucket_io& b) { b.reduce_gradients(); }
   void finish(bucket_io&) {}
 };
+
+// Whether the hook declares that it leaves the gradients to the update policy's own collective,
+// unchanged (`plain`); a one_of is plain when every hook it offers is.
+template <class H>
+consteval bool is_plain() {
+  if constexpr (requires { { H::plain } -> std::convertible_to<bool>; }) return H::plain;
+  else return false;
+}
 
 template <dtype Low>
 struct compress {
@@ -156,6 +168,11 @@ template <policy... Hooks>
 struct one_of : ddp::policy::run_time_choice<comm_hook::slot, Hooks...> {
   using slot = comm_hook::slot;
   static constexpr std::string_view name = "one_of";
+  static constexpr bool plain = (is_plain<Hooks>() && ...);
+  // Whether the hook selected now is plain.
+  bool selected_plain() const {
+    return this->visit([](const auto& h) { return is_plain<std::remove_cvref_t<decltype(h)>>(); });
+  }
   // Templates, so that a hook that takes bucket_io_on<Device> gets it.
   template <class IO>
   void reduce(IO& b) {
@@ -166,10 +183,6 @@ struct one_of : ddp::policy::run_time_choice<comm_hook::slot, Hooks...> {
     this->visit([&](auto& h) { h.finish(b); });
   }
 };
-
-// The plain reduction (none) goes unnamed where a trainer describes itself (its policies, the
-// checkpoints' policy line, its timeline), so that those read as for a trainer without a hook.
-constexpr bool is_plain(std::string_view hook) noexcept { return hook == none::name; }
 
 struct slot {
   static constexpr std::string_view name = "comm_hook";

@@ -151,6 +151,13 @@ consteval bool shards_parameters() {
   else return false;
 }
 
+// The policy's gathers_parameters; true when it lacks the member, which its own message reports.
+template <class P>
+consteval bool gathers_parameters_or_unknown() {
+  if constexpr (requires { { P::gathers_parameters } -> std::convertible_to<bool>; }) return P::gathers_parameters;
+  else return true;
+}
+
 struct slot {
   static constexpr std::string_view name = "update";
   using default_policy = replicated;
@@ -172,7 +179,7 @@ consteval bool diagnose() {
                 },
                 "ddp: a policy in the update slot lacks one of `reduce`, `after_update`, `finish` "
                 "(each taking ddp::update::bucket_ops&; see ddp/policy/update.hpp)");
-  static_assert(gradient_buckets_in_flight<P>() == 0 || P::gathers_parameters,
+  static_assert(gradient_buckets_in_flight<P>() == 0 || gathers_parameters_or_unknown<P>(),
                 "ddp: a policy in the update slot that keeps only its shard of the gradients "
                 "(gradient_buckets_in_flight) updates only its shard of the parameters, so it must gather them: "
                 "`gathers_parameters = true` with an equal-shards plan, as update::sharded");

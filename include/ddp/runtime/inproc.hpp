@@ -8,9 +8,11 @@
 #include "ddp/runtime/trainer_parts.hpp"
 #include "ddp/trainer/buffer_group.hpp"
 #include "ddp/trainer/master_weights.hpp"
+#include "ddp/trainer/memory_pool.hpp"
 
 #if DDP_RUNTIME_EXTERN
 DDP_TRAINER_PART_INSTANCES(extern template, ddp::inproc::communicator, ddp::host::device)
 extern template class ddp::detail::buffer_group<ddp::host::device>;
 extern template class ddp::detail::master_weights<ddp::host::device>;
+extern template class ddp::detail::memory_pool<ddp::host::device>;
 #endif

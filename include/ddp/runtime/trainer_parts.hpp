@@ -13,6 +13,11 @@
   kind class ddp::detail::gradient_reducer<Comm, Device>;    \
   kind class ddp::detail::update_stage<Comm, Device>;        \
   kind class ddp::detail::bucket<Comm, Device>;              \
+  kind class ddp::detail::bucket_hook_io<Comm, Device>;      \
+  kind class ddp::detail::control_channel<Comm, Device>;     \
+  kind class ddp::detail::gradient_residency<Comm, Device>;  \
+  kind class ddp::detail::parameter_residency<Comm, Device>; \
+  kind class ddp::detail::residency_hooks<Comm, Device>;     \
   kind class ddp::detail::buffer_set<Comm, Device>;          \
   kind class ddp::detail::buffer_sync_context<Comm, Device>; \
   kind class ddp::detail::exact_sum<Comm, Device>;

@@ -5,7 +5,7 @@
 //
 //   the update policy      update::bucket_ops (all_reduce / reduce_scatter the gradients,
 //                          all_gather the parameters)
-//   the communication hook comm_hook::bucket_io_on<Device> (a private view, one per call)
+//   the communication hook comm_hook::bucket_io_on<Device> (bucket_hook_io.hpp, one per call)
 //   the update stage       the averaged shard of the gradients, and where parameters lie in it
 //
 // Memory of grads (and of values, when the update policy gathers parameters): the parameters'
@@ -35,32 +35,12 @@
 #include "ddp/core/segment.hpp"
 #include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/update.hpp"
+#include "ddp/trainer/bucket_hook_io.hpp"
+#include "ddp/trainer/bucket_layout.hpp"
 #include "ddp/trainer/exact_sum.hpp"
 #include "ddp/trainer/parts.hpp"
 
 namespace ddp::detail {
-
-// A 16-bit tensor's place in a bucket of floats (a bf16 or f16 parameter's gradient).
-struct half_segment {
-  void* tensor = nullptr;
-  dtype type = dtype::bf16;
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
-
-// What a bucket is made from: the reducer's plan for it and the update policy's layout.
-struct bucket_shape {
-  std::size_t index = 0;
-  std::size_t numel = 0;
-  update::layout layout;
-  std::size_t control = 0;      // control floats after the padding (the last bucket's)
-  bool gathers = false;         // the update policy gathers parameters: keep `values`
-  bool binds_values = false;    // the module keeps its parameters in `values`
-  bool binds_gradients = false; // the module's gradients live in `grads`
-  bool releases_gradients = false;  // `grads` is held only while needed; the shard is kept
-  bool shards_parameters = false;   // `values` too, gathered from the kept shards when needed
-  std::size_t virtual_shards = 0;  // reduction::invariant<V>: the exact sum over V micro-batches
-};
 
 template <communicator Comm, device Device>
 class bucket final : public update::bucket_ops {
@@ -324,10 +304,9 @@ class bucket final : public update::bucket_ops {
   // unless the hook chose the plain reduction, which carries them in its own collective.
   void start_reduction(bool scatter) {
     scatters_ = scatter;
-    control_in_reduction_ = false;
     hook_view io(*this);
     hook_->reduce(io);
-    if (shape_.control && carries_control_ && !control_in_reduction_) {
+    if (shape_.control && carries_control_ && !io.carried_control) {
       float* c = grads_.data() + padded();
       control_work_.emplace(comm_->all_reduce(const_buffer{c, shape_.control, dtype::f32},
                                               mutable_buffer{c, shape_.control, dtype::f32}, reduce_op::avg));
@@ -339,73 +318,8 @@ class bucket final : public update::bucket_ops {
     else more_.push_back(std::move(w));
   }
 
-  // The bucket as its hook sees it, for one call.
-  struct hook_view final : comm_hook::bucket_io_on<Device> {
-    bucket& b;
-    explicit hook_view(bucket& owner) : b(owner) {}
-    Device& device() noexcept override { return *b.device_; }
-    std::size_t index() const noexcept override { return b.index(); }
-    std::uint64_t step() const noexcept override { return *b.steps_; }
-    int rank() const noexcept override { return b.comm_->rank(); }
-    int ranks() const noexcept override { return b.comm_->size(); }
-    float* gradients() noexcept override { return b.grads_.data(); }
-    std::size_t size() const noexcept override { return b.padded(); }
-    std::size_t shard_begin() const noexcept override { return b.scatters_ ? b.shard_begin() : 0; }
-    std::size_t shard() const noexcept override { return b.scatters_ ? b.shard() : b.padded(); }
-    std::span<const comm_hook::tensor_layout> tensors() const noexcept override { return b.tensors_; }
-    void* scratch(int slot, std::size_t bytes) override { return kept(b.hook_scratch_, slot, bytes).data; }
-    comm_hook::hook_state state(int slot, std::size_t bytes) override { return kept(b.hook_state_, slot, bytes); }
-    // Slot `slot` of `arrays` at `bytes` (rounded up to floats): made and zeroed when new or resized.
-    comm_hook::hook_state kept(std::vector<device_array<Device, float>>& arrays, int slot, std::size_t bytes) {
-      if (slot < 0) throw error("comm_hook", "scratch", b.comm_->rank(), "slot " + std::to_string(slot) + " is negative");
-      const auto k = static_cast<std::size_t>(slot);
-      if (arrays.size() <= k) arrays.resize(k + 1);
-      auto& a = arrays[k];
-      const std::size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
-      if (a.size() == floats) return {a.data(), false};
-      a = device_array<Device, float>(*b.device_, floats);
-      b.device_->fill_zero(a.data(), floats * sizeof(float));
-      return {a.data(), true};
-    }
-    void cast(const_buffer from, mutable_buffer to, float factor) override {
-      if constexpr (requires { b.device_->cast(from, to, factor); }) {
-        b.device_->cast(from, to, factor);
-      } else {  // a device without the fused form: the source (this bucket's gradients) is scaled in place
-        if (factor != 1.0f) b.device_->scale(static_cast<float*>(const_cast<void*>(from.data)), from.count, factor);
-        b.device_->cast(from, to);
-      }
-    }
-    void reduce_gradients() override {
-      if (b.exact_) return reduce_like_gradients(b.exact_->start(b.grads_.data()), reduce_op::sum);
-      float* g = b.grads_.data();
-      if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
-      // The all_reduce carries the control floats too: one collective, as without a hook.
-      const std::size_t n = b.padded() + (b.carries_control_ ? b.shape_.control : 0);
-      b.track(b.comm_->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
-      b.control_in_reduction_ = b.carries_control_;
-    }
-    void reduce_like_gradients(mutable_buffer x, reduce_op op) override {
-      if (x.count != b.padded())
-        throw error("comm_hook", "reduce_like_gradients", b.comm_->rank(),
-                    "bucket " + std::to_string(b.index()) + " has " + std::to_string(b.padded()) +
-                        " gradient elements, but the buffer given has " + std::to_string(x.count) +
-                        "; give one laid out as gradients(), of size() elements");
-      if (b.scatters_) {
-        auto* shard = static_cast<char*>(x.data) + b.shard_begin() * size_of(x.type);
-        b.track(b.comm_->reduce_scatter(const_buffer{x.data, b.padded(), x.type},
-                                        mutable_buffer{shard, b.shard(), x.type}, op));
-      } else {
-        b.track(b.comm_->all_reduce(const_buffer{x.data, b.padded(), x.type}, mutable_buffer{x.data, b.padded(), x.type}, op));
-      }
-    }
-    void all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) override {
-      b.track(b.comm_->all_reduce(send, recv, op));
-    }
-    void wait() override {
-      if (b.work_) b.work_->wait();
-      for (auto& w : b.more_) w.wait();
-    }
-  };
+  friend class bucket_hook_io<Comm, Device>;
+  using hook_view = bucket_hook_io<Comm, Device>;
 
   Comm* comm_;
   Device* device_;
@@ -436,7 +350,6 @@ class bucket final : public update::bucket_ops {
   bool held_ = false;                  // releasing: grads_ holds pool memory
   bool completed_ = false;             // this step's reduction completed
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
-  bool control_in_reduction_ = false;  // the control floats ride in work_
   bool carries_control_ = true;        // this step's control floats go with this bucket
 };
 

@@ -5,14 +5,17 @@
 // directory, committed by LATEST once every rank's file is on disk (checkpoint_file.hpp); the
 // checkpoints the save's options do not keep (checkpoint_retention.hpp) go after the commit.
 // Written once for every trainer over the same core, whatever the policies.
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <cstddef>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "ddp/core/error.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/checkpoint_retention.hpp"
 #include "ddp/trainer/consensus.hpp"
@@ -20,6 +23,22 @@
 #include "ddp/trainer/signature.hpp"
 
 namespace ddp::detail {
+
+// A checkpoint's epoch resumed: the first `n` batches of this rank's range were taken before it
+// was saved.
+template <class Range>
+void skip_taken(Range& batches, std::size_t n, int rank) {
+  if constexpr (requires { batches.skip(n); }) {
+    batches.skip(n);
+  } else if constexpr (requires { batches.erase(batches.begin(), batches.begin() + 1); }) {
+    batches.erase(batches.begin(), batches.begin() + static_cast<std::ptrdiff_t>(std::min(n, batches.size())));
+  } else {
+    throw error("trainer", "epoch", rank,
+                "resuming in the middle of an epoch skips the " + std::to_string(n) +
+                    " batches taken before the checkpoint, but this loader's range can do neither skip(n) nor "
+                    "erase: return a ddp::data::batch_stream or a std::vector, or save at the end of an epoch");
+  }
+}
 
 // What the trainer, not the core, knows of the run.
 struct run_position {
@@ -134,7 +153,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
   agree_or_throw(comm, dev, problem, "save", not_written);
   try {
       auto state = core.checkpoint_state("save");
-      const detail::parameters_gathered whole(state.reducer);  // first: a collective, on every rank alike
+      const detail::parameters_gathered whole(state.reducer.parameters());  // first: a collective, on every rank alike
       if (comm.rank() == 0) committed = where.index();
       checkpoint_file f;
       pos.write(f, comm.rank());

@@ -59,7 +59,7 @@ Total add_in_shard_order(Core& core, std::vector<Total> per_shard) {
 }
 
 // Collective. `core` offers communicator(), synchronize_buffers() and reduce(metrics); `parameters`
-// gather_parameters() and release_parameters() (the gradient reducer: sharded parameters are
+// gather_all() and release_all() (the parameter residency: sharded parameters are
 // gathered once for the whole evaluation, whatever number of batches each rank has).
 template <class Core, class Module, class Loader, class F, class Parameters>
 auto evaluate(Core& core, Module& module, const Loader& loader, F&& per_batch, std::size_t shards,

@@ -5,12 +5,16 @@
 // that goes on starts from the survivors' states.
 #include <any>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <string>
 #include <exception>
 #include <optional>
 #include <vector>
 
 #include "ddp/comm/handoff.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/step_observer.hpp"
 
 namespace ddp::detail {
@@ -79,5 +83,27 @@ class trainer_handoff {
   bool accounted_ = false;  // it left its state or ended
   int uncaught_ = std::uncaught_exceptions();
 };
+
+// The files of the state that ranks handed over, as this rank reads them: a replicated update's
+// files each hold the whole state (`whole`), so this rank's own is enough, and a rank that joined
+// takes a peer's; other files are read whole, as a checkpoint saved at another world size is.
+inline std::vector<checkpoint_file> handed_over_files(const std::vector<std::any>& handed, bool whole, int rank,
+                                                      int ranks) {
+  if (handed.empty() || handed.size() > static_cast<std::size_t>(ranks))
+    throw error("trainer", "resume", rank,
+                std::to_string(handed.size()) + " ranks handed over their state, and this membership has " +
+                    std::to_string(ranks));
+  std::vector<checkpoint_file> files;
+  const auto peer = static_cast<std::size_t>(rank) % handed.size();
+  for (std::size_t r = 0; r < handed.size(); ++r)
+    if (!whole || r == peer) {
+      const auto& any = handed[r];
+      if (const auto* encoded = std::any_cast<elastic::encoded_state>(&any))
+        files.push_back(checkpoint_file::decode(encoded->bytes, encoded->origin));
+      else
+        files.push_back(std::any_cast<const checkpoint_file&>(any));
+    }
+  return files;
+}
 
 }  // namespace ddp::detail

@@ -1,24 +1,24 @@
 #pragma once
 // Sharded parameters (update::fully_sharded) gathered for a scope that reads the whole model
-// between steps: an evaluation, a checkpoint. The reducer offers gather_parameters() and
-// release_parameters() (trainer/gradient_reducer.hpp); under other update policies both do nothing.
+// between steps: an evaluation, a checkpoint. The parameter residency offers gather_all() and
+// release_all() (trainer/parameter_residency.hpp); under other update policies both do nothing.
 
 namespace ddp::detail {
 
 // Every parameter gathered for a scope that reads the whole model between steps (an evaluation, a
 // checkpoint); released after it, unless they were gathered before. Collective.
-template <class Reducer>
+template <class Residency>
 class parameters_gathered {
  public:
-  explicit parameters_gathered(Reducer& r) : r_(r), release_(r.gather_parameters()) {}
+  explicit parameters_gathered(Residency& r) : r_(r), release_(r.gather_all()) {}
   parameters_gathered(const parameters_gathered&) = delete;
   parameters_gathered& operator=(const parameters_gathered&) = delete;
   ~parameters_gathered() {
-    if (release_) r_.release_parameters();
+    if (release_) r_.release_all();
   }
 
  private:
-  Reducer& r_;
+  Residency& r_;
   bool release_;
 };
 

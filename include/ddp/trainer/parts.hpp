@@ -118,6 +118,9 @@ struct comm_hook_part {
   virtual std::string_view name() const noexcept = 0;
   // Device work and collectives only, the same every step: a CUDA graph may hold it.
   virtual bool capturable() const noexcept = 0;
+  // The hook in use leaves the gradients to the update policy's collective (comm_hook::is_plain):
+  // it goes unnamed where the trainer describes itself.
+  virtual bool plain() const noexcept = 0;
   virtual void reduce(comm_hook::bucket_io_on<Device>&) = 0;
   virtual void finish(comm_hook::bucket_io_on<Device>&) = 0;
 
@@ -132,6 +135,10 @@ struct comm_hook_adapter final : comm_hook_part<Device> {
   bool capturable() const noexcept override {
     if constexpr (requires { { P::capturable } -> std::convertible_to<bool>; }) return P::capturable;
     else return false;
+  }
+  bool plain() const noexcept override {
+    if constexpr (requires { policy.selected_plain(); }) return policy.selected_plain();
+    else return comm_hook::is_plain<P>();
   }
   void reduce(comm_hook::bucket_io_on<Device>& b) override { policy.reduce(b); }
   void finish(comm_hook::bucket_io_on<Device>& b) override { policy.finish(b); }

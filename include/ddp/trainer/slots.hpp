@@ -11,8 +11,10 @@
 //   description        the policy's name in describe(), and whether checkpoints compare it
 //
 // The trainer's slot sorting, checks, policy objects, descriptions and the parts handed to its
-// core iterate `trainer_slots`. A new slot: its descriptor here and its place in the list, a part
-// and adapter in parts.hpp when the core calls it, and the component that uses it.
+// core iterate `trainer_slots`, and the slots of listed policies that have a descriptor
+// (with_policy_slots). A new slot of the library: its descriptor here and its place in the list,
+// a part and adapter in parts.hpp when the core calls it, and the component that uses it. A slot
+// a program declares: its descriptor, specialised where the program declares the slot.
 #include <cstddef>
 #include <initializer_list>
 #include <string>
@@ -64,6 +66,27 @@ struct named_description {
     else return describe_type<P>();
   }
 };
+
+// A slot added after checkpoints were written: its default goes unnamed, so that a checkpoint
+// written before the slot existed (whose policies line has no such slot) still loads, and one
+// written with another policy in it names the difference.
+template <class Slot>
+struct unnamed_default_description : named_description {
+  template <class P>
+  static std::string describe_type() {
+    if constexpr (std::is_same_v<P, typename Slot::default_policy>) return std::string();
+    else return named_description::describe_type<P>();
+  }
+  template <class P, class H>
+  static std::string describe(const H& h) {
+    if constexpr (std::is_same_v<P, typename Slot::default_policy>) return std::string();
+    else return named_description::describe<P>(h);
+  }
+};
+
+// Whether the trainer knows how to hold a policy of `Slot` (its descriptor is declared).
+template <class Slot>
+concept described_slot = requires { sizeof(slot_descriptor<Slot>); };
 
 template <>
 struct slot_descriptor<buffer_sync::slot> : named_description {
@@ -131,13 +154,16 @@ struct slot_descriptor<comm_hook::slot> : named_description {
   template <class Device>
   using part = comm_hook_part<Device>;
   template <class P>
-  static std::string describe_type() { return unless_plain(std::string(P::name)); }
+  static std::string describe_type() {
+    if constexpr (comm_hook::is_plain<P>()) return std::string();
+    else return std::string(P::name);
+  }
   template <class P, class H>
   static std::string describe(const H& h) {
-    if constexpr (requires { h.policy.describe(); }) return unless_plain(h.policy.describe());
+    if (h.plain()) return std::string();
+    if constexpr (requires { h.policy.describe(); }) return h.policy.describe();
     else return describe_type<P>();
   }
-  static std::string unless_plain(std::string hook) { return comm_hook::is_plain(hook) ? std::string() : hook; }
 };
 
 // The plain reduction goes unnamed (a trainer reads, and its checkpoints match, as one without the
@@ -204,6 +230,24 @@ using trainer_slots =
     policy::slot_list<buffer_sync::slot, unused_params::slot, buckets::slot, optim::slot, update::slot,
                       comm_hook::slot, reduction::slot, engine::communicator_slot, sampler::slot,
                       engine::device_slot>;
+
+// The trainer's slots for a policy list: trainer_slots, then the slot of each listed policy that
+// is not among them but has a descriptor (a slot declared outside the library: its descriptor and
+// its policies are all it takes). A policy of a slot without one is refused as before.
+template <class List, class... Policies>
+struct with_policy_slots {
+  using type = List;
+};
+template <class... Slots, class P, class... Policies>
+struct with_policy_slots<policy::slot_list<Slots...>, P, Policies...> {
+  using slot = typename policy::detail::slot_of<P>::type;
+  static constexpr bool added = [] {
+    if constexpr (std::is_void_v<slot> || (std::is_same_v<slot, Slots> || ...)) return false;
+    else return described_slot<slot>;
+  }();
+  using type = typename with_policy_slots<
+      std::conditional_t<added, policy::slot_list<Slots..., slot>, policy::slot_list<Slots...>>, Policies...>::type;
+};
 
 // One slot's holder as a base of the trainer's holders, built in place (a policy need not be
 // movable): from the optimizer when it is the optimizer's, else value-initialised.

@@ -30,7 +30,7 @@ struct trainer_state {
 
   void write(checkpoint_file& f) const {
     update.require_whole(steps);
-    reducer.require_parameters_gathered();
+    reducer.parameters().require_gathered();
     f.set_text("steps", std::to_string(steps));
     params.write_state(f, device);
     buffers.write_state(f);
@@ -47,7 +47,7 @@ struct trainer_state {
   // `own` is the file whose parameters, buffers and counts this rank takes; the optimizer state
   // is assembled from every file's shard (re-cut for another world size).
   void read(const std::vector<checkpoint_file>& files, std::size_t own) {
-    reducer.hold_parameters();  // sharded parameters: memory for the file's values, this rank's shard kept
+    reducer.parameters().hold_all();  // sharded parameters: memory for the file's values, this rank's shard kept
     params.read_state(files[own], device);
     reducer.stage_values();
     masters.round_into_module();

@@ -71,7 +71,7 @@ class step_observer {
     for (const auto& bk : buckets) {
       auto begin = launched_[b], end = seen;
       std::string name = "bucket " + std::to_string(b++) + " " + std::string(update) + " reduction";
-      if (!comm_hook::is_plain(hook)) name += " (" + std::string(hook) + ")";
+      if (!hook.empty()) name += " (" + std::string(hook) + ")";
       using work_type = typename std::remove_cvref_t<decltype(bk.reduction())>::value_type;
       if constexpr (timed_work_handle<work_type>) {
         if (!bk.reduction()) continue;  // a hook that kept this bucket's gradients local

@@ -3,8 +3,8 @@
 // parameters, its values) in bucket memory: a storage_return points the module there once the
 // reducer has placed every parameter, and hands the storage back to the module before the
 // buckets go, also when construction fails half-way. Under an update policy that keeps only its
-// shard of the gradients, it places the module's gradients nowhere instead, and makes the
-// reducer the module's layer hooks, which places them layer by layer in backward; under one that
+// shard of the gradients, it places the module's gradients nowhere instead, and gives the module
+// the reducer's layer hooks (residency_hooks.hpp), which place them layer by layer in backward; under one that
 // keeps only its shard of the parameters, the module's values too, layer by layer in forward and
 // backward (the module holds no parameter between steps, unless gathered).
 #include <cstddef>
@@ -35,23 +35,24 @@ class storage_return {
       : module_(&module) {
     try {
       if constexpr (places_gradients<Module>)
-        if (reducer.releases_gradients()) {
-          reducer.set_gradient_placement([m = module_](std::size_t i, float* at) { m->place_gradient(i, at); });
-          stop_placing_ = [&reducer] { reducer.set_gradient_placement({}); };
+        if (reducer.gradients().active()) {
+          auto& gradients = reducer.gradients();
+          gradients.set_placement([m = module_](std::size_t i, float* at) { m->place_gradient(i, at); });
+          stop_placing_ = [&gradients] { gradients.set_placement({}); };
           for (std::size_t i = 0; i < params.size(); ++i)
             if (params[i].type == dtype::f32) {
               module.place_gradient(i, nullptr);
               gradients_.push_back(i);
             }
           if constexpr (places_parameters<Module>)
-            if (reducer.shards_parameters()) {
-              reducer.set_parameter_placement([m = module_](std::size_t i, float* at) { m->place_parameter(i, at); });
-              stop_placing_values_ = [&reducer] {
-                reducer.warn_unless_gathered();
-                reducer.set_parameter_placement({});
+            if (auto& parameters = reducer.parameters(); parameters.active()) {
+              parameters.set_placement([m = module_](std::size_t i, float* at) { m->place_parameter(i, at); });
+              stop_placing_values_ = [&parameters] {
+                parameters.warn_unless_gathered();
+                parameters.set_placement({});
               };
             }
-          module.set_layer_hooks(&reducer);
+          module.set_layer_hooks(&reducer.hooks());
         }
       for (std::size_t i = 0; i < params.size(); ++i) {
         if constexpr (binds_gradient_storage<Module>)

@@ -133,9 +133,9 @@ class trainer_core {
   // (trainer/update_stage.hpp, docs/trainer.md); the same bits. Between steps, on every rank alike.
   void overlap_optimizer(bool on = true) { reducer_.overlap_update(on); }
   // update::fully_sharded: every parameter gathered into the module until the next step or
-  // release_parameters(), to read or run the whole model (trainer/gradient_reducer.hpp). Collective.
-  bool gather_parameters() { return reducer_.gather_parameters(); }
-  void release_parameters() { reducer_.release_parameters(); }
+  // release_parameters(), to read or run the whole model (trainer/parameter_residency.hpp). Collective.
+  bool gather_parameters() { return reducer_.parameters().gather_all(); }
+  void release_parameters() { reducer_.parameters().release_all(); }
 
   // Zeroes this rank's gradients (not collective): for a module whose backward also runs outside
   // this trainer's steps, as a GAN's discriminator in the generator's step (PyTorch: D.zero_grad()).
@@ -163,7 +163,8 @@ class trainer_core {
   // (trainer/evaluation.hpp). Collective.
   template <class Loader, class F>
   auto evaluate(const Loader& loader, F&& per_batch) {
-    return detail::evaluate(*this, module_, loader, std::forward<F>(per_batch), reduction_part().virtual_shards(), reducer_);
+    return detail::evaluate(*this, module_, loader, std::forward<F>(per_batch), reduction_part().virtual_shards(),
+                            reducer_.parameters());
   }
 
   Module& module() noexcept { return module_; }
@@ -322,12 +323,12 @@ class trainer_core {
     if (reducer_.capturing()) {  // nothing read on the host: each replay is this step, updating every parameter
       reducer_.reduce_captured_step();
       update_.update_every_parameter();
-      return finish_update(1.0f);
+      return finish_update({1.0f});
     }
     reducer_.reduce_all();
-    const float mean_micro_batches = reducer_.read_control(update_.update_mask());
+    const detail::step_verdict verdict = reducer_.read_control(update_.update_mask());
     shard_buffers_.step_ended();
-    finish_update(mean_micro_batches);
+    finish_update(verdict);
   }
 
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
@@ -339,18 +340,18 @@ class trainer_core {
       reducer_.set_shadowing(true);
       sync_part().before_forward(sync_context_);  // as the active ranks' first forward
       reducer_.reduce_all();
-      const float mean_micro_batches = reducer_.read_control(update_.update_mask());
-      const bool active = mean_micro_batches > 0.0f;
-      if (active) finish_update(mean_micro_batches);
+      const detail::step_verdict verdict = reducer_.read_control(update_.update_mask());
+      const bool active = verdict.mean_micro_batches > 0.0f;
+      if (active) finish_update(verdict);
       else end_step();
       reducer_.set_shadowing(false);
       return active;
     });
   }
 
-  void finish_update(float mean_micro_batches) {
+  void finish_update(detail::step_verdict verdict) {
     auto span = observer_.phase("update", steps_);
-    update_.run(reducer_, mean_micro_batches, observer_, steps_);
+    update_.run(reducer_.completed(), verdict, observer_, steps_);
     masters_.round_into_module();
     end_step();
     ++steps_;

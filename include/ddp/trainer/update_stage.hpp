@@ -33,10 +33,12 @@
 #include "ddp/optim/parameter_group.hpp"
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
-#include "ddp/trainer/gradient_reducer.hpp"
+#include "ddp/trainer/bucket_layout.hpp"
+#include "ddp/trainer/completed_buckets.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/step_observer.hpp"
+#include "ddp/trainer/step_verdict.hpp"
 
 namespace ddp::detail {
 
@@ -69,28 +71,26 @@ class update_stage {
     return names;
   }
 
-  void run(gradient_reducer<Comm, Device>& reducer, float mean_micro_batches, const step_observer& observer,
+  // The buckets come completed (completed_buckets.hpp): one by one as the stage reaches them when
+  // the update overlaps the reductions, else all before the first is updated.
+  void run(const completed_buckets<bucket_type>& completed, step_verdict verdict, const step_observer& observer,
            std::uint64_t step) {
-    const auto buckets = reducer.buckets();
-    const bool bucket_by_bucket = reducer.overlaps_update() && max_gradient_norm_ == 0.0f;
-    const bool scales = mean_micro_batches != 1.0f;
-    const float inverse = 1.0f / mean_micro_batches;
+    const bool bucket_by_bucket = completed.overlapped() && max_gradient_norm_ == 0.0f;
+    const bool scales = verdict.mean_micro_batches != 1.0f;
+    const float inverse = 1.0f / verdict.mean_micro_batches;
     gradient_norm_ = 0.0;  // this step's, when it clips
     if (!bucket_by_bucket) {
-      reducer.complete_through(buckets.size() - 1);
+      const auto buckets = completed.all();
       if (scales)
         for (auto& bk : buckets) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
       if (max_gradient_norm_ > 0.0f) clip(buckets);
     }
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      auto& bk = buckets[b];
-      if (bucket_by_bucket) {
-        reducer.complete_through(b);
-        if (scales) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
-      }
+    for (auto it = completed.begin(); it != completed.end(); ++it) {
+      auto& bk = *it;  // its reduction completed
+      if (bucket_by_bucket && scales) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
       if (optimizer_.applies_update()) {
         torn_ = true;  // from the first bucket updated until every one is
-        apply_optimizer(bk, state_[b]);
+        apply_optimizer(bk, state_[it.index()]);
         bk.zero_gradients();
       } else {  // the caller's optimizer steps, and zeroes, from the averaged gradients
         bk.unpack_gradients();
@@ -99,9 +99,9 @@ class update_stage {
     }
     {
       auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
-      for (auto& bk : buckets) update_.finish(bk);
+      for (auto& bk : completed.all()) update_.finish(bk);
     }
-    if (bucket_by_bucket) reducer.confirm_collectives();
+    if (bucket_by_bucket) completed.confirm_collectives();
     torn_ = false;
     observer.updated(step);
   }

@@ -1,0 +1,85 @@
+#pragma once
+// The control floats of a step: this rank's micro-batch count, then the unused-parameter policy's
+// floats, averaged over the ranks so that every rank reads the same and decides alike. They go
+// in the last bucket, averaged with its gradients, unless the update overlaps the reductions and
+// there are buckets to update while the last reduces: then they go in a collective of their own,
+// issued just before the last bucket's gradients, so that the step's verdict is known while that
+// bucket still reduces.
+#include <cmath>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/concepts/device.hpp"
+#include "ddp/concepts/device_array.hpp"
+#include "ddp/concepts/work.hpp"
+#include "ddp/core/buffer.hpp"
+#include "ddp/core/dtype.hpp"
+#include "ddp/core/error.hpp"
+#include "ddp/core/reduce_op.hpp"
+#include "ddp/trainer/step_verdict.hpp"
+
+namespace ddp::detail {
+
+template <communicator Comm, device Device>
+class control_channel {
+ public:
+  using work_type = decltype(std::declval<Comm&>().all_reduce(const_buffer{}, mutable_buffer{}, reduce_op::avg));
+
+  control_channel(Comm& comm, Device& dev) : comm_(comm), device_(dev) {}
+
+  // Whether the control floats go on their own: the update overlaps the reductions, and there are
+  // buckets before the last to update while it reduces.
+  static bool separate(bool overlaps_update, std::size_t buckets) noexcept { return overlaps_update && buckets > 1; }
+
+  // The control floats averaged in a collective of their own, ahead of the last bucket's.
+  void send(std::span<const float> control) {
+    if (floats_.size() != control.size()) floats_ = device_array<Device, float>(device_, control.size());
+    device_.copy_from_host(floats_.data(), control.data(), control.size_bytes());
+    work_.emplace(comm_.all_reduce(const_buffer{floats_.data(), control.size(), dtype::f32},
+                                   mutable_buffer{floats_.data(), control.size(), dtype::f32}, reduce_op::avg));
+  }
+  // They went on their own in this step.
+  bool sent() const noexcept { return work_.has_value(); }
+  // The averaged floats (after send()).
+  void read(std::span<float> out) {
+    work_->wait();
+    device_.copy_to_host(out.data(), floats_.data(), out.size_bytes());
+    rethrow_failure(*work_);
+  }
+  // Waits for the collective still in flight, ignoring failures (a step that failed half-way).
+  void drain() noexcept {
+    if (work_) try {
+        work_->wait();
+      } catch (...) {
+      }
+  }
+  void end_step() noexcept { work_.reset(); }
+
+  // The verdict from the averaged micro-batch count. Under an exact sum over `virtual_shards`
+  // the gradients already are the average over the step's micro-batches: the mean is 1 (or 0),
+  // after checking that the ranks ran as many in all.
+  step_verdict verdict(float mean_micro_batches, std::size_t virtual_shards) const {
+    if (!virtual_shards || mean_micro_batches == 0.0f) return {mean_micro_batches};
+    const auto total = static_cast<std::size_t>(std::lround(mean_micro_batches * static_cast<float>(comm_.size())));
+    if (total != virtual_shards)
+      throw collective_error("trainer", "step", comm_.rank(),
+                             "under reduction::invariant<" + std::to_string(virtual_shards) + "> a step is " +
+                                 std::to_string(virtual_shards) + " micro-batches over all ranks (one per virtual "
+                                 "shard), but the ranks ran " + std::to_string(total) + " in this one: deal the "
+                                 "shards with ddp::sampler::virtual_shards and run each once, with accumulate() and "
+                                 "a last step()");
+    return {1.0f};
+  }
+
+ private:
+  Comm& comm_;
+  Device& device_;
+  device_array<Device, float> floats_;
+  std::optional<work_type> work_;
+};
+
+}  // namespace ddp::detail
