@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/gradient_checks.hpp"
 #include "ddp/core/random.hpp"
 #include "ddp/nn/batch_norm.hpp"
 #include "ddp/nn/blas.hpp"
@@ -25,22 +26,9 @@
 
 namespace {
 
-ddp::nn::matrix random_matrix(std::size_t r, std::size_t c, std::uint64_t seed, float scale = 1.0f) {
-  ddp::splitmix64 rng(seed);
-  ddp::nn::matrix m(r, c);
-  for (auto& v : m.data) v = rng.uniform(-scale, scale);
-  return m;
-}
+using nn_test::random_matrix;
 
-// Every layer's and module's backward through the library's check: central finite differences of
-// sum(w . forward(x)) for every parameter element and every input element.
-template <class M, class Input>
-void require_gradients(M& m, const Input& x, ddp::nn::gradient_check_options options = {}) {
-  const auto report = ddp::nn::check_gradients(m, x, options);
-  INFO(report.message());
-  CHECK(report.checked > 0);
-  CHECK(report.passed());
-}
+using nn_test::require_gradients;
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/gradient_checks.hpp"
 #include "ddp/core/random.hpp"
 #include "ddp/nn/attention.hpp"
 #include "ddp/nn/check_gradients.hpp"
@@ -43,20 +44,9 @@ namespace transformer_test {
 
 namespace {
 
-ddp::nn::matrix random_matrix(std::size_t r, std::size_t c, std::uint64_t seed, float scale = 1.0f) {
-  ddp::splitmix64 rng(seed);
-  ddp::nn::matrix m(r, c);
-  for (auto& v : m.data) v = rng.uniform(-scale, scale);
-  return m;
-}
+using nn_test::random_matrix;
 
-template <class M, class Input>
-void require_gradients(M& m, const Input& x, ddp::nn::gradient_check_options options = {}) {
-  const auto report = ddp::nn::check_gradients(m, x, options);
-  INFO(report.message());
-  CHECK(report.checked > 0);
-  CHECK(report.passed());
-}
+using nn_test::require_gradients;
 
 // nanoGPT's N(0, 0.02) makes every gradient of a tiny model smaller than the check's tolerance:
 // weights and biases drawn larger, so that each element's gradient is worth checking.
