@@ -9,6 +9,7 @@ packages=(
   cmake g++ make pkg-config
   doctest-dev librange-v3-dev libcli11-dev libbenchmark-dev nlohmann-json3-dev
   libopenblas-dev zlib1g-dev dataset-fashion-mnist
+  fortunes  # examples/char_gpt's corpus (/usr/share/games/fortunes)
   openmpi-bin libopenmpi-dev iproute2
   libtorch-dev
 )

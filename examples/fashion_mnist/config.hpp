@@ -4,29 +4,22 @@
 #include <vector>
 
 #include "ddp/trainer/memory_held.hpp"
+#include "../common/policy_flags.hpp"
 
 namespace fmnist {
 
-struct config {
+// The policy flags (examples/common/policy_flags.hpp: --reduction, --update, --hook, ...) and the
+// example's own. --hook-start's 1000 plain steps are about two epochs at the defaults.
+struct config : examples::policy_flags {
   int ranks = 2;
   int epochs = 10;
   std::size_t batch = 64;  // per rank
   std::size_t global_batch = 0;  // samples per step over all ranks; 0: batch x ranks
-  std::string reduction = "plain";  // or "invariant": 8 virtual shards per step, the same bits at 1 to 8 ranks
   float lr = 0.1f;
   float momentum = 0.9f;
   float weight_decay = 0.0f;  // 5e-4 cost 0.3 points after 3 constant-lr epochs (mean of 6 seeds)
   std::string schedule = "cosine";  // or "constant"
   std::uint64_t seed = 1;
-  std::string buffer_sync = "broadcast_once_per_step";
-  std::string unused_params = "forbid";
-  std::string sampler = "distributed";
-  std::string optimizer = "sgd";
-  std::string update = "replicated";
-  bool overlap_optimizer = false;  // each bucket updated as soon as its reduction completes
-  std::string hook = "none";   // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
-  std::uint64_t hook_start = 1000;  // powersgd: plain steps first (about two epochs at the defaults)
-  std::string precision = "f32";  // the model's parameters: f32, or bf16 / f16 with the trainer's f32 master
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool mapped = false;         // memory-map uncompressed IDX files instead of reading the .gz ones
   std::size_t prefetch = 0;    // batches made ahead on a thread per rank (0: on the rank's thread)

@@ -8,9 +8,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "../common/policy_cli.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/nn/blas.hpp"
 #if DDP_EXAMPLE_WITH_MPI
+#include "../common/mpi_world.hpp"
 #include "ddp/mpi/environment.hpp"
 #endif
 #include "run.hpp"
@@ -21,6 +23,7 @@ namespace {
 using platform = fmnist::torch_platform;
 constexpr const char* model_description = "a small CNN written in libtorch (two conv + batch norm + pool blocks, "
                                           "dropout, two linear layers)";
+constexpr bool offers_precision = false;  // libtorch's modules keep their own dtype
 #elif DDP_EXAMPLE_WITH_CUDA
 using platform = fmnist::gpu_platform;
 constexpr const char* model_description = "a 784-512-512-10 MLP (batch_norm after each hidden layer)";
@@ -28,19 +31,13 @@ constexpr const char* model_description = "a 784-512-512-10 MLP (batch_norm afte
 using platform = fmnist::host_platform;
 constexpr const char* model_description = "a 784-512-512-10 MLP (batch_norm after each hidden layer)";
 #endif
+#if !DDP_EXAMPLE_WITH_TORCH
+constexpr bool offers_precision = true;  // --precision: the reference layers hold bf16 / f16 parameters
+#endif
 
 constexpr const char* gpu_build_hint =
     "--device cuda is in fashion_mnist_gpu (built when the CUDA toolkit is found: cmake --build build --target "
     "fashion_mnist_gpu)";
-
-// Accepts exactly `value`; anything else fails with `elsewhere`, which says where it is served.
-CLI::Validator only(std::string value, std::string elsewhere) {
-  return CLI::Validator(
-      [value, elsewhere](std::string& given) {
-        return given == value ? std::string() : "'" + given + "' is not served by this binary: " + elsewhere;
-      },
-      value);
-}
 
 void print_banner(const fmnist::config& c) {
   std::printf("ddp Fashion-MNIST: %d rank(s) x batch %zu on %s (%s), %d epoch(s), %s lr %.3g (%s), seed %llu\n",
@@ -65,47 +62,13 @@ int main(int argc, char** argv) {
   app.add_option("--global-batch", c.global_batch,
                  "samples per step over all ranks, instead of --batch (default: ranks x batch)")
       ->check(CLI::Range(2, 60000));
-  app.add_option("--reduction", c.reduction,
-                 "Reduction policy: plain (the ranks' gradients averaged in floating point), or invariant (each "
-                 "step's global batch is 8 virtual shards whose gradients are summed exactly: the same bits at "
-                 "1 to 8 ranks; keep --global-batch fixed, a multiple of 8)")
-      ->check(CLI::IsMember({"plain", "invariant"}))
-      ->capture_default_str();
   app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str();
   app.add_option("--weight-decay", c.weight_decay, "weight decay (coupled for sgd, decoupled for adamw)")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   app.add_option("--schedule", c.schedule, "learning-rate schedule")->check(CLI::IsMember({"cosine", "constant"}))->capture_default_str();
   app.add_option("--seed", c.seed, "seed of the initial weights and the data order")->capture_default_str();
-  app.add_option("--buffer-sync", c.buffer_sync, "BufferSync policy")
-      ->check(CLI::IsMember({"none", "broadcast_each_forward", "broadcast_once_per_step", "average_once_per_step"}))
-      ->capture_default_str();
-  app.add_option("--unused-params", c.unused_params, "UnusedParamDetection policy")
-      ->check(CLI::IsMember({"forbid", "detect_each_step", "static_graph"}))->capture_default_str();
-  app.add_option("--sampler", c.sampler, "Sampler policy")
-      ->check(CLI::IsMember({"distributed", "distributed_drop", "distributed_in_order", "contiguous"}))->capture_default_str();
-  app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
-  app.add_option("--update", c.update,
-                 "Update policy: every rank updates every parameter (replicated), or each updates 1/N of them and "
-                 "the ranks gather the result (sharded), also keeping only 1/N of the gradients (sharded_gradients), "
-                 "and of the parameters, gathered layer by layer (fully_sharded)")
-      ->check(CLI::IsMember({"replicated", "sharded", "sharded_gradients", "fully_sharded"}))->capture_default_str();
-  app.add_flag("--overlap-optimizer", c.overlap_optimizer,
-               "update each gradient bucket as soon as its reduction completes, while later buckets still reduce "
-               "(the same bits)");
-  app.add_option("--hook", c.hook,
-                 "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
-                 "bits (bf16, fp16), half the bytes; or as rank-4 factors of each weight matrix with error "
-                 "feedback (powersgd, after --hook-start plain steps)")
-      ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd"}))->capture_default_str();
-  app.add_option("--hook-start", c.hook_start, "powersgd: optimizer steps reduced plainly before compression starts")
-      ->capture_default_str();
-#if !DDP_EXAMPLE_WITH_TORCH
-  app.add_option("--precision", c.precision,
-                 "the model's parameters: f32, or bf16 / f16 (the model holds 16 bits, the trainer an f32 master "
-                 "copy that the optimizer updates; with --hook none gradients are reduced in f32)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
-#endif
+  examples::add_policy_options(app, c, offers_precision);
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files")->capture_default_str();
   // Each binary runs one platform; a flag value that belongs to another binary says which one.
 #if DDP_EXAMPLE_WITH_TORCH
@@ -115,7 +78,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"inproc", "mpi"}))
       ->capture_default_str();
   app.add_option("--device", c.device, "device")
-      ->check(only("cpu", "this build trains on the CPU (Debian's libtorch is CPU-only; docs/torch.md)"))
+      ->check(examples::only("cpu", "this build trains on the CPU (Debian's libtorch is CPU-only; docs/torch.md)"))
       ->capture_default_str();
 #elif DDP_EXAMPLE_WITH_CUDA
   c.backend = "nccl";
@@ -132,20 +95,20 @@ int main(int argc, char** argv) {
       })
       ->capture_default_str();
   app.add_option("--device", c.device, "device")
-      ->check(only("cuda", "--device cpu is in fashion_mnist and fashion_mnist_mpi"))
+      ->check(examples::only("cuda", "--device cpu is in fashion_mnist and fashion_mnist_mpi"))
       ->capture_default_str();
 #elif DDP_EXAMPLE_WITH_MPI
   c.backend = "mpi";
   app.add_option("--backend", c.backend, "communicator: mpi, one rank per process under mpirun")
-      ->check(only("mpi", "in-process ranks are in fashion_mnist; nccl is in fashion_mnist_gpu"))
+      ->check(examples::only("mpi", "in-process ranks are in fashion_mnist; nccl is in fashion_mnist_gpu"))
       ->capture_default_str();
-  app.add_option("--device", c.device, "device")->check(only("cpu", gpu_build_hint))->capture_default_str();
+  app.add_option("--device", c.device, "device")->check(examples::only("cpu", gpu_build_hint))->capture_default_str();
 #else
   app.add_option("--backend", c.backend, "communicator: inproc, ranks as threads of this process")
-      ->check(only("inproc", "--backend mpi is in fashion_mnist_mpi (built when OpenMPI is found); --backend nccl "
+      ->check(examples::only("inproc", "--backend mpi is in fashion_mnist_mpi (built when OpenMPI is found); --backend nccl "
                              "is in fashion_mnist_gpu"))
       ->capture_default_str();
-  app.add_option("--device", c.device, "device")->check(only("cpu", gpu_build_hint))->capture_default_str();
+  app.add_option("--device", c.device, "device")->check(examples::only("cpu", gpu_build_hint))->capture_default_str();
 #endif
   app.add_flag("!--no-progress", c.progress, "no per-step progress line");
   app.add_option("--checkpoint", c.checkpoint,
@@ -185,10 +148,7 @@ int main(int argc, char** argv) {
     if (under_mpi) {
 #if DDP_EXAMPLE_WITH_MPI
       ddp::mpi::environment env(&argc, &argv);
-      const auto world = ddp::mpi::environment::world();
-      if (app.count("--ranks") && c.ranks != world.size)
-        throw std::invalid_argument("under mpirun the ranks are the MPI processes: --ranks " + std::to_string(c.ranks) +
-                                    " but mpirun started " + std::to_string(world.size) + " (set -np instead)");
+      const auto world = examples::mpi_world(app.count("--ranks") > 0, c.ranks);
       c.ranks = world.size;
       c.backend = "mpi";
       lead = world.rank == 0;

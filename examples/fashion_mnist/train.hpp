@@ -29,7 +29,8 @@
 #include "ddp/ddp.hpp"
 #include "ddp/optim/schedule.hpp"
 #include "ddp/host/linalg.hpp"
-#include "ddp/policy/powersgd.hpp"
+#include "../common/policy_choice.hpp"
+#include "../common/trainer_policies.hpp"
 
 namespace fmnist {
 
@@ -53,46 +54,8 @@ ddp::metric test_accuracy(Trainer& trainer, typename Platform::device& dev, cons
 }
 
 using train_loader = ddp::data::loader<fashion_mnist, decltype(&fashion_mnist::collate)>;
-using train_batches = ddp::data::batch_stream<ddp::data::weighted_batch<fashion_mnist::batch>>;
 
-// What the run needs of a trainer beyond its core (ddp::trainer_core, which every combination
-// of policies shares), behind one small interface: each of the 32 combinations then compiles
-// a few forwarding functions, and the run itself is compiled once per core.
-class trainer_policies {
- public:
-  virtual train_batches epoch(train_loader&) = 0;  // this rank's batches of the next epoch (P4)
-  // Under reduction::invariant<V>: this rank's virtual shards of the next epoch, one stream each.
-  virtual ddp::data::shard_steps<train_batches> epoch_shards(train_loader&) = 0;
-  virtual std::size_t virtual_shards() const = 0;  // V, or 0 under the plain reduction
-  virtual std::size_t steps_per_epoch(std::size_t dataset_size, std::size_t batch) const = 0;
-  virtual std::uint64_t epochs_started() const = 0;
-  virtual void save(const std::string& dir, const ddp::save_options& options) = 0;
-  virtual void load(const std::string& dir) = 0;
-  virtual std::string describe() const = 0;
-
- protected:
-  ~trainer_policies() = default;
-};
-
-template <class Trainer>
-class policies_of final : public trainer_policies {
- public:
-  explicit policies_of(Trainer& t) : t_(t) {}
-  train_batches epoch(train_loader& loader) override { return t_.epoch(loader); }
-  ddp::data::shard_steps<train_batches> epoch_shards(train_loader& loader) override {
-    if constexpr (Trainer::reduction_policy::virtual_shards != 0) return t_.epoch_shards(loader);
-    else throw std::logic_error("epoch_shards() under the plain reduction");
-  }
-  std::size_t virtual_shards() const override { return Trainer::reduction_policy::virtual_shards; }
-  std::size_t steps_per_epoch(std::size_t n, std::size_t batch) const override { return t_.steps_per_epoch(n, batch); }
-  std::uint64_t epochs_started() const override { return t_.epochs_started(); }
-  void save(const std::string& dir, const ddp::save_options& options) override { t_.save(dir, options); }
-  void load(const std::string& dir) override { t_.load(dir); }
-  std::string describe() const override { return t_.describe(); }
-
- private:
-  Trainer& t_;
-};
+using trainer_policies = examples::trainer_policies<train_loader>;
 
 // How often the host has waited for the device so far (a GPU's; 0 where the device does not count).
 template <class Device>
@@ -223,135 +186,29 @@ void run_rank(Core& trainer, trainer_policies& policies, typename Platform::devi
   trainer.gather_parameters();  // update::fully_sharded: the trained model back in the module before the trainer goes
 }
 
-// --hook, --buffer-sync and --unused-params: chosen at run time inside one trainer type (a one_of,
-// ddp/policy/one_of.hpp), so they do not multiply the combinations the example compiles.
-using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16,
-                                           ddp::comm_hook::powersgd<4>>;
-using buffer_sync_choice =
-    ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none,
-                             ddp::buffer_sync::broadcast_each_forward, ddp::buffer_sync::average_once_per_step>;
-// reduction::invariant refuses a collective per forward and the average: the choice leaves them out.
-using invariant_buffer_sync_choice =
-    ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none>;
-using unused_params_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
-                                                        ddp::unused_params::static_graph>;
-
-inline void select_hook(hook_choice& hook, const config& c) {
-  hook.select(c.hook == "powersgd" ? ddp::comm_hook::powersgd<4>::name : std::string_view(c.hook));
-  if (auto* low_rank = std::get_if<ddp::comm_hook::powersgd<4>>(&hook.chosen)) low_rank->start_after = c.hook_start;
-}
-
-// --precision: the model's parameters in f32, or in bf16 / f16 with the trainer's f32 master copy.
-template <class Model>
-void set_precision(Model& m, const std::string& precision) {
-  const ddp::dtype t = precision == "bf16" ? ddp::dtype::bf16 : precision == "f16" ? ddp::dtype::f16 : ddp::dtype::f32;
-  if constexpr (requires { m.cast_parameters(t); }) {
-    if (t != ddp::dtype::f32) m.cast_parameters(t);
-  } else if (t != ddp::dtype::f32) {
-    throw std::invalid_argument("--precision " + precision + ": this platform's model keeps f32 parameters; 16-bit "
-                                "parameters need the reference layers (--device cpu or cuda)");
-  }
-}
-
 template <class Trainer, class Platform>
 void train_on_rank(typename Trainer::communicator_type& comm, typename Platform::device& dev, const config& c,
                    const fashion_mnist& train_set, const fashion_mnist& test_set, report& out) {
   auto m = Platform::make_model(dev, c.seed);
-  set_precision(m, c.precision);
+  examples::set_precision(m, c.precision);
   typename Trainer::optimizer_type opt{};
   opt.lr = c.lr;
   opt.weight_decay = c.weight_decay;
   if constexpr (requires { opt.momentum; }) opt.momentum = c.momentum;
   Trainer trainer(m, comm, dev, opt, {.seed = c.seed});
-  if constexpr (std::is_same_v<typename Trainer::comm_hook_policy, hook_choice>)
-    select_hook(trainer.template policy<ddp::comm_hook::slot>(), c);
-  trainer.template policy<ddp::buffer_sync::slot>().select(c.buffer_sync);
-  trainer.template policy<ddp::unused_params::slot>().select(c.unused_params);
-  policies_of<Trainer> policies(trainer);
+  examples::select_run_time_policies(trainer, c);
+  examples::policies_of<Trainer, train_loader> policies(trainer);
   run_rank<Platform, typename Trainer::core_type>(trainer, policies, dev, c, train_set, test_set, out);
 }
 
-template <class Model, class F>
-void with_update(const std::string& name, F f) {
-  if (name == "sharded") {
-    f(ddp::update::sharded{});
-  } else if (name == "sharded_gradients") {
-    if constexpr (ddp::places_gradients<Model>) f(ddp::update::sharded_gradients{});
-    else
-      throw std::invalid_argument("--update sharded_gradients places the model's gradients layer by layer, which this "
-                                  "platform's model does not offer (set_layer_hooks, place_gradient): use --update "
-                                  "sharded");
-  } else if (name == "fully_sharded") {
-    if constexpr (ddp::places_parameters<Model>) f(ddp::update::fully_sharded{});
-    else
-      throw std::invalid_argument("--update fully_sharded places the model's parameters layer by layer, which this "
-                                  "platform's model does not offer (place_parameter and the layer hooks): use --update "
-                                  "sharded");
-  } else {
-    f(ddp::update::replicated{});
-  }
-}
-template <class F>
-void with_sampler(const std::string& name, F f) {
-  using ddp::sampler::tail;
-  if (name == "distributed") f(ddp::sampler::distributed<true, tail::pad>{});
-  else if (name == "distributed_drop") f(ddp::sampler::distributed<true, tail::drop>{});
-  else if (name == "distributed_in_order") f(ddp::sampler::distributed<false, tail::pad>{});
-  else if (name == "contiguous") f(ddp::sampler::contiguous{});
-}
-// --reduction invariant: the exact sum over 8 virtual shards, which takes no communication hook
-// (a hook would round before the sum) and, to keep the example's build short, the default sampler.
-template <class F>
-void with_reduction(const config& c, F f) {
-  if (c.reduction != "invariant") return f(ddp::reduction::plain{}, hook_choice{}, buffer_sync_choice{});
-  if (c.hook != "none")
-    throw std::invalid_argument("--reduction invariant sums the gradients exactly as they are; --hook " + c.hook +
-                                " would round them first: use --hook none");
-  if (c.sampler != "distributed")
-    throw std::invalid_argument("--reduction invariant deals each step as 8 virtual shards with the distributed "
-                                "sampler; --sampler " + c.sampler + " is not offered with it");
-  if (c.buffer_sync == "broadcast_each_forward" || c.buffer_sync == "average_once_per_step")
-    throw std::invalid_argument("--reduction invariant: --buffer-sync " + c.buffer_sync + " is refused (a broadcast "
-                                "per forward would pair one rank's broadcast with another's reduction; every rank's "
-                                "buffers are already the same, and averaging them can change their last bit): "
-                                "use broadcast_once_per_step or none");
-  f(ddp::reduction::invariant<8>{}, ddp::comm_hook::none{}, invariant_buffer_sync_choice{});
-}
-template <class F>
-void with_optimizer(const std::string& name, F f) {
-  if (name == "sgd") f(ddp::optim::sgd{});
-  else if (name == "adamw") f(ddp::optim::adamw{});
-}
-
-// One rank's training with the trainer type the flags name. Every trainer type shares one
-// trainer_core per communicator (docs/trainer.md), so each of the 32 combinations costs a thin
-// layer, not a copy of the step.
+// One rank's training with the trainer type the flags name (examples/common/policy_choice.hpp).
 template <class Comm, class Platform>
 void train_with_flags(Comm& comm, typename Platform::device& dev, const config& c, const fashion_mnist& train_set,
                       const fashion_mnist& test_set, report& out) {
-  if (c.update == "fully_sharded" && (c.sampler != "distributed" || c.reduction != "plain"))
-    throw std::invalid_argument("--update fully_sharded: to keep the example's build short it is offered with the "
-                                "default sampler and reduction (--sampler distributed --reduction plain)");
-  with_reduction(c, [&](auto reduction, auto hook, auto sync) {
-    using reduction_t = decltype(reduction);
-    with_update<typename Platform::model>(c.update, [&](auto update) {
-      // reduction::invariant and update::fully_sharded: the distributed sampler only.
-      constexpr bool default_sampler =
-          reduction_t::virtual_shards != 0 || ddp::update::shards_parameters<decltype(update)>();
-      if constexpr (reduction_t::virtual_shards != 0 && ddp::update::shards_parameters<decltype(update)>()) return;
-      with_sampler(default_sampler ? std::string("distributed") : c.sampler, [&](auto sampler) {
-        using sampler_t = std::conditional_t<default_sampler, ddp::sampler::distributed<true, ddp::sampler::tail::pad>,
-                                             decltype(sampler)>;
-        with_optimizer(c.optimizer, [&](auto optimizer) {
-          using trainer_t =
-              ddp::trainer<typename Platform::model, reduction_t, decltype(sync), decltype(update), unused_params_choice,
-                           sampler_t, decltype(optimizer), decltype(hook), ddp::use_communicator<Comm>,
-                           ddp::use_device<typename Platform::device>>;
-          train_on_rank<trainer_t, Platform>(comm, dev, c, train_set, test_set, out);
-        });
+  examples::with_trainer_type<typename Platform::model, Comm, typename Platform::device>(
+      c, [&]<class Trainer>(std::type_identity<Trainer>) {
+        train_on_rank<Trainer, Platform>(comm, dev, c, train_set, test_set, out);
       });
-    });
-  });
 }
 
 template <class Launcher, class Platform>

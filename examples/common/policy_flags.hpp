@@ -1,0 +1,22 @@
+#pragma once
+// The flags every example takes for the trainer's policies: policy_cli.hpp parses them,
+// policy_choice.hpp turns them into a trainer type. Kept free of the trainer.
+#include <cstdint>
+#include <string>
+
+namespace examples {
+
+struct policy_flags {
+  std::string reduction = "plain";  // or "invariant": 8 virtual shards per step, the same bits at 1 to 8 ranks
+  std::string buffer_sync = "broadcast_once_per_step";
+  std::string unused_params = "forbid";
+  std::string sampler = "distributed";
+  std::string optimizer = "sgd";
+  std::string update = "replicated";
+  bool overlap_optimizer = false;   // each bucket updated as soon as its reduction completes
+  std::string hook = "none";        // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
+  std::uint64_t hook_start = 1000;  // powersgd: plain steps first
+  std::string precision = "f32";    // the model's parameters: f32, or bf16 / f16 with the trainer's f32 master
+};
+
+}  // namespace examples
