@@ -39,10 +39,11 @@ struct gpu_versions {
 gpu_versions find_gpu_versions();
 
 struct step_params {
+  std::string model = "mlp";          // or gpt, gpt-10m (bench/ddp_bench/gpt_workload.hpp)
   std::vector<int> ranks{1, 2};
   std::size_t params = 1'300'000;     // parameters of the synthetic model
   std::string profile = "flat";       // hidden widths: flat, funnel (2h, h, h/2) or wide (4h, h, h)
-  std::size_t batch = 64;             // per rank
+  std::size_t batch = 64;             // per rank (sequences for a GPT)
   int steps = 30;                     // timed steps per measurement
   int repeats = 3;                    // alternating batches of each configuration; the best is kept
   std::vector<std::string> vary{"bucket_cap", "buffer_sync", "unused_params", "update", "comm_hook", "reduction"};
@@ -51,10 +52,11 @@ struct step_params {
 int run_step(const step_params& p);
 
 struct scaling_params {
+  std::string model = "mlp";  // the Fashion-MNIST example's, or gpt, gpt-10m (synthetic tokens)
   int ranks = 2;
   int rounds = 15;
   int steps = 120;
-  std::size_t batch = 64;
+  std::size_t batch = 64;  // per rank (sequences for a GPT)
   std::string optimizer = "sgd";
   std::vector<std::string> hooks;  // comm_hook set-ups beside the four: bf16, fp16, powersgd
   std::string data_dir;

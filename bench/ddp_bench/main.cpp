@@ -2,7 +2,8 @@
 //   ddp-bench collective all_reduce --backend inproc|mpi|nccl -b 8 -e 64M -f 2 [-d float] [-o sum] [--out r.json]
 //   ddp-bench collective all_reduce --check bits --ranks 1,2,3 [--reduction invariant|plain]
 //   ddp-bench step --ranks 1,2 --params 1.3M [--vary bucket_cap,buffer_sync,unused_params,update,comm_hook,reduction]
-//   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120]
+//   ddp-bench step --model gpt|gpt-10m --ranks 1,2 --batch 32
+//   ddp-bench scaling --ranks 2 [--rounds 15 --steps 120] [--model gpt|gpt-10m]
 //   ddp-bench versions
 // Every subcommand prints a table and, with --out FILE (.json or .csv), writes it with the
 // command line, the date, the machine and the library version. docs/benchmarking.md has the rest.
@@ -107,14 +108,17 @@ int main(int argc, char** argv) {
   col->add_option("--out", c.out, "also write the table to this .json or .csv file");
 
   bench::step_params s;
-  auto* step = app.add_subcommand("step", "a trainer step over a synthetic MLP, one policy varied at a time, against "
-                                          "the same step without synchronisation");
+  auto* step = app.add_subcommand("step", "a trainer step over a synthetic MLP or a GPT, one policy varied at a time, "
+                                          "against the same step without synchronisation");
+  step->add_option("--model", s.model, "mlp (synthetic, --params), gpt (the char_gpt example's: 4 layers, width 128, "
+                   "context 64) or gpt-10m (6 layers, width 384, context 256)")
+      ->check(CLI::IsMember({"mlp", "gpt", "gpt-10m"}))->capture_default_str();
   step->add_option("--ranks", s.ranks, "world sizes (in-process ranks)")->delimiter(',')->capture_default_str();
   step->add_option_function<std::string>("--params", [&s](const std::string& v) { s.params = parse_size(v); },
                                          "parameters of the synthetic model (K, M allowed)")->default_str("1.3M");
   step->add_option("--profile", s.profile, "hidden widths: flat (h, h, h), funnel (2h, h, h/2), wide (4h, h, h)")
       ->check(CLI::IsMember({"flat", "funnel", "wide"}))->capture_default_str();
-  step->add_option("--batch", s.batch, "batch per rank")->check(CLI::Range(1, 100000))->capture_default_str();
+  step->add_option("--batch", s.batch, "batch per rank (sequences for a GPT)")->check(CLI::Range(1, 100000))->capture_default_str();
   step->add_option("--steps", s.steps, "timed steps per measurement")->check(CLI::Range(1, 100000))->capture_default_str();
   step->add_option("--repeats", s.repeats, "alternating measurements of each configuration; the best is kept")
       ->check(CLI::Range(1, 1000))->capture_default_str();
@@ -126,12 +130,15 @@ int main(int argc, char** argv) {
   bench::scaling_params sc;
   auto* scaling = app.add_subcommand("scaling", "the example's model: 1 rank, N ranks (replicated and sharded) and N "
                                                 "independent ranks, interleaved in rounds");
+  scaling->add_option("--model", sc.model, "mlp (the Fashion-MNIST example's), gpt (the char_gpt example's) or "
+                      "gpt-10m (6 layers, width 384, context 256); a GPT trains on synthetic tokens")
+      ->check(CLI::IsMember({"mlp", "gpt", "gpt-10m"}))->capture_default_str();
   scaling->add_option("--ranks", sc.ranks, "ranks of the data-parallel set-up")->check(CLI::Range(2, 64))->capture_default_str();
   scaling->add_option("--rounds", sc.rounds, "rounds; each runs every set-up once, in rotating order")
       ->check(CLI::Range(1, 10000))->capture_default_str();
   scaling->add_option("--steps", sc.steps, "training steps per rank in each set-up of a round")
       ->check(CLI::Range(1, 100000))->capture_default_str();
-  scaling->add_option("--batch", sc.batch, "batch per rank")->check(CLI::Range(2, 60000))->capture_default_str();
+  scaling->add_option("--batch", sc.batch, "batch per rank (sequences for a GPT)")->check(CLI::Range(2, 60000))->capture_default_str();
   scaling->add_option("--optimizer", sc.optimizer, "sgd (momentum 0.9) or adamw")
       ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
   scaling->add_option("--hooks", sc.hooks, "also N ranks with these communication hooks (bf16, fp16, powersgd: rank 4)")

@@ -14,6 +14,7 @@
 //                 what this machine allows N ranks of this model, whatever ddp does;
 //   N ranks bf16  (--hooks bf16,fp16,powersgd) N ranks whose gradients travel in 16 bits, or as
 //                 rank-4 factors (comm_hook::powersgd<4>, compressed from the first step).
+// --model gpt or gpt-10m: the same set-ups over ddp::nn::gpt (AdamW, synthetic tokens), in tokens/s.
 // Speed-up = samples/s of N ranks over 1 rank; ceiling = N x 1 rank over 1 rank; ddp's
 // efficiency = speed-up / ceiling (sharded can pass 100%: it does less optimizer work per rank
 // than an independent training). Medians over the rounds; only training steps are timed.
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "ddp_bench/commands.hpp"
+#include "ddp_bench/gpt_workload.hpp"
 #include "ddp/data/fashion_mnist.hpp"
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
@@ -38,28 +40,47 @@ namespace bench {
 namespace scaling_detail {
 
 using ddp::data::fashion_mnist;
-template <class Optimizer, class... More>
-using trainer_for = ddp::trainer<fmnist::model, Optimizer, More...>;
-using batches_t = std::vector<ddp::data::weighted_batch<fashion_mnist::batch>>;
+template <class Model, class Optimizer, class... More>
+using trainer_for = ddp::trainer<Model, Optimizer, More...>;
 
 const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
 const ddp::optim::adamw adamw{.lr = 1e-3f};
 
+// What a set-up trains: the model, and the loss's gradient of a batch.
+struct mlp_workload {
+  using model_type = fmnist::model;
+  using batch_type = ddp::data::weighted_batch<fashion_mnist::batch>;
+  static model_type make() { return fmnist::make_model(1); }
+  static ddp::nn::matrix loss_gradient(const ddp::nn::matrix& out, const batch_type& b) {
+    return ddp::nn::softmax_cross_entropy(out, b.y).grad;
+  }
+};
+struct gpt_workload {
+  using model_type = ddp::nn::gpt;
+  using batch_type = token_batch;
+  ddp::nn::gpt_config config;
+  model_type make() const { return model_type(config); }
+  static ddp::nn::matrix loss_gradient(const ddp::nn::matrix& logits, const batch_type& b) {
+    return ddp::nn::sequence_cross_entropy(logits, b.y).grad;
+  }
+};
+
 // One rank's persistent part: its model replica and the batches it trains on, kept across rounds
 // (each round builds a fresh trainer around them; only the steps are timed).
+template <class Workload>
 struct replica_state {
-  fmnist::model model;
-  batches_t batches;
+  typename Workload::model_type model;
+  std::vector<typename Workload::batch_type> batches;
 };
 
 // Runs `steps` steps on an already-built trainer; returns the seconds from a common start.
-template <class Trainer>
-double timed_steps(Trainer& t, const batches_t& batches, int steps) {
+template <class Workload, class Trainer>
+double timed_steps(Trainer& t, const std::vector<typename Workload::batch_type>& batches, int steps) {
   t.communicator().barrier().wait();
   const auto t0 = clock_type::now();
   for (int s = 0; s < steps; ++s) {
     const auto& b = batches[static_cast<std::size_t>(s) % batches.size()];
-    t.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    t.step([&](auto& r) { r.backward(Workload::loss_gradient(r.forward(b.x), b)); });
   }
   t.communicator().barrier().wait();
   const double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -75,8 +96,8 @@ double samples_per_second(const std::vector<double>& seconds, int steps, std::si
 }
 
 // Samples/s of one world of `states.size()` ranks.
-template <class Trainer>
-double run_world(std::vector<replica_state>& states, int steps, std::size_t batch,
+template <class Trainer, class Workload>
+double run_world(std::vector<replica_state<Workload>>& states, int steps, std::size_t batch,
                  const typename Trainer::optimizer_type& opt, bool overlap = false) {
   const int ranks = static_cast<int>(states.size());
   auto seconds = ddp::inproc::launch(ranks, [&](ddp::inproc::communicator& comm) {
@@ -85,14 +106,14 @@ double run_world(std::vector<replica_state>& states, int steps, std::size_t batc
     t.overlap_optimizer(overlap);
     auto& hook = t.template policy<ddp::comm_hook::slot>();
     if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
-    return timed_steps(t, states[static_cast<std::size_t>(comm.rank())].batches, steps);
+    return timed_steps<Workload>(t, states[static_cast<std::size_t>(comm.rank())].batches, steps);
   });
   return samples_per_second(seconds, steps, batch);
 }
 
 // Samples/s of `states.size()` single-rank worlds trained at the same time, started together.
-template <class Optimizer>
-double run_independent(std::vector<replica_state>& states, int steps, std::size_t batch, const Optimizer& opt) {
+template <class Workload, class Optimizer>
+double run_independent(std::vector<replica_state<Workload>>& states, int steps, std::size_t batch, const Optimizer& opt) {
   std::barrier start(static_cast<std::ptrdiff_t>(states.size()));
   std::vector<double> seconds(states.size());
   std::vector<std::thread> threads;
@@ -100,9 +121,9 @@ double run_independent(std::vector<replica_state>& states, int steps, std::size_
     threads.emplace_back([&, i] {
       ddp::inproc::launch(1, [&](ddp::inproc::communicator& comm) {
         ddp::host::device dev;
-        trainer_for<Optimizer> t(states[i].model, comm, dev, opt);
+        trainer_for<typename Workload::model_type, Optimizer> t(states[i].model, comm, dev, opt);
         start.arrive_and_wait();
-        seconds[i] = timed_steps(t, states[i].batches, steps);
+        seconds[i] = timed_steps<Workload>(t, states[i].batches, steps);
       });
     });
   for (auto& t : threads) t.join();
@@ -110,23 +131,15 @@ double run_independent(std::vector<replica_state>& states, int steps, std::size_
 }
 
 // Runs every set-up `rounds` times in rotating order and prints the medians and ratios.
-template <class Optimizer>
-void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int rounds, int steps, std::size_t batch,
+// `make_states(n, world)`: n replicas, replica r with the batches of rank r % world of `world`;
+// `batch`: what a rank's step counts for the rates (samples, or a GPT's tokens).
+template <class Workload, class Optimizer, class MakeStates>
+void compare(const Optimizer& opt, MakeStates make_states, int ranks, int rounds, int steps, std::size_t batch,
              const std::vector<std::string>& hooks, report& out) {
-  ddp::data::loader loader(train, batch, &fashion_mnist::collate);
-  auto make_states = [&](int n, int world) {
-    std::vector<replica_state> s;
-    for (int r = 0; r < n; ++r) {
-      // Rank r of `world`: the distributed sampler's share of epoch 0, as the trainer would draw it.
-      auto indices = ddp::sampler::distributed<>::indices(train.size(), r % world, world, 1, 0);
-      indices.resize(std::min(indices.size(), static_cast<std::size_t>(steps) * batch));
-      s.push_back({fmnist::make_model(1), loader.batches(indices).to_vector()});
-    }
-    return s;
-  };
   auto single = make_states(1, 1), parallel = make_states(ranks, ranks), sharded = make_states(ranks, ranks),
        independent = make_states(ranks, 1), hooked = make_states(ranks, ranks), zero2 = make_states(ranks, ranks),
        overlapped = make_states(ranks, ranks), small_buckets = make_states(ranks, ranks), zero3 = make_states(ranks, ranks);
+  using model_t = typename Workload::model_type;
 
   struct setup {
     std::string name;
@@ -141,20 +154,23 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
   using replicated = ddp::update::replicated;
   using one_mib = ddp::bucket_cap<std::size_t{1} << 20>;
   auto run = [&](std::size_t which) {
-    if (which == 0) return run_world<trainer_for<Optimizer>>(single, steps, batch, opt);
-    if (which == 1) return run_world<trainer_for<Optimizer>>(parallel, steps, batch, opt);
-    if (which == 2) return run_world<trainer_for<Optimizer, ddp::update::sharded>>(sharded, steps, batch, opt);
+    if (which == 0) return run_world<trainer_for<model_t, Optimizer>>(single, steps, batch, opt);
+    if (which == 1) return run_world<trainer_for<model_t, Optimizer>>(parallel, steps, batch, opt);
+    if (which == 2) return run_world<trainer_for<model_t, Optimizer, ddp::update::sharded>>(sharded, steps, batch, opt);
     if (which == 3) return run_independent(independent, steps, batch, opt);
-    if (which == 4) return run_world<trainer_for<Optimizer, ddp::update::sharded_gradients>>(zero2, steps, batch, opt);
-    if (which == 5) return run_world<trainer_for<Optimizer>>(overlapped, steps, batch, opt, /*overlap=*/true);
+    if (which == 4)
+      return run_world<trainer_for<model_t, Optimizer, ddp::update::sharded_gradients>>(zero2, steps, batch, opt);
+    if (which == 5) return run_world<trainer_for<model_t, Optimizer>>(overlapped, steps, batch, opt, /*overlap=*/true);
     if (which == 6)
-      return run_world<trainer_for<Optimizer, one_mib>>(small_buckets, steps, batch, opt, /*overlap=*/true);
-    if (which == 7) return run_world<trainer_for<Optimizer, ddp::update::fully_sharded>>(zero3, steps, batch, opt);
+      return run_world<trainer_for<model_t, Optimizer, one_mib>>(small_buckets, steps, batch, opt, /*overlap=*/true);
+    if (which == 7)
+      return run_world<trainer_for<model_t, Optimizer, ddp::update::fully_sharded>>(zero3, steps, batch, opt);
     if (hooks[which - first_hook] == "bf16")
-      return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
+      return run_world<trainer_for<model_t, Optimizer, replicated, ddp::comm_hook::bf16>>(hooked, steps, batch, opt);
     if (hooks[which - first_hook] == "powersgd")
-      return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::powersgd<4>>>(hooked, steps, batch, opt);
-    return run_world<trainer_for<Optimizer, replicated, ddp::comm_hook::fp16>>(hooked, steps, batch, opt);
+      return run_world<trainer_for<model_t, Optimizer, replicated, ddp::comm_hook::powersgd<4>>>(hooked, steps, batch,
+                                                                                                  opt);
+    return run_world<trainer_for<model_t, Optimizer, replicated, ddp::comm_hook::fp16>>(hooked, steps, batch, opt);
   };
   for (std::size_t i = 0; i < setups.size(); ++i) run(i);  // warm-up: page in, grow the heaps
   for (int r = 0; r < rounds; ++r)
@@ -186,6 +202,34 @@ void compare(const Optimizer& opt, const fashion_mnist& train, int ranks, int ro
 
 int run_scaling(const scaling_params& p) {
   using namespace scaling_detail;
+  const std::vector<column> columns{{"setup", 12, 0}, {is_gpt_model(p.model) ? "tokens/s" : "samples/s", 10, 0},
+                                    {"min", 8, 0}, {"max", 8, 0}, {"vs_1_rank", 9, 2}, {"vs_ceiling", 10, 2}};
+  const std::string timing = std::to_string(p.steps) + " steps per set-up, " + std::to_string(p.rounds) +
+                             " rounds (medians)";
+  if (is_gpt_model(p.model)) {
+    // A GPT trains with AdamW (the char_gpt example's optimizer) only: one optimizer's trainer types.
+    const gpt_workload w{gpt_shape(p.model)};
+    report out("scaling",
+               describe_gpt(w.config, w.make().parameter_count()) + ", optimizer adamw, batch " +
+                   std::to_string(p.batch) + " sequences of " + std::to_string(w.config.context) +
+                   " synthetic tokens per rank, " + timing,
+               columns);
+    out.begin(true);
+    auto make_states = [&](int n, int world) {
+      std::vector<replica_state<gpt_workload>> s;
+      for (int r = 0; r < n; ++r) {
+        s.push_back({w.make(), {}});
+        const auto rank = static_cast<std::uint64_t>(r % world);
+        for (int k = 0; k < std::min(p.steps, 8); ++k)
+          s.back().batches.push_back(make_token_batch(w.config, p.batch, 1000 * rank + static_cast<std::uint64_t>(k)));
+      }
+      return s;
+    };
+    // Rates in tokens/s: a "sample" of the batch is a sequence of `context` tokens.
+    compare<gpt_workload>(adamw, make_states, p.ranks, p.rounds, p.steps, p.batch * w.config.context, p.hooks, out);
+    out.write(p.out);
+    return 0;
+  }
   const std::string dir = p.data_dir.empty() ? std::string(fashion_mnist::default_directory) : p.data_dir;
   const auto train = fashion_mnist::load(fashion_mnist::split::train, dir);
   if (p.batch > train.size() / static_cast<std::size_t>(p.ranks))
@@ -195,13 +239,22 @@ int run_scaling(const scaling_params& p) {
                                 " or less");
   report out("scaling",
              "the example's model (784-512-512-10, batch_norm), optimizer " + p.optimizer + ", batch " +
-                 std::to_string(p.batch) + " per rank, " + std::to_string(p.steps) + " steps per set-up, " +
-                 std::to_string(p.rounds) + " rounds (medians)",
-             {{"setup", 12, 0}, {"samples/s", 10, 0}, {"min", 8, 0}, {"max", 8, 0}, {"vs_1_rank", 9, 2},
-              {"vs_ceiling", 10, 2}});
+                 std::to_string(p.batch) + " per rank, " + timing,
+             columns);
   out.begin(true);
-  if (p.optimizer == "sgd") compare(sgd, train, p.ranks, p.rounds, p.steps, p.batch, p.hooks, out);
-  else compare(adamw, train, p.ranks, p.rounds, p.steps, p.batch, p.hooks, out);
+  ddp::data::loader loader(train, p.batch, &fashion_mnist::collate);
+  auto make_states = [&](int n, int world) {
+    std::vector<replica_state<mlp_workload>> s;
+    for (int r = 0; r < n; ++r) {
+      // Rank r of `world`: the distributed sampler's share of epoch 0, as the trainer would draw it.
+      auto indices = ddp::sampler::distributed<>::indices(train.size(), r % world, world, 1, 0);
+      indices.resize(std::min(indices.size(), static_cast<std::size_t>(p.steps) * p.batch));
+      s.push_back({mlp_workload::make(), loader.batches(indices).to_vector()});
+    }
+    return s;
+  };
+  if (p.optimizer == "sgd") compare<mlp_workload>(sgd, make_states, p.ranks, p.rounds, p.steps, p.batch, p.hooks, out);
+  else compare<mlp_workload>(adamw, make_states, p.ranks, p.rounds, p.steps, p.batch, p.hooks, out);
   out.write(p.out);
   return 0;
 }

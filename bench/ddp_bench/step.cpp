@@ -1,5 +1,7 @@
 // ddp-bench step: one trainer step over a synthetic MLP (batch_norm after each hidden layer, so
-// buffer sync has work), each policy varied from the defaults one at a time, at each world size.
+// buffer sync has work), each policy varied from the defaults one at a time, at each world size;
+// or (--model gpt, gpt-10m) over ddp::nn::gpt, each update strategy, bucket cap, hook and the
+// invariant reduction against the defaults, with tokens/s.
 // Per configuration:
 //   - the step time: the best of --repeats alternating measurements, each the slowest rank's
 //     mean over --steps steps;
@@ -19,6 +21,7 @@
 #include <thread>
 
 #include "ddp_bench/commands.hpp"
+#include "ddp_bench/gpt_workload.hpp"
 #include "ddp/core/random.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/host/kernels.hpp"
@@ -83,6 +86,28 @@ batch make_batch(std::size_t n, std::uint64_t seed) {
   return b;
 }
 
+// What a measurement trains: the model, a batch of n samples from a seed, and the loss's gradient.
+struct mlp_workload {
+  using model_type = model;
+  using batch_type = batch;
+  widths w;
+  model_type make() const { return make_model(w); }
+  batch_type make_batch(std::size_t n, std::uint64_t seed) const { return step_detail::make_batch(n, seed); }
+  static ddp::nn::matrix loss_gradient(const ddp::nn::matrix& out, const batch_type& b) {
+    return ddp::nn::softmax_cross_entropy(out, b.y).grad;
+  }
+};
+struct gpt_workload {  // a sample is a sequence of the model's context
+  using model_type = ddp::nn::gpt;
+  using batch_type = token_batch;
+  ddp::nn::gpt_config config;
+  model_type make() const { return model_type(config); }
+  batch_type make_batch(std::size_t n, std::uint64_t seed) const { return make_token_batch(config, n, seed); }
+  static ddp::nn::matrix loss_gradient(const ddp::nn::matrix& logits, const batch_type& b) {
+    return ddp::nn::sequence_cross_entropy(logits, b.y).grad;
+  }
+};
+
 const ddp::optim::sgd sgd{.lr = 0.01f, .momentum = 0.9f, .weight_decay = 0.0f};
 
 // One measurement's figures, per step (medians over the timed steps for the parts).
@@ -113,8 +138,8 @@ void read_timeline(const ddp::timeline& t, figures& f) {
 }
 
 // Bytes of gradients a rank hands to collectives per step under the hook.
-template <class Hook>
-double gradient_bytes(model& m, double elements, const Hook& hook) {
+template <class Hook, class Model>
+double gradient_bytes(Model& m, double elements, const Hook& hook) {
   if constexpr (std::is_same_v<Hook, ddp::comm_hook::none>) {
     return 4.0 * elements;
   } else if constexpr (requires { hook.min_compression_rate; }) {
@@ -134,24 +159,25 @@ double gradient_bytes(model& m, double elements, const Hook& hook) {
 // With Shards > 0 a step is the global batch (batch x world) dealt as that many virtual shards,
 // each its own micro-batch (sampler::virtual_shards): what reduction::invariant<Shards> runs.
 // With `overlap` the optimizer updates each bucket as its reduction completes.
-template <class Trainer, std::size_t Shards = Trainer::reduction_policy::virtual_shards>
-figures measure(int world, const widths& w, const step_params& p, bool breakdown, bool overlap = false) {
+template <class Trainer, class Workload, std::size_t Shards = Trainer::reduction_policy::virtual_shards>
+figures measure(int world, const Workload& w, const step_params& p, bool breakdown, bool overlap = false) {
   std::vector<figures> per_rank = ddp::inproc::launch(world, [&](ddp::inproc::communicator& comm) {
-    auto m = make_model(w);
+    auto m = w.make();
     ddp::host::device dev;
     Trainer t(m, comm, dev, sgd);
     t.overlap_optimizer(overlap);
     auto& hook = t.template policy<ddp::comm_hook::slot>();
     if constexpr (requires { hook.start_after = 0; }) hook.start_after = 0;  // powersgd: compressed from the first step
-    const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(comm.rank()));
-    auto train_on = [](const batch& x) {
-      return [&x](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(x.x), x.y).grad); };
+    using batch_type = typename Workload::batch_type;
+    const auto b = w.make_batch(p.batch, 11 + static_cast<std::uint64_t>(comm.rank()));
+    auto train_on = [](const batch_type& x) {
+      return [&x](auto& r) { r.backward(Workload::loss_gradient(r.forward(x.x), x)); };
     };
-    std::vector<batch> shards;  // this rank's virtual shards
+    std::vector<batch_type> shards;  // this rank's virtual shards
     if constexpr (Shards > 0) {
       const auto mine = ddp::sampler::virtual_shards(Shards, comm.rank(), comm.size());
       const std::size_t shard_batch = std::max<std::size_t>(1, p.batch * static_cast<std::size_t>(world) / Shards);
-      for (std::size_t s = mine.first; s < mine.last; ++s) shards.push_back(make_batch(shard_batch, 101 + s));
+      for (std::size_t s = mine.first; s < mine.last; ++s) shards.push_back(w.make_batch(shard_batch, 101 + s));
     }
     auto one = [&] {
       if (shards.empty()) return t.step(train_on(b));
@@ -203,17 +229,18 @@ figures measure(int world, const widths& w, const step_params& p, bool breakdown
 
 // The same step by hand (forward, loss, backward, SGD with momentum, zero the gradients), as a
 // single-process loop without ddp does it.
+template <class Workload>
 class step_by_hand {
  public:
-  explicit step_by_hand(model& m) : m_(m) {
+  using model_type = typename Workload::model_type;
+  explicit step_by_hand(model_type& m) : m_(m) {
     for (auto& p : m_.parameters()) {
       params_.push_back(p);
       momentum_.emplace_back(p.value.numel(), 0.0f);
     }
   }
-  void operator()(const batch& b) {
-    auto ce = ddp::nn::softmax_cross_entropy(m_.forward(b.x), b.y);
-    m_.backward(ce.grad, {});
+  void operator()(const typename Workload::batch_type& b) {
+    m_.backward(Workload::loss_gradient(m_.forward(b.x), b), {});
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto v = params_[i].value.as<float>();
       auto g = params_[i].grad.as<float>();
@@ -223,21 +250,22 @@ class step_by_hand {
   }
 
  private:
-  model& m_;
+  model_type& m_;
   std::vector<ddp::parameter_ref> params_;
   std::vector<std::vector<float>> momentum_;
 };
 
 // That step on `world` threads at once, each on its own replica: no synchronisation and no ddp.
-figures measure_unsynchronised(int world, const widths& w, const step_params& p) {
+template <class Workload>
+figures measure_unsynchronised(int world, const Workload& w, const step_params& p) {
   std::barrier start(world);
   std::vector<double> seconds(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int i = 0; i < world; ++i)
     threads.emplace_back([&, i] {
-      auto m = make_model(w);
-      step_by_hand one(m);
-      const auto b = make_batch(p.batch, 11 + static_cast<std::uint64_t>(i));
+      auto m = w.make();
+      step_by_hand<Workload> one(m);
+      const auto b = w.make_batch(p.batch, 11 + static_cast<std::uint64_t>(i));
       one(b), one(b);
       start.arrive_and_wait();
       const auto t0 = clock_type::now();
@@ -248,94 +276,118 @@ figures measure_unsynchronised(int world, const widths& w, const step_params& p)
   return {.step = *std::ranges::max_element(seconds)};
 }
 
+template <class Workload>
 struct configuration {
   std::string slot, policy;
-  std::function<figures(int, const widths&, const step_params&, bool)> run;
+  std::function<figures(int, const Workload&, const step_params&, bool)> run;
 };
 
-template <class... Policies>
-configuration config(std::string slot, std::string policy) {
-  return {std::move(slot), std::move(policy), [](int world, const widths& w, const step_params& p, bool breakdown) {
-            return measure<ddp::trainer<model, Policies...>>(world, w, p, breakdown);
+template <class Workload, class... Policies>
+configuration<Workload> config(std::string slot, std::string policy) {
+  return {std::move(slot), std::move(policy), [](int world, const Workload& w, const step_params& p, bool breakdown) {
+            return measure<ddp::trainer<typename Workload::model_type, Policies...>>(world, w, p, breakdown);
           }};
 }
-template <class... Policies>
-configuration overlapped(std::string slot, std::string policy) {
-  return {std::move(slot), std::move(policy), [](int world, const widths& w, const step_params& p, bool breakdown) {
-            return measure<ddp::trainer<model, Policies...>>(world, w, p, breakdown, /*overlap=*/true);
+template <class Workload, class... Policies>
+configuration<Workload> overlapped(std::string slot, std::string policy) {
+  return {std::move(slot), std::move(policy), [](int world, const Workload& w, const step_params& p, bool breakdown) {
+            return measure<ddp::trainer<typename Workload::model_type, Policies...>>(world, w, p, breakdown,
+                                                                                    /*overlap=*/true);
           }};
 }
 // The plain reduction over the same micro-batches as reduction::invariant<Shards>: what the
 // exact sum costs beyond cutting the batch into shards.
-template <std::size_t Shards>
-configuration plain_in_shards(std::string slot, std::string policy) {
-  return {std::move(slot), std::move(policy), [](int world, const widths& w, const step_params& p, bool breakdown) {
-            return measure<ddp::trainer<model>, Shards>(world, w, p, breakdown);
+template <class Workload, std::size_t Shards>
+configuration<Workload> plain_in_shards(std::string slot, std::string policy) {
+  return {std::move(slot), std::move(policy), [](int world, const Workload& w, const step_params& p, bool breakdown) {
+            return measure<ddp::trainer<typename Workload::model_type>, Workload, Shards>(world, w, p, breakdown);
           }};
 }
 
-std::vector<configuration> configurations(const std::vector<std::string>& vary) {
+std::vector<configuration<mlp_workload>> configurations(const std::vector<std::string>& vary) {
+  using W = mlp_workload;
   auto varies = [&](const char* slot) { return std::ranges::find(vary, slot) != vary.end(); };
-  std::vector<configuration> c{config<>("defaults", "(all six)")};
+  std::vector<configuration<mlp_workload>> c{config<W>("defaults", "(all six)")};
   if (varies("bucket_cap")) {
-    c.push_back(config<ddp::bucket_cap<std::size_t{256} << 10>>("bucket_cap", "256 KiB"));
-    c.push_back(config<ddp::bucket_cap<std::size_t{1} << 20>>("bucket_cap", "1 MiB"));
-    c.push_back(config<ddp::bucket_cap<std::size_t{4} << 20>>("bucket_cap", "4 MiB"));
+    c.push_back(config<W, ddp::bucket_cap<std::size_t{256} << 10>>("bucket_cap", "256 KiB"));
+    c.push_back(config<W, ddp::bucket_cap<std::size_t{1} << 20>>("bucket_cap", "1 MiB"));
+    c.push_back(config<W, ddp::bucket_cap<std::size_t{4} << 20>>("bucket_cap", "4 MiB"));
   }
   if (varies("buffer_sync")) {
-    c.push_back(config<ddp::buffer_sync::none>("buffer_sync", "none"));
-    c.push_back(config<ddp::buffer_sync::broadcast_each_forward>("buffer_sync", "broadcast_each_forward"));
-    c.push_back(config<ddp::buffer_sync::average_once_per_step>("buffer_sync", "average_once_per_step"));
+    c.push_back(config<W, ddp::buffer_sync::none>("buffer_sync", "none"));
+    c.push_back(config<W, ddp::buffer_sync::broadcast_each_forward>("buffer_sync", "broadcast_each_forward"));
+    c.push_back(config<W, ddp::buffer_sync::average_once_per_step>("buffer_sync", "average_once_per_step"));
   }
   if (varies("unused_params")) {
-    c.push_back(config<ddp::unused_params::detect_each_step>("unused_params", "detect_each_step"));
-    c.push_back(config<ddp::unused_params::static_graph>("unused_params", "static_graph"));
+    c.push_back(config<W, ddp::unused_params::detect_each_step>("unused_params", "detect_each_step"));
+    c.push_back(config<W, ddp::unused_params::static_graph>("unused_params", "static_graph"));
   }
   if (varies("update")) {
-    c.push_back(config<ddp::update::sharded>("update", "sharded"));
-    c.push_back(config<ddp::update::sharded_gradients>("update", "sharded_gradients"));
+    c.push_back(config<W, ddp::update::sharded>("update", "sharded"));
+    c.push_back(config<W, ddp::update::sharded_gradients>("update", "sharded_gradients"));
     // Its peak drops below sharded's once buckets are small against the model.
-    c.push_back(config<ddp::update::sharded, ddp::bucket_cap<std::size_t{512} << 10>>("update", "sharded, 512 KiB"));
-    c.push_back(config<ddp::update::sharded_gradients, ddp::bucket_cap<std::size_t{512} << 10>>(
+    c.push_back(config<W, ddp::update::sharded, ddp::bucket_cap<std::size_t{512} << 10>>("update", "sharded, 512 KiB"));
+    c.push_back(config<W, ddp::update::sharded_gradients, ddp::bucket_cap<std::size_t{512} << 10>>(
         "update", "sharded_gradients, 512 KiB"));
     // The parameters sharded too, gathered layer by layer (a bucket per layer or two at 512 KiB).
-    c.push_back(config<ddp::update::fully_sharded>("update", "fully_sharded"));
-    c.push_back(config<ddp::update::fully_sharded, ddp::bucket_cap<std::size_t{512} << 10>>(
+    c.push_back(config<W, ddp::update::fully_sharded>("update", "fully_sharded"));
+    c.push_back(config<W, ddp::update::fully_sharded, ddp::bucket_cap<std::size_t{512} << 10>>(
         "update", "fully_sharded, 512 KiB"));
     // The optimizer overlapped with the reductions (trainer.overlap_optimizer), with the default
     // buckets and with buckets small enough that the last reduces while the first are updated
     // (against bucket_cap's "1 MiB" row).
-    c.push_back(overlapped<>("update", "replicated, overlapped"));
-    c.push_back(overlapped<ddp::bucket_cap<std::size_t{1} << 20>>("update", "replicated, 1 MiB, overlapped"));
+    c.push_back(overlapped<W>("update", "replicated, overlapped"));
+    c.push_back(overlapped<W, ddp::bucket_cap<std::size_t{1} << 20>>("update", "replicated, 1 MiB, overlapped"));
   }
   if (varies("comm_hook")) {
-    c.push_back(config<ddp::comm_hook::bf16>("comm_hook", "bf16"));
-    c.push_back(config<ddp::comm_hook::fp16>("comm_hook", "fp16"));
-    c.push_back(config<ddp::comm_hook::powersgd<4>>("comm_hook", "powersgd<4>"));
+    c.push_back(config<W, ddp::comm_hook::bf16>("comm_hook", "bf16"));
+    c.push_back(config<W, ddp::comm_hook::fp16>("comm_hook", "fp16"));
+    c.push_back(config<W, ddp::comm_hook::powersgd<4>>("comm_hook", "powersgd<4>"));
   }
   if (varies("reduction")) {
-    c.push_back(plain_in_shards<8>("reduction", "plain, 8 shards"));
-    c.push_back(config<ddp::reduction::invariant<8>>("reduction", "invariant<8>"));
+    c.push_back(plain_in_shards<W, 8>("reduction", "plain, 8 shards"));
+    c.push_back(config<W, ddp::reduction::invariant<8>>("reduction", "invariant<8>"));
   }
   return c;
 }
 
-}  // namespace step_detail
 
-int run_step(const step_params& p) {
-  using namespace step_detail;
-  const auto w = solve(p.profile, p.params);
-  const auto count = parameter_count(w);
-  report out("step",
-             "MLP " + std::to_string(inputs) + "-" + std::to_string(w.a) + "-" + std::to_string(w.b) + "-" +
-                 std::to_string(w.c) + "-" + std::to_string(classes) + " with batch_norm (" + std::to_string(count) +
-                 " parameters), batch " + std::to_string(p.batch) + " per rank, SGD momentum; best of " +
-                 std::to_string(p.repeats) + " x " + std::to_string(p.steps) + " steps",
-             {{"ranks", 5, 0}, {"slot", 13, 0}, {"policy", 22, 0}, {"step(ms)", 9, 3}, {"compute(ms)", 11, 3},
-              {"reduce(ms)", 10, 3}, {"overlap", 7, 2}, {"wait(ms)", 9, 3}, {"update(ms)", 10, 3},
-              {"bytes/step", 11, 0}, {"memory(MiB)", 11, 2}, {"peak(MiB)", 9, 2}, {"vs_no_sync", 10, 3}});
-  out.begin(true);
-  const auto configs = configurations(p.vary);
+// The GPT's rows: each update strategy, bucket caps of 1 and 25 MiB with the optimizer overlapped
+// and not, the hooks, and reduction::invariant<2> (a shard is half the global batch: at least 32
+// sequences with --batch 32 at 2 ranks) beside the plain reduction over the same two micro-batches.
+// The model has no buffers and uses every parameter: buffer_sync and unused_params are not varied.
+// Fewer trainer types than the MLP's rows, to keep ddp-bench's build short.
+std::vector<configuration<gpt_workload>> gpt_configurations(const std::vector<std::string>& vary) {
+  using W = gpt_workload;
+  using one_mib = ddp::bucket_cap<std::size_t{1} << 20>;
+  auto varies = [&](const char* slot) { return std::ranges::find(vary, slot) != vary.end(); };
+  std::vector<configuration<W>> c{config<W>("defaults", "replicated, 25 MiB")};
+  if (varies("bucket_cap")) c.push_back(config<W, one_mib>("bucket_cap", "1 MiB"));
+  if (varies("update")) {
+    c.push_back(overlapped<W>("update", "replicated, overlapped"));
+    c.push_back(overlapped<W, one_mib>("update", "replicated, 1 MiB, overlapped"));
+    c.push_back(config<W, ddp::update::sharded>("update", "sharded"));
+    c.push_back(config<W, ddp::update::sharded_gradients>("update", "sharded_gradients"));
+    c.push_back(config<W, ddp::update::fully_sharded>("update", "fully_sharded"));
+  }
+  if (varies("comm_hook")) {
+    c.push_back(config<W, ddp::comm_hook::bf16>("comm_hook", "bf16"));
+    c.push_back(config<W, ddp::comm_hook::fp16>("comm_hook", "fp16"));
+    c.push_back(config<W, ddp::comm_hook::powersgd<4>>("comm_hook", "powersgd<4>"));
+  }
+  if (varies("reduction")) {
+    c.push_back(plain_in_shards<W, 2>("reduction", "plain, 2 shards"));
+    c.push_back(config<W, ddp::reduction::invariant<2>>("reduction", "invariant<2>"));
+  }
+  return c;
+}
+
+// Every configuration at each world size of --ranks, alternated; the rows and notes into `out`.
+// `tokens` (the GPT's tokens per sequence, 0 for the MLP) adds tokens/s and each row's rate
+// against the defaults'.
+template <class Workload>
+void measure_rows(const step_params& p, const Workload& w, const std::vector<configuration<Workload>>& configs,
+                  std::size_t tokens, report& out) {
   for (const int world : p.ranks) {
     if (world < 1) throw std::invalid_argument("--ranks takes world sizes of 1 or more");
     // Alternate every configuration and the unsynchronised step, so drifts of a shared machine
@@ -353,26 +405,70 @@ int run_step(const step_params& p) {
         if (f.step < parts[i].step) parts[i] = f;  // the least disturbed run's parts
       }
     }
+    const double tokens_per_step = static_cast<double>(tokens * p.batch) * world;
     for (std::size_t i = 0; i < configs.size(); ++i) {
       const auto& f = parts[i];
-      out.add({static_cast<long long>(world), configs[i].slot, configs[i].policy, best[i] * 1e3, f.compute * 1e3,
-               f.reduction * 1e3, f.overlapped, f.wait * 1e3, f.update * 1e3, static_cast<long long>(f.bytes),
-               f.memory / (1 << 20), f.memory_peak / (1 << 20), best[i] / unsynchronised});
+      std::vector<cell> row{static_cast<long long>(world), configs[i].slot, configs[i].policy, best[i] * 1e3,
+                                    f.compute * 1e3, f.reduction * 1e3, f.overlapped, f.wait * 1e3, f.update * 1e3,
+                                    static_cast<long long>(f.bytes), f.memory / (1 << 20), f.memory_peak / (1 << 20),
+                                    best[i] / unsynchronised};
+      if (tokens) row.insert(row.begin() + 4, {tokens_per_step / best[i], best[0] / best[i]});
+      out.add(row);
     }
-    out.add({static_cast<long long>(world), std::string("no sync"), std::string(std::to_string(world) + " x by hand"),
-             unsynchronised * 1e3, std::string("-"), std::string("-"), std::string("-"), std::string("-"),
-             std::string("-"), 0LL, std::string("-"), std::string("-"), 1.0});
+    std::vector<cell> row{static_cast<long long>(world), std::string("no sync"),
+                                  std::string(std::to_string(world) + " x by hand"), unsynchronised * 1e3,
+                                  std::string("-"), std::string("-"), std::string("-"), std::string("-"),
+                                  std::string("-"), 0LL, std::string("-"), std::string("-"), 1.0};
+    if (tokens) row.insert(row.begin() + 4, {tokens_per_step / unsynchronised, best[0] / unsynchronised});
+    out.add(row);
     char line[200];
     std::snprintf(line, sizeof line, "world %d: the timeline recording costs %+.1f%% of the default step (%.3f against %.3f ms)",
                   world, 100 * (parts[0].step / best[0] - 1), parts[0].step * 1e3, best[0] * 1e3);
     out.note(line);
   }
+}
+
+}  // namespace step_detail
+
+int run_step(const step_params& p) {
+  using namespace step_detail;
+  std::vector<column> columns{{"ranks", 5, 0}, {"slot", 13, 0}, {"policy", 22, 0}, {"step(ms)", 9, 3},
+                                      {"compute(ms)", 11, 3}, {"reduce(ms)", 10, 3}, {"overlap", 7, 2},
+                                      {"wait(ms)", 9, 3}, {"update(ms)", 10, 3}, {"bytes/step", 11, 0},
+                                      {"memory(MiB)", 11, 2}, {"peak(MiB)", 9, 2}, {"vs_no_sync", 10, 3}};
+  const std::string timing = "; best of " + std::to_string(p.repeats) + " x " + std::to_string(p.steps) + " steps";
+  const std::string legend =
+      "compute = forward + backward; reduce = the buckets' collectives (they overlap compute); overlap = the "
+      "share of them that ran while backward computed; vs_no_sync = step / the same step by hand "
+      "(no ddp: forward, loss, backward, SGD with momentum) on as many threads at once, each on its own replica";
+  if (is_gpt_model(p.model)) {
+    const gpt_workload w{gpt_shape(p.model)};
+    columns.insert(columns.begin() + 4, {{"tokens/s", 9, 0}, {"vs_defaults", 11, 3}});
+    report out("step",
+               describe_gpt(w.config, w.make().parameter_count()) + ", batch " + std::to_string(p.batch) +
+                   " sequences of " + std::to_string(w.config.context) + " tokens per rank, SGD momentum" + timing,
+               columns);
+    out.begin(true);
+    measure_rows(p, w, gpt_configurations(p.vary), w.config.context, out);
+    out.note("defaults: bucket_cap 25 MiB, update replicated, comm_hook none, reduction plain; reduction's rows deal "
+             "the global batch (batch x ranks) as 2 virtual shards, one micro-batch each; vs_defaults = the "
+             "defaults' step / this step (tokens/s against the defaults'); " + legend);
+    out.write(p.out);
+    return 0;
+  }
+  const auto widths = solve(p.profile, p.params);
+  const auto count = parameter_count(widths);
+  report out("step",
+             "MLP " + std::to_string(inputs) + "-" + std::to_string(widths.a) + "-" + std::to_string(widths.b) + "-" +
+                 std::to_string(widths.c) + "-" + std::to_string(classes) + " with batch_norm (" +
+                 std::to_string(count) + " parameters), batch " + std::to_string(p.batch) +
+                 " per rank, SGD momentum" + timing,
+             columns);
+  out.begin(true);
+  measure_rows(p, mlp_workload{widths}, configurations(p.vary), 0, out);
   out.note("defaults: bucket_cap 25 MiB, buffer_sync broadcast_once_per_step, unused_params forbid, update replicated, "
            "comm_hook none, reduction plain; reduction's rows deal the global batch (batch x ranks) as 8 virtual "
-           "shards, one micro-batch each; "
-           "compute = forward + backward; reduce = the buckets' collectives (they overlap compute); overlap = the "
-           "share of them that ran while backward computed; vs_no_sync = step / the same step by hand "
-           "(no ddp: forward, loss, backward, SGD with momentum) on as many threads at once, each on its own replica");
+           "shards, one micro-batch each; " + legend);
   out.write(p.out);
   return 0;
 }

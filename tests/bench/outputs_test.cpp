@@ -254,3 +254,27 @@ TEST_CASE("ddp-bench scaling writes CSV: its header says what produced it") {
   CHECK(lines.size() - header - 1 == 9);
   CHECK(lines.back().starts_with("2 ranks bf16,"));
 }
+
+TEST_CASE("ddp-bench scaling --model gpt: every set-up in tokens/s, on the GPT") {
+  std::ifstream in(outputs() / "scaling_gpt.csv");
+  REQUIRE(in.good());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() >= 6);
+  CHECK(lines[0].starts_with("# ddp-bench scaling: GPT 4 layers, 4 heads, width 128, context 64"));
+  std::size_t header = 5;
+  while (header < lines.size() && lines[header].starts_with("#")) ++header;
+  REQUIRE(header < lines.size());
+  CHECK(lines[header] == "setup,tokens/s,min,max,vs_1_rank,vs_ceiling");
+  // 1 rank, 2 ranks, 2 sharded, 2 x 1 rank, 2 sharded_gradients, 2 ranks overlapped, 2 ranks 1 MiB
+  // overlapped, 2 fully_sharded
+  REQUIRE(lines.size() - header - 1 == 8);
+  for (std::size_t i = header + 1; i < lines.size(); ++i) {
+    CAPTURE(lines[i]);
+    const auto comma = lines[i].find(',');
+    REQUIRE(comma != std::string::npos);
+    CHECK(std::stod(lines[i].substr(comma + 1)) > 0);  // tokens/s
+  }
+  CHECK(lines[header + 1].starts_with("1 rank,"));
+  CHECK(lines.back().starts_with("2 fully_sharded,"));
+}
