@@ -98,6 +98,23 @@ def parse_torch(text):
     return {"rows": rows, "notes": notes}
 
 
+def parse_gpt(text):
+    """bench/gpt_vs_pytorch.sh's output: tokens/s at 1 and 2 ranks per implementation, the ratios,
+    and the validation losses at equal steps per seed."""
+    rows = []
+    for m in re.finditer(r"^(ddp::nn \(char_gpt\)|ddp::torch \(char_gpt_torch\)|PyTorch DDP \(Python, gloo\))"
+                         r"\s+(\d+)\s+(\d+)\s+([\d.]+)x", text, re.M):
+        rows.append({"setup": m[1], "rank1": int(m[2]), "rank2": int(m[3]), "scaling": float(m[4])})
+    losses = []
+    for m in re.finditer(r"^((?:ddp::nn|ddp::torch|PyTorch DDP)[^\d\n]*?)((?:\s+\d\.\d{4}){2,})\s*$", text, re.M):
+        values = [float(v) for v in m[2].split()]
+        losses.append({"setup": m[1].strip(), "seeds": values[:-1], "mean": values[-1]})
+    notes = [line for line in text.splitlines() if line.startswith(("ratio to PyTorch", "mean validation loss", "# recipe"))]
+    if not rows:
+        raise ValueError("no tokens/s table in bench/gpt_vs_pytorch.sh's output")
+    return {"rows": rows, "losses": losses, "notes": notes}
+
+
 def measure(args):
     out_dir, name, kind = args[0], args[1], args[2]
     rest = args[3:]
@@ -126,6 +143,8 @@ def measure(args):
         doc = parse_example(proc.stdout)
     elif kind == "torch":
         doc = parse_torch(proc.stdout)
+    elif kind == "gpt":
+        doc = parse_gpt(proc.stdout)
     elif kind == "timed":
         doc = {}
     elif kind == "ddp_run":  # ddp-run's report (--report FILE), and the example's epochs when it ran the example
@@ -261,24 +280,32 @@ def render_collective(doc, baseline):
 
 
 def render_step(doc):
+    # The GPT's rows (ddp-bench step --model gpt) carry its tokens/s and the ratio to the defaults.
+    tokens = any("tokens/s" in r for r in doc["rows"])
     rows = []
     for r in doc["rows"]:
         overlap = r["overlap"]
-        rows.append([r["ranks"], r["slot"], r["policy"], fmt(r["step(ms)"]), fmt(r["compute(ms)"]),
-                     fmt(r["reduce(ms)"]), "—" if r["slot"] == "no sync" else f"{100 * overlap:.0f}%",
-                     fmt(r["wait(ms)"]), fmt(r["update(ms)"]), fmt(r["bytes/step"]),
-                     fmt(r.get("memory(MiB)", "-"), 2), fmt(r.get("peak(MiB)", "-"), 2), fmt(r["vs_no_sync"], 3)])
+        row = [r["ranks"], r["slot"], r["policy"], fmt(r["step(ms)"]), fmt(r["compute(ms)"]),
+               fmt(r["reduce(ms)"]), "—" if r["slot"] == "no sync" else f"{100 * overlap:.0f}%",
+               fmt(r["wait(ms)"]), fmt(r["update(ms)"]), fmt(r["bytes/step"]),
+               fmt(r.get("memory(MiB)", "-"), 2), fmt(r.get("peak(MiB)", "-"), 2), fmt(r["vs_no_sync"], 3)]
+        if tokens:
+            row += [fmt(r.get("tokens/s", "-"), 0), fmt(r.get("vs_defaults", "-"), 3)]
+        rows.append(row)
     header = ["ranks", "slot", "policy", "step (ms)", "compute", "reduce", "overlap", "wait", "update",
               "bytes/step", "memory (MiB)", "in a step", "vs no sync"]
+    if tokens:
+        header += ["tokens/s", "vs defaults"]
     notes = [n for n in doc["notes"] if n.startswith("world")]
     return "\n".join([provenance(doc), "", f"Model: {doc['title']}.", "", table(header, rows), ""] +
                      [f"- {n}" for n in notes])
 
 
 def render_scaling(doc):
-    rows = [[r["setup"], fmt(r["samples/s"]), f"{fmt(r['min'])}–{fmt(r['max'])}", f"{r['vs_1_rank']:.2f}×",
+    unit = "tokens/s" if doc["rows"] and "tokens/s" in doc["rows"][0] else "samples/s"
+    rows = [[r["setup"], fmt(r[unit]), f"{fmt(r['min'])}–{fmt(r['max'])}", f"{r['vs_1_rank']:.2f}×",
              f"{100 * r['vs_ceiling']:.0f}%"] for r in doc["rows"]]
-    header = ["set-up", "samples/s (median)", "range over rounds", "vs 1 rank", "of the ceiling"]
+    header = ["set-up", f"{unit} (median)", "range over rounds", "vs 1 rank", "of the ceiling"]
     return "\n".join([provenance(doc), "", f"Model: {doc['title']}.", "", table(header, rows), ""] +
                      [f"- {n}" for n in doc["notes"]])
 
@@ -446,6 +473,17 @@ def render_torch(doc):
                      [f"- {n}" for n in doc["notes"]])
 
 
+def render_gpt(doc):
+    rows = [[r["setup"], fmt(r["rank1"]), fmt(r["rank2"]), f"{r['scaling']:.2f}×"] for r in doc["rows"]]
+    text = [provenance(doc), "", table(["implementation", "tokens/s, 1 rank", "tokens/s, 2 ranks", "2 / 1"], rows)]
+    if doc.get("losses"):
+        seeds = len(doc["losses"][0]["seeds"])
+        text += ["", table(["validation loss"] + [f"seed {i + 1}" for i in range(seeds)] + ["mean"],
+                           [[l["setup"]] + [f"{v:.4f}" for v in l["seeds"]] + [f"{l['mean']:.4f}"]
+                            for l in doc["losses"]])]
+    return "\n".join(text + [""] + [f"- {n.lstrip('# ')}" for n in doc["notes"]])
+
+
 def render_build(doc):
     return "\n".join([provenance(doc), "", table(["what", "seconds"], [["the example's build after configure "
                                                                          "(its two translation units and the link)",
@@ -516,6 +554,9 @@ def renderers(figs):
         "plot trace": lambda: render_plot(figs, "trace_overlap.png", "overlap per step"),
         "scaling": one("scaling", render_scaling),
         "scaling_adamw": one("scaling_adamw", render_scaling),
+        "step_gpt": one("step_gpt", render_step),
+        "scaling_gpt": one("scaling_gpt", render_scaling),
+        "scaling_gpt10m": one("scaling_gpt10m", render_scaling),
         "invariance": lambda: render_invariance(figs, "invariance",
                                                 [f"invariance_mpi_np{n}" for n in range(1, 9)]),
         "invariance_plain": one("invariance_plain", render_plain),
@@ -530,6 +571,7 @@ def renderers(figs):
                                                         "example_epoch1_mapped"], "example_epoch1"),
         "kernels": one("host_kernels", render_kernels),
         "torch": one("torch_vs_pytorch", render_torch),
+        "gpt_vs_pytorch": one("gpt_vs_pytorch", render_gpt),
         "build": one("build_example", render_build),
         "test_command": one("test_command", render_test_command),
     }

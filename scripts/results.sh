@@ -128,6 +128,22 @@ measure scaling bench -- "$bench" scaling --ranks 2 "${scaling[@]}" --hooks bf16
 measure scaling_adamw bench -- "$bench" scaling --ranks 2 "${scaling[@]}" --optimizer adamw "${data[@]}" \
   --out "$figs/scaling_adamw.json"
 
+echo "== the character-level GPT (ddp::nn::gpt): a step under each policy, scaling at two sizes"
+if [ $quick = 1 ]; then
+  gpt_step=(--batch 4 --steps 2 --repeats 1) gpt_scaling=(--rounds 1 --steps 2 --batch 2) gpt10m_scaling=()
+else
+  gpt_step=(--batch 32 --steps 3 --repeats 5) gpt_scaling=(--rounds 5 --steps 10 --batch 12)
+  gpt10m_scaling=(--rounds 2 --steps 3 --batch 4)
+fi
+measure step_gpt bench -- "$bench" step --model gpt --ranks 1,2 "${gpt_step[@]}" --out "$figs/step_gpt.json"
+measure scaling_gpt bench -- "$bench" scaling --model gpt "${gpt_scaling[@]}" --hooks bf16,fp16,powersgd \
+  --out "$figs/scaling_gpt.json"
+if [ $quick = 1 ]; then  # the same code as --model gpt, at 13 times the parameters
+  skip scaling_gpt10m "--quick leaves it out (the same set-ups as the example's size, seconds each)"
+else
+  measure scaling_gpt10m bench -- "$bench" scaling --model gpt-10m "${gpt10m_scaling[@]}" --out "$figs/scaling_gpt10m.json"
+fi
+
 echo "== the same bits at any world size, losing a rank"
 measure invariance bench -- "$bench" invariance "${invariance[@]}" --ranks $invariance_ranks "${data[@]}" \
   --out "$figs/invariance.json"
@@ -216,6 +232,17 @@ elif ! "$py" -c 'import torch' 2> /dev/null; then
   skip torch_vs_pytorch "PyTorch for Python is not installed (apt-get install python3-torch)"
 else
   measure torch_vs_pytorch torch -- bench/torch_vs_pytorch.sh "$build" 1 2
+fi
+
+echo "== the GPT against PyTorch's DDP"
+if [ $quick = 1 ]; then
+  skip gpt_vs_pytorch "--quick leaves it out (minutes on 2 cores)"
+elif [ ! -x "$build/examples/char_gpt/char_gpt" ] || [ ! -x "$build/examples/char_gpt_torch/char_gpt_torch" ]; then
+  skip gpt_vs_pytorch "char_gpt or char_gpt_torch is not built in $build (cmake --build $build --target char_gpt char_gpt_torch)"
+elif ! "$py" -c 'import torch' 2> /dev/null; then
+  skip gpt_vs_pytorch "PyTorch for Python is not installed (apt-get install python3-torch)"
+else
+  measure gpt_vs_pytorch gpt -- bench/gpt_vs_pytorch.sh "$build" 80 3 200 "1 2 3"
 fi
 
 echo "== build and test times"

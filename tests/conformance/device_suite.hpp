@@ -1072,7 +1072,7 @@ void device_attention_softmax_cases(D& dev) {
     DEVICE dev;                                                                                                         \
     conformance::device_linalg_cases(dev);                                                                              \
   }                                                                                                                     \
-  TEST_CASE(PREFIX "attention's softmax, causal or not, and its backward within f32 rounding; masked entries +0") {   \
+  TEST_CASE(PREFIX "attention's softmax, causal or not, and its backward within f32 rounding, masked entries +0") {   \
     DEVICE dev;                                                                                                         \
     conformance::device_attention_softmax_cases(dev);                                                                   \
   }
