@@ -478,7 +478,8 @@ def render_gpt(doc):
     text = [provenance(doc), "", table(["implementation", "tokens/s, 1 rank", "tokens/s, 2 ranks", "2 / 1"], rows)]
     if doc.get("losses"):
         seeds = len(doc["losses"][0]["seeds"])
-        text += ["", table(["validation loss"] + [f"seed {i + 1}" for i in range(seeds)] + ["mean"],
+        text += ["", f"Command: `{doc['run']['command']}` (its second part: the same steps at 2 ranks per seed)", "",
+                 table(["validation loss"] + [f"seed {i + 1}" for i in range(seeds)] + ["mean"],
                            [[l["setup"]] + [f"{v:.4f}" for v in l["seeds"]] + [f"{l['mean']:.4f}"]
                             for l in doc["losses"]])]
     return "\n".join(text + [""] + [f"- {n.lstrip('# ')}" for n in doc["notes"]])
