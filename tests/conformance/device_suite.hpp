@@ -159,9 +159,9 @@ inline bounded root(bounded a) {
 inline bounded f32(bounded x) { return {x.v, x.e + u32 * (std::fabs(x.v) + x.e) + 0x1p-150}; }
 inline bounded f64(bounded x) { return {x.v, x.e + u64 * (std::fabs(x.v) + x.e) + 0x1p-1074}; }
 
-// A sum in double in any order (a device splits it across threads and blocks): n - 1 roundings of
-// partial sums, each within 2^-53 of at most sum |terms|, and as many again for this sum's own.
-struct any_order_sum64 {
+// The terms of a sum whose order a device chooses: their exact sum, their bounds' sum, the sum of
+// their magnitudes and their count, from which a sum's rounding bound follows.
+struct any_order_terms {
   double v = 0.0, e = 0.0, magnitude = 0.0;
   std::size_t n = 0;
   void add(bounded t) {
@@ -170,6 +170,11 @@ struct any_order_sum64 {
     magnitude += std::fabs(t.v) + t.e;
     ++n;
   }
+};
+
+// A sum in double in any order (a device splits it across threads and blocks): n - 1 roundings of
+// partial sums, each within 2^-53 of at most sum |terms|, and as many again for this sum's own.
+struct any_order_sum64 : any_order_terms {
   bounded result() const { return {v, e + 2.0 * static_cast<double>(n) * u64 * magnitude}; }
 };
 
@@ -926,15 +931,7 @@ inline bounded exponential(bounded a) {
 }
 // A sum in f32 in any order (a warp's lanes, then a shuffle tree): n roundings of partial sums,
 // each within 2^-24 of at most sum |terms|.
-struct any_order_sum32 {
-  double v = 0.0, e = 0.0, magnitude = 0.0;
-  std::size_t n = 0;
-  void add(bounded t) {
-    v += t.v;
-    e += t.e;
-    magnitude += std::fabs(t.v) + t.e;
-    ++n;
-  }
+struct any_order_sum32 : any_order_terms {
   bounded result() const { return {v, e + static_cast<double>(n + 1) * u32 * magnitude}; }
 };
 

@@ -29,6 +29,20 @@
 
 namespace ddp::nn {
 
+// The rows' sequence length (the host layer's and its CUDA twin's), or an error naming `layer` and
+// the fix.
+inline std::size_t checked_sequence_length(std::size_t length, std::size_t rows, const char* layer) {
+  if (length == 0)
+    throw error("nn", layer, -1,
+                "no sequence length: call set_sequence_length(T) before forward (the input's rows are sequences "
+                "of T positions)");
+  if (rows % length != 0)
+    throw error("nn", layer, -1,
+                std::to_string(rows) + " rows are not whole sequences of " + std::to_string(length) +
+                    " positions; pass B*T rows, or set_sequence_length to the batch's T");
+  return length;
+}
+
 // N(0, std) draws from `seed` (initialise_embedding's N(0, 1), scaled): nanoGPT's initialisation.
 inline void initialise_normal(std::span<float> values, float std, std::uint64_t seed) {
   initialise_embedding(values, seed);
@@ -101,15 +115,7 @@ DDP_RUNTIME_INLINE std::vector<nested_parameter<parameter>> attention::params() 
 }
 
 DDP_RUNTIME_INLINE std::size_t attention::checked_length(std::size_t rows) const {
-  if (length_ == 0)
-    throw error("nn", "attention", -1,
-                "no sequence length: call set_sequence_length(T) before forward (the input's rows are sequences "
-                "of T positions)");
-  if (rows % length_ != 0)
-    throw error("nn", "attention", -1,
-                std::to_string(rows) + " rows are not whole sequences of " + std::to_string(length_) +
-                    " positions; pass B*T rows, or set_sequence_length to the batch's T");
-  return length_;
+  return checked_sequence_length(length_, rows, "attention");
 }
 
 DDP_RUNTIME_INLINE void attention::softmax_rows(float* s, std::size_t t) const {

@@ -15,6 +15,16 @@
 
 namespace ddp::nn {
 
+// T in [1, context] dividing the rows (the host layer's and its CUDA twin's check), or an error
+// naming `layer` and the fix.
+inline void check_positions(std::size_t rows, std::size_t length, std::size_t context, const char* layer) {
+  if (length == 0 || length > context || rows % length != 0)
+    throw error("nn", layer, -1,
+                std::to_string(rows) + " rows in sequences of " + std::to_string(length) +
+                    " positions: set_sequence_length(T) with T in [1, " + std::to_string(context) +
+                    "] (the table's rows) dividing the rows");
+}
+
 class position_embedding {
  public:
   using matrix_type = matrix;
@@ -32,11 +42,7 @@ class position_embedding {
 
   matrix forward(const matrix& x, bool training) {
     require_cols(x, width_, "position_embedding");
-    if (length_ == 0 || length_ > context_ || x.rows % length_ != 0)
-      throw error("nn", "position_embedding", -1,
-                  std::to_string(x.rows) + " rows in sequences of " + std::to_string(length_) +
-                      " positions: set_sequence_length(T) with T in [1, " + std::to_string(context_) +
-                      "] (the table's rows) dividing the rows");
+    check_positions(x.rows, length_, context_, "position_embedding");
     matrix y = x;
     const float* w = params_[0].value().data();
     for (std::size_t r = 0; r < y.rows; ++r) {

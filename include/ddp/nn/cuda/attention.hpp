@@ -150,15 +150,7 @@ class attention {
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(width_ / heads_)); }
   // The rows' sequence length, or an error naming the fix.
   std::size_t checked_length(std::size_t rows) const {
-    if (length_ == 0)
-      throw error("nn", "cuda::attention", -1,
-                  "no sequence length: call set_sequence_length(T) before forward (the input's rows are sequences "
-                  "of T positions)");
-    if (rows % length_ != 0)
-      throw error("nn", "cuda::attention", -1,
-                  std::to_string(rows) + " rows are not whole sequences of " + std::to_string(length_) +
-                      " positions; pass B*T rows, or set_sequence_length to the batch's T");
-    return length_;
+    return ddp::nn::checked_sequence_length(length_, rows, "cuda::attention");
   }
 
   ddp::cuda::device* dev_;

@@ -279,26 +279,29 @@ __global__ void attention_softmax_backward_kernel(const float* p, const float* d
   }
 }
 
+// Element i of a [sequences, heads, length, head_dim] array, as its place in rows of `row_cols`
+// floats (b*length + t), the heads side by side from column `offset`.
+__device__ __forceinline__ std::size_t row_place(std::size_t i, std::size_t row_cols, std::size_t offset, std::size_t length,
+                                        std::size_t heads, std::size_t head_dim) {
+  const std::size_t d = i % head_dim, t = i / head_dim % length, h = i / (head_dim * length) % heads,
+                    b = i / (head_dim * length * heads);
+  return (b * length + t) * row_cols + offset + h * head_dim + d;
+}
+
 __global__ void heads_from_rows_kernel(const float* x, std::size_t row_cols, std::size_t offset, float* y,
                                        std::size_t sequences, std::size_t length, std::size_t heads,
                                        std::size_t head_dim) {
   const std::size_t n = sequences * heads * length * head_dim;
-  for (std::size_t i = first_index(); i < n; i += stride()) {
-    const std::size_t d = i % head_dim, t = i / head_dim % length, h = i / (head_dim * length) % heads,
-                      b = i / (head_dim * length * heads);
-    y[i] = x[(b * length + t) * row_cols + offset + h * head_dim + d];
-  }
+  for (std::size_t i = first_index(); i < n; i += stride())
+    y[i] = x[row_place(i, row_cols, offset, length, heads, head_dim)];
 }
 
 __global__ void rows_from_heads_kernel(const float* y, float* x, std::size_t row_cols, std::size_t offset,
                                        std::size_t sequences, std::size_t length, std::size_t heads,
                                        std::size_t head_dim) {
   const std::size_t n = sequences * heads * length * head_dim;
-  for (std::size_t i = first_index(); i < n; i += stride()) {
-    const std::size_t d = i % head_dim, t = i / head_dim % length, h = i / (head_dim * length) % heads,
-                      b = i / (head_dim * length * heads);
-    x[(b * length + t) * row_cols + offset + h * head_dim + d] = y[i];
-  }
+  for (std::size_t i = first_index(); i < n; i += stride())
+    x[row_place(i, row_cols, offset, length, heads, head_dim)] = y[i];
 }
 
 __global__ void position_forward_kernel(const float* x, const float* w, float* y, std::size_t rows,

@@ -36,11 +36,7 @@ class position_embedding {
 
   matrix forward(const matrix& x, bool training) {
     require_cols(x, width_, "position_embedding");
-    if (length_ == 0 || length_ > context_ || x.rows() % length_ != 0)
-      throw error("nn", "cuda::position_embedding", -1,
-                  std::to_string(x.rows()) + " rows in sequences of " + std::to_string(length_) +
-                      " positions: set_sequence_length(T) with T in [1, " + std::to_string(context_) +
-                      "] (the table's rows) dividing the rows");
+    ddp::nn::check_positions(x.rows(), length_, context_, "cuda::position_embedding");
     matrix y(*dev_, x.rows(), width_);
     run(kernels::position_forward(x.data(), params_[0].value(), y.data(), x.rows(), length_, width_, stream()),
         "position_forward kernel");
