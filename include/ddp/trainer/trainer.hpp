@@ -74,6 +74,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   using update_policy = policy_type<update::slot>;
   using comm_hook_policy = policy_type<comm_hook::slot>;
   using reduction_policy = policy_type<reduction::slot>;
+  using sync_schedule_policy = policy_type<sync_schedule::slot>;
   using typename core_type::communicator_type;
   using typename core_type::device_type;
 
@@ -86,6 +87,17 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // state of its last completed step for the ranks that go on.
   ~trainer() {
     if (handoff_.unwinding()) leave_state();
+  }
+
+  // Join, for uneven inputs (trainer_core::join): shadows the peers' steps, which a sync schedule
+  // that skips reductions cannot do (a joined rank has no parameters of its own to sync).
+  std::size_t join() {
+    static_assert(sync_schedule::syncs_every_step<sync_schedule_policy>(),
+                  "ddp: join() shadows the other ranks' gradient reductions step by step, but this trainer's sync "
+                  "schedule (sync_schedule::local_sgd, diloco, or one without `every_step_sync`) skips them on local "
+                  "steps: use sync_schedule::every_step with join(), or give every rank the same number of batches "
+                  "(ddp::data::loader's epochs do)");
+    return core_type::join();
   }
 
   // The optimizer's hyper-parameters; changes apply from the next step (schedules).
