@@ -26,6 +26,26 @@ using invariant_buffer_sync_choice =
 using unused_params_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
                                                         ddp::unused_params::static_graph>;
 
+// --sync local_sgd / diloco with --sync-period: a schedule of the example's own, chosen at run time
+// inside one trainer type (ddp's local_sgd<H> and diloco<H> fix the period at compile time, and
+// take the same steps).
+struct sync_choice {
+  using slot = ddp::sync_schedule::slot;
+  static constexpr std::string_view name = "sync_choice";
+  std::string kind = "diloco";
+  std::uint64_t period = 32, warmup = 0;
+  ddp::optim::sgd outer = ddp::sync_schedule::nesterov_outer;
+  bool reduces_gradients(std::uint64_t step) const { return kind == "local_sgd" && step < warmup; }
+  ddp::sync_schedule::action after_update(std::uint64_t step) const {
+    if (kind == "diloco") return (step + 1) % period == 0 ? ddp::sync_schedule::action::outer_step : ddp::sync_schedule::action::none;
+    if (step < warmup || (step - warmup + 1) % period != 0) return ddp::sync_schedule::action::none;
+    return ddp::sync_schedule::action::average_parameters;
+  }
+  std::string describe() const {
+    return kind + "(" + std::to_string(period) + (kind == "diloco" ? ", outer " + outer.describe() : ", warmup " + std::to_string(warmup)) + ")";
+  }
+};
+
 inline void select_hook(hook_choice& hook, const policy_flags& c) {
   hook.select(c.hook == "powersgd" ? ddp::comm_hook::powersgd<4>::name : std::string_view(c.hook));
   if (auto* low_rank = std::get_if<ddp::comm_hook::powersgd<4>>(&hook.chosen)) low_rank->start_after = c.hook_start;
@@ -38,6 +58,14 @@ void select_run_time_policies(Trainer& trainer, const policy_flags& c) {
     select_hook(trainer.template policy<ddp::comm_hook::slot>(), c);
   trainer.template policy<ddp::buffer_sync::slot>().select(c.buffer_sync);
   trainer.template policy<ddp::unused_params::slot>().select(c.unused_params);
+  if constexpr (std::is_same_v<typename Trainer::sync_schedule_policy, sync_choice>) {
+    auto& schedule = trainer.template policy<ddp::sync_schedule::slot>();
+    schedule.kind = c.sync;
+    schedule.period = c.sync_period;
+    schedule.warmup = c.sync_warmup;
+    schedule.outer.lr = c.outer_lr;
+    schedule.outer.momentum = c.outer_momentum;
+  }
 }
 
 // --precision: the model's parameters in f32, or in bf16 / f16 with the trainer's f32 master copy.
@@ -112,6 +140,9 @@ void with_trainer_type(const policy_flags& c, F f) {
   if (c.update == "fully_sharded" && (c.sampler != "distributed" || c.reduction != "plain"))
     throw std::invalid_argument("--update fully_sharded: to keep the example's build short it is offered with the "
                                 "default sampler and reduction (--sampler distributed --reduction plain)");
+  if (c.sync != "every_step" && (c.update != "replicated" || c.reduction != "plain" || c.sampler != "distributed"))
+    throw std::invalid_argument("--sync " + c.sync + ": each rank steps alone between syncs, which takes --update "
+                                "replicated and --reduction plain; the example offers it with --sampler distributed");
   with_reduction(c, [&](auto reduction, auto hook, auto sync) {
     using reduction_t = decltype(reduction);
     with_update<Model>(c.update, [&](auto update) {
@@ -123,6 +154,15 @@ void with_trainer_type(const policy_flags& c, F f) {
         using sampler_t = std::conditional_t<default_sampler, ddp::sampler::distributed<true, ddp::sampler::tail::pad>,
                                              decltype(sampler)>;
         with_optimizer(c.optimizer, [&](auto optimizer) {
+          using update_t = std::remove_cvref_t<decltype(update)>;
+          constexpr bool schedulable = reduction_t::virtual_shards == 0 && !update_t::gathers_parameters &&
+                                       std::is_same_v<sampler_t, ddp::sampler::distributed<true, ddp::sampler::tail::pad>>;
+          if constexpr (schedulable)
+            if (c.sync != "every_step")
+              return f(std::type_identity<ddp::trainer<
+                           Model, std::remove_cvref_t<reduction_t>, std::remove_cvref_t<decltype(sync)>, update_t, unused_params_choice,
+                           sampler_t, std::remove_cvref_t<decltype(optimizer)>, std::remove_cvref_t<decltype(hook)>,
+                           sync_choice, ddp::use_communicator<Comm>, ddp::use_device<Device>>>{});
           using trainer_t =
               ddp::trainer<Model, reduction_t, decltype(sync), decltype(update), unused_params_choice, sampler_t,
                            decltype(optimizer), decltype(hook), ddp::use_communicator<Comm>, ddp::use_device<Device>>;

@@ -50,6 +50,19 @@ inline void add_policy_options(CLI::App& app, policy_flags& c, bool precision) {
       ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd"}))->capture_default_str();
   app.add_option("--hook-start", c.hook_start, "powersgd: optimizer steps reduced plainly before compression starts")
       ->capture_default_str();
+  app.add_option("--sync", c.sync,
+                 "Sync schedule: every step's gradients averaged (every_step); or each rank steps alone and the ranks "
+                 "average their parameters every --sync-period steps (local_sgd), or take DiLoCo's outer step on the "
+                 "averaged pseudo-gradient (diloco). The last two: --update replicated --reduction plain --sampler "
+                 "distributed")
+      ->check(CLI::IsMember({"every_step", "local_sgd", "diloco"}))->capture_default_str();
+  app.add_option("--sync-period", c.sync_period, "local_sgd / diloco: steps between syncs")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sync-warmup", c.sync_warmup, "local_sgd: steps that average their gradients first")
+      ->capture_default_str();
+  app.add_option("--outer-lr", c.outer_lr, "diloco: the outer Nesterov SGD's learning rate")->capture_default_str();
+  app.add_option("--outer-momentum", c.outer_momentum, "diloco: the outer Nesterov SGD's momentum")
+      ->capture_default_str();
   if (precision)
     app.add_option("--precision", c.precision,
                    "the model's parameters: f32, or bf16 / f16 (the model holds 16 bits, the trainer an f32 master "

@@ -17,6 +17,10 @@ struct policy_flags {
   std::string hook = "none";        // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
   std::uint64_t hook_start = 1000;  // powersgd: plain steps first
   std::string precision = "f32";    // the model's parameters: f32, or bf16 / f16 with the trainer's f32 master
+  std::string sync = "every_step";  // or local_sgd / diloco: ranks step alone between syncs
+  std::uint64_t sync_period = 32;   // local_sgd / diloco: steps between syncs
+  std::uint64_t sync_warmup = 0;    // local_sgd: every-step syncs first
+  float outer_lr = 0.7f, outer_momentum = 0.9f;  // diloco's outer Nesterov SGD
 };
 
 }  // namespace examples

@@ -6,14 +6,19 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "ddp/data/loader.hpp"
 #include "ddp/ddp.hpp"
 #include "ddp/host/device.hpp"
+#include "ddp/inproc/elastic.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "trainer/counting_communicator.hpp"
+#include "trainer/indexed_rows.hpp"
 #include "trainer/test_model.hpp"
 
 namespace trainer_sync_schedule_test {
@@ -198,6 +203,67 @@ TEST_CASE("diloco and local_sgd: a checkpoint saved mid-period resumes bitwise")
   };
   check(ddp::sync_schedule::diloco<4>{});
   check(ddp::sync_schedule::local_sgd<4>{});
+}
+
+// Under launch_elastic a rank lost mid-period costs its own steps since the last sync (the
+// others keep theirs); a rank that joins mid-period starts from a peer's state, anchor and outer
+// state with it, and after the next sync every rank holds the same parameters. Every sample of
+// each epoch is taken once across the memberships.
+template <class Schedule>
+void check_elastic() {
+  constexpr std::size_t n = 96, epochs = 2;
+  const test::indexed_rows data(n);
+  std::mutex mutex;
+  std::map<std::uint64_t, std::multiset<std::size_t>> taken;       // by epoch
+  std::map<std::uint64_t, std::map<int, params_t>> after_sync;     // by step count, by rank
+  ddp::inproc::elastic_control control;
+  control.grow(1, 10);  // mid-period: syncs after steps 4, 8, 12, ...
+  const auto report = ddp::inproc::launch_elastic(
+      3,
+      [&](ddp::inproc::communicator& c) {
+        test::mlp model = test::make_mlp(3);
+        ddp::host::device dev;
+        ddp::trainer<test::mlp, Schedule, ddp::optim::adamw, ddp::bucket_cap<512>> trainer(
+            model, c, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 8});
+        ddp::data::loader loader(data, 4, &test::indexed_rows::collate);
+        const auto h = c.handoff();
+        const int membership = h ? h.shared().restarts() : 0;
+        while (trainer.epochs_started() < epochs) {
+          const std::uint64_t epoch = trainer.epochs_started();
+          for (const auto& b : trainer.epoch(loader)) {
+            if (membership == 0 && c.rank() == 1 && trainer.steps() == 6) throw std::runtime_error("injected fault");
+            trainer.step([&](auto& r) {
+              r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+            });
+            std::lock_guard lock(mutex);
+            const auto mine = test::real_samples(b);
+            taken[epoch].insert(mine.begin(), mine.end());
+            if (trainer.steps() % 4 == 0) after_sync[trainer.steps()][c.rank()] = test::parameter_values(model);
+          }
+        }
+      },
+      {.control = &control});
+  REQUIRE(report.changes.size() == 2);
+  CHECK(report.changes[0].failed_rank == 1);
+  CHECK(report.changes[1].joined == 1);
+  CHECK(report.world_size == 3);
+  std::multiset<std::size_t> all;
+  for (std::size_t i = 0; i < n; ++i) all.insert(i);
+  REQUIRE(taken.size() == epochs);
+  for (const auto& [epoch, samples] : taken) CHECK(samples == all);
+  bool after_join = false;
+  for (const auto& [steps, by_rank] : after_sync) {
+    CAPTURE(steps);
+    for (const auto& [rank, p] : by_rank) CHECK(p == by_rank.begin()->second);
+    after_join = after_join || (steps > 10 && by_rank.size() == 3);
+  }
+  CHECK(after_join);
+}
+
+TEST_CASE_TEMPLATE("sync schedules under launch_elastic: a rank lost and one joining mid-period, every sample once, "
+                   "every rank equal after each sync",
+                   Schedule, ddp::sync_schedule::diloco<4>, ddp::sync_schedule::local_sgd<4>) {
+  check_elastic<Schedule>();
 }
 
 TEST_CASE("a checkpoint of one sync schedule is refused by another, naming both") {
