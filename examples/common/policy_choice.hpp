@@ -10,13 +10,14 @@
 #include <variant>
 
 #include "ddp/ddp.hpp"
+#include "ddp/policy/int8_rows.hpp"
 #include "ddp/policy/powersgd.hpp"
 #include "policy_flags.hpp"
 
 namespace examples {
 
 using hook_choice = ddp::comm_hook::one_of<ddp::comm_hook::none, ddp::comm_hook::bf16, ddp::comm_hook::fp16,
-                                           ddp::comm_hook::powersgd<4>>;
+                                           ddp::comm_hook::powersgd<4>, ddp::comm_hook::int8_rows>;
 using buffer_sync_choice =
     ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none,
                              ddp::buffer_sync::broadcast_each_forward, ddp::buffer_sync::average_once_per_step>;

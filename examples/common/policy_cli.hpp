@@ -46,8 +46,9 @@ inline void add_policy_options(CLI::App& app, policy_flags& c, bool precision) {
   app.add_option("--hook", c.hook,
                  "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
                  "bits (bf16, fp16), half the bytes; or as rank-4 factors of each weight matrix with error "
-                 "feedback (powersgd, after --hook-start plain steps)")
-      ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd"}))->capture_default_str();
+                 "feedback (powersgd, after --hook-start plain steps), or 8 bits per element with a scale per row "
+                 "(int8_rows, all-gathered)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd", "int8_rows"}))->capture_default_str();
   app.add_option("--hook-start", c.hook_start, "powersgd: optimizer steps reduced plainly before compression starts")
       ->capture_default_str();
   app.add_option("--sync", c.sync,

@@ -14,7 +14,7 @@ struct policy_flags {
   std::string optimizer = "sgd";
   std::string update = "replicated";
   bool overlap_optimizer = false;   // each bucket updated as soon as its reduction completes
-  std::string hook = "none";        // how gradients travel: none (f32), bf16, fp16 or powersgd (rank 4)
+  std::string hook = "none";        // how gradients travel: none (f32), bf16, fp16, powersgd (rank 4) or int8_rows
   std::uint64_t hook_start = 1000;  // powersgd: plain steps first
   std::string precision = "f32";    // the model's parameters: f32, or bf16 / f16 with the trainer's f32 master
   std::string sync = "every_step";  // or local_sgd / diloco: ranks step alone between syncs

@@ -158,10 +158,9 @@ class gradient_reducer final : bucket_completion {
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   // Inside join(): the step is the peers', this rank has nothing of its own to report.
   void set_shadowing(bool on) noexcept { shadowing_ = on; }
-  // A sync schedule's local step (sync_stage.hpp): no collective, this rank's own gradients and
-  // control floats; the unused-parameter policy sees a world of this rank alone.
+  // A sync schedule's local step (sync_stage.hpp): no collective; the unused-parameter policy sees
+  // a world of this rank alone. Until end_step.
   void set_local(bool on) noexcept { local_ = on; }
-  bool local() const noexcept { return local_; }
   // Inside a captured step: nothing goes to or comes from the host (no control floats).
   void set_capturing(bool on) noexcept { capturing_ = on; }
   bool capturing() const noexcept { return capturing_; }
@@ -261,9 +260,9 @@ class gradient_reducer final : bucket_completion {
     }
     if (w_.reports && control[0] > 0.0f) try {
         w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
-      } catch (const collective_error& e) {
+      } catch (const collective_error& e) {  // a local step's is this rank's alone: the abort tells the peers
         drain();
-        if (local_) throw error(e.backend(), e.operation(), e.rank(), e.detail());  // this rank alone: the abort tells the peers
+        if (local_) throw error(e.backend(), e.operation(), e.rank(), e.detail());
         throw;
       } catch (...) {
         drain();  // overlapped: the buckets still reducing write into gradients the module holds

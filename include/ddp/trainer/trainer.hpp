@@ -89,8 +89,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     if (handoff_.unwinding()) leave_state();
   }
 
-  // Join, for uneven inputs (trainer_core::join): shadows the peers' steps, which a sync schedule
-  // that skips reductions cannot do (a joined rank has no parameters of its own to sync).
+  // Join (trainer_core::join) shadows the peers' reductions, which a schedule's local steps skip.
   std::size_t join() {
     static_assert(sync_schedule::syncs_every_step<sync_schedule_policy>(),
                   "ddp: join() shadows the other ranks' gradient reductions step by step, but this trainer's sync "
@@ -398,16 +397,5 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::optional<detail::run_position> loaded_position_;
   std::optional<elastic::saved_checkpoint> last_checkpoint_;  // saved or loaded last: a sharded update's fallback
 };
-
-// Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).
-inline bool has_checkpoint(const std::filesystem::path& dir) {
-  return detail::checkpoint_directory{dir}.committed().has_value();
-}
-
-// The committed checkpoints in `dir`, oldest save first; the last is the one trainer.load(dir)
-// reads. Empty when there is none.
-inline std::vector<checkpoint_info> committed_checkpoints(const std::filesystem::path& dir) {
-  return detail::checkpoint_directory{dir}.index();
-}
 
 }  // namespace ddp
