@@ -2,7 +2,8 @@
 """Sync schedules on the character-level GPT (examples/char_gpt), side by side.
 
   bench/sync_schedules.py compare BUILD [--steps N] [--out FILE]
-      every_step, local_sgd (H = 8, 32), diloco (H = 32, 100) at 2 in-process ranks, the same
+      every_step, local_sgd (H = 8, 32), diloco (H = 32, 100), streaming_diloco (H = 32, 4 fragments,
+      each reduction overlapping one inner step) and diloco with comm_hook::int8_rows, at 2 in-process ranks, the same
       steps and data: the validation loss after them, the bytes each rank sends per step, tokens/s.
   bench/sync_schedules.py link BUILD --target LOSS [--steps N] [--link TC] [--out FILE]
       every_step against diloco (H = 32) on two hosts (network namespaces, tests/mpi/two_hosts.sh)
@@ -28,6 +29,8 @@ SCHEDULES = [
     ("local_sgd H=32", ["--sync", "local_sgd", "--sync-period", "32"]),
     ("diloco H=32", ["--sync", "diloco", "--sync-period", "32"]),
     ("diloco H=100", ["--sync", "diloco", "--sync-period", "100"]),
+    ("streaming_diloco H=32 F=4", ["--sync", "streaming_diloco", "--sync-period", "32", "--sync-fragments", "4"]),
+    ("diloco H=32 int8_rows", ["--sync", "diloco", "--sync-period", "32", "--hook", "int8_rows"]),
 ]
 
 
@@ -36,6 +39,8 @@ def period(flags):
 
 
 def bytes_per_step(parameters, flags, ranks=2):
+    if "int8_rows" in flags:  # all-gathered: a byte per element and a 4-byte scale per row (width 128)
+        return parameters * (1 + 4.0 / 128) * (ranks - 1) / period(flags)
     return 4.0 * parameters * 2.0 * (ranks - 1) / ranks / period(flags)
 
 

@@ -3,6 +3,9 @@
 // a trainer type. Slots chosen at compile time (reduction, update, sampler, optimizer) pick the
 // trainer's type; --hook, --buffer-sync and --unused-params are chosen at run time inside that
 // type (a one_of, ddp/policy/one_of.hpp), so they do not multiply the combinations compiled.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -27,23 +30,37 @@ using invariant_buffer_sync_choice =
 using unused_params_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
                                                         ddp::unused_params::static_graph>;
 
-// --sync local_sgd / diloco with --sync-period: a schedule of the example's own, chosen at run time
-// inside one trainer type (ddp's local_sgd<H> and diloco<H> fix the period at compile time, and
-// take the same steps).
+// --sync local_sgd / diloco / streaming_diloco with --sync-period: a schedule of the example's
+// own, chosen at run time inside one trainer type (ddp's local_sgd<H>, diloco<H> and
+// streaming_diloco<H, F, Delay> fix those at compile time, and take the same steps).
 struct sync_choice {
   using slot = ddp::sync_schedule::slot;
   static constexpr std::string_view name = "sync_choice";
   std::string kind = "diloco";
   std::uint64_t period = 32, warmup = 0;
   ddp::optim::sgd outer = ddp::sync_schedule::nesterov_outer;
+  std::size_t fragments = 0, delay = 0;  // streaming_diloco's
+  float mixing = 0.0f;
   bool reduces_gradients(std::uint64_t step) const { return kind == "local_sgd" && step < warmup; }
   ddp::sync_schedule::action after_update(std::uint64_t step) const {
-    if (kind == "diloco") return (step + 1) % period == 0 ? ddp::sync_schedule::action::outer_step : ddp::sync_schedule::action::none;
-    if (step < warmup || (step - warmup + 1) % period != 0) return ddp::sync_schedule::action::none;
-    return ddp::sync_schedule::action::average_parameters;
+    using ddp::sync_schedule::action;
+    if (kind == "streaming_diloco") return action::none;
+    if (kind == "diloco") return (step + 1) % period == 0 ? action::outer_step : action::none;
+    if (step < warmup || (step - warmup + 1) % period != 0) return action::none;
+    return action::average_parameters;
+  }
+  std::optional<std::size_t> fragment_due(std::uint64_t step) const {
+    for (std::size_t f = 0; f < fragments; ++f)
+      if ((step + 1) % period == f * period / fragments) return f;
+    return std::nullopt;
   }
   std::string describe() const {
-    return kind + "(" + std::to_string(period) + (kind == "diloco" ? ", outer " + outer.describe() : ", warmup " + std::to_string(warmup)) + ")";
+    if (kind == "local_sgd") return "local_sgd(" + std::to_string(period) + ", warmup " + std::to_string(warmup) + ")";
+    std::string s = kind + "(" + std::to_string(period);
+    if (kind == "streaming_diloco")
+      s += ", " + std::to_string(fragments) + " fragments, delay " + std::to_string(delay) + ", mixing " +
+           std::to_string(mixing);
+    return s + ", outer " + outer.describe() + ")";
   }
 };
 
@@ -66,6 +83,14 @@ void select_run_time_policies(Trainer& trainer, const policy_flags& c) {
     schedule.warmup = c.sync_warmup;
     schedule.outer.lr = c.outer_lr;
     schedule.outer.momentum = c.outer_momentum;
+    if (c.sync == "streaming_diloco") {
+      if (c.sync_fragments == 0 || c.sync_fragments > c.sync_period || c.sync_delay >= c.sync_period)
+        throw std::invalid_argument("--sync streaming_diloco: give 1 to --sync-period fragments and a delay below "
+                                    "the period");
+      schedule.fragments = c.sync_fragments;
+      schedule.delay = c.sync_delay;
+      schedule.mixing = c.sync_mixing;
+    }
   }
 }
 
@@ -163,7 +188,8 @@ void with_trainer_type(const policy_flags& c, F f) {
               return f(std::type_identity<ddp::trainer<
                            Model, std::remove_cvref_t<reduction_t>, std::remove_cvref_t<decltype(sync)>, update_t, unused_params_choice,
                            sampler_t, std::remove_cvref_t<decltype(optimizer)>, std::remove_cvref_t<decltype(hook)>,
-                           sync_choice, ddp::use_communicator<Comm>, ddp::use_device<Device>>>{});
+                           sync_choice, ddp::bucket_cap<(1 << 20)>, ddp::use_communicator<Comm>,
+                           ddp::use_device<Device>>>{});
           using trainer_t =
               ddp::trainer<Model, reduction_t, decltype(sync), decltype(update), unused_params_choice, sampler_t,
                            decltype(optimizer), decltype(hook), ddp::use_communicator<Comm>, ddp::use_device<Device>>;

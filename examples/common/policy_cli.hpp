@@ -54,9 +54,17 @@ inline void add_policy_options(CLI::App& app, policy_flags& c, bool precision) {
   app.add_option("--sync", c.sync,
                  "Sync schedule: every step's gradients averaged (every_step); or each rank steps alone and the ranks "
                  "average their parameters every --sync-period steps (local_sgd), or take DiLoCo's outer step on the "
-                 "averaged pseudo-gradient (diloco). The last two: --update replicated --reduction plain --sampler "
-                 "distributed")
-      ->check(CLI::IsMember({"every_step", "local_sgd", "diloco"}))->capture_default_str();
+                 "averaged pseudo-gradient (diloco), or DiLoCo fragment by fragment, each fragment's reduction "
+                 "overlapping --sync-delay inner steps (streaming_diloco; the model in buckets of 1 MiB). All but "
+                 "every_step: --update replicated --reduction plain --sampler distributed")
+      ->check(CLI::IsMember({"every_step", "local_sgd", "diloco", "streaming_diloco"}))->capture_default_str();
+  app.add_option("--sync-fragments", c.sync_fragments, "streaming_diloco: fragments synced in turn")
+      ->capture_default_str();
+  app.add_option("--sync-delay", c.sync_delay, "streaming_diloco: inner steps a fragment's reduction overlaps")
+      ->capture_default_str();
+  app.add_option("--sync-mixing", c.sync_mixing,
+                 "streaming_diloco: the local parameters' share when a fragment's sync lands")
+      ->capture_default_str();
   app.add_option("--sync-period", c.sync_period, "local_sgd / diloco: steps between syncs")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--sync-warmup", c.sync_warmup, "local_sgd: steps that average their gradients first")

@@ -1,6 +1,7 @@
 #pragma once
 // The flags every example takes for the trainer's policies: policy_cli.hpp parses them,
 // policy_choice.hpp turns them into a trainer type. Kept free of the trainer.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -21,6 +22,8 @@ struct policy_flags {
   std::uint64_t sync_period = 32;   // local_sgd / diloco: steps between syncs
   std::uint64_t sync_warmup = 0;    // local_sgd: every-step syncs first
   float outer_lr = 0.7f, outer_momentum = 0.9f;  // diloco's outer Nesterov SGD
+  std::size_t sync_fragments = 4, sync_delay = 1;  // streaming_diloco: fragments, steps a reduction overlaps
+  float sync_mixing = 0.5f;                       // streaming_diloco: the local parameters' share at a sync
 };
 
 }  // namespace examples

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -168,9 +169,58 @@ TEST_CASE("sync schedules send a fraction of every_step's bytes: diloco<4> a qua
   CHECK(local <= every / 2.0 * 1.01);
 }
 
+TEST_CASE("streaming_diloco with one fragment, no delay and no mixing takes diloco's steps, bitwise") {
+  const auto diloco = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::diloco<3>>(c, 7);
+  });
+  const auto streaming = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::streaming_diloco<3, 1>>(c, 7);
+  });
+  CHECK(streaming == diloco);
+}
+
+// Two fragments staggered over H = 4, each reduced across one inner step (Delay 1) and applied
+// without mixing: fragment 1 starts after step 1 and lands after step 2, fragment 0 after steps
+// 3 and 4. Right after a fragment lands, its tensors are equal on every rank and the other's
+// are not; the two landings cover every tensor once.
+TEST_CASE("streaming_diloco: fragments land in turn, each equal on every rank when it lands") {
+  using schedule = ddp::sync_schedule::streaming_diloco<4, 2, 1>;
+  schedule s;
+  s.mixing = 0.0f;
+  const auto by_rank = ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {
+    return run<schedule>(c, 5, ddp::optim::sgd{.lr = 0.1f}, s);
+  });
+  auto equal_tensors = [&](int step) {
+    std::vector<bool> equal;
+    const auto& a = by_rank[0][static_cast<std::size_t>(step)];
+    const auto& b = by_rank[1][static_cast<std::size_t>(step)];
+    for (std::size_t t = 0; t < a.size(); ++t) equal.push_back(a[t] == b[t]);
+    return equal;
+  };
+  const auto second = equal_tensors(2), first = equal_tensors(4);  // the steps counted from 0
+  std::size_t covered = 0;
+  for (std::size_t t = 0; t < first.size(); ++t) {
+    CAPTURE(t);
+    CHECK(first[t] != second[t]);  // each tensor in exactly one fragment
+    covered += first[t] || second[t];
+  }
+  CHECK(covered == first.size());
+  CHECK(std::count(first.begin(), first.end(), true) > 0);
+  CHECK(std::count(second.begin(), second.end(), true) > 0);
+}
+
+TEST_CASE("streaming_diloco: more fragments than buckets is an error naming both counts") {
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& c) {
+    test::mlp model = test::make_mlp(1);
+    ddp::host::device dev;
+    using trainer_t = ddp::trainer<test::mlp, ddp::sync_schedule::streaming_diloco<8, 8>>;  // one 25 MiB bucket
+    CHECK_THROWS_WITH_AS(trainer_t(model, c, dev), doctest::Contains("syncs 8 fragments"), ddp::error);
+  });
+}
+
 // A run stopped mid-period (inner steps taken since the last outer step: each rank's own
 // parameters and AdamW state, the anchor, the outer momentum) resumes bitwise.
-TEST_CASE("diloco and local_sgd: a checkpoint saved mid-period resumes bitwise") {
+TEST_CASE("diloco, local_sgd and streaming_diloco: a checkpoint saved mid-period resumes bitwise") {
   const rows data(48);
   auto dir = fs::temp_directory_path() / ("ddp_sync_schedule_test_" + std::to_string(::getpid()));
   auto go = [&](auto schedule, std::size_t steps, std::optional<std::size_t> save_after, bool resume,
@@ -203,6 +253,8 @@ TEST_CASE("diloco and local_sgd: a checkpoint saved mid-period resumes bitwise")
   };
   check(ddp::sync_schedule::diloco<4>{});
   check(ddp::sync_schedule::local_sgd<4>{});
+  // saved after step 6 with fragment 1 (launched after it) still reducing: applied after step 7
+  check(ddp::sync_schedule::streaming_diloco<4, 2, 1>{});
 }
 
 // Under launch_elastic a rank lost mid-period costs its own steps since the last sync (the

@@ -32,6 +32,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -103,6 +104,42 @@ struct diloco {
   }
 };
 
+// Streaming DiLoCo (arXiv 2501.18512): DiLoCo over F fragments of the model (the trainer's
+// buckets: bucket b is in fragment b % F), each synced every H steps on a staggered schedule
+// (fragment f after the updates of steps t with (t + 1) % H == f H / F). A fragment's
+// pseudo-gradient is reduced after its sync step and applied Delay steps later, while the inner
+// steps go on; then its parameters become mixing * local + (1 - mixing) * the new anchor.
+// Delay 0: applied at once, through the comm hook; Delay >= 1: reduced in f32 by the
+// communicator itself, overlapped with the inner steps. Needs at least F buckets (bucket_cap).
+template <std::size_t H, std::size_t Fragments, std::size_t Delay = 0, optim::optimizer Outer = optim::sgd>
+struct streaming_diloco {
+  static_assert(H >= 1 && Fragments >= 1 && Fragments <= H,
+                "ddp: sync_schedule::streaming_diloco<H, F> syncs F fragments staggered over H steps: 1 <= F <= H");
+  static_assert(Delay < H, "ddp: sync_schedule::streaming_diloco<H, F, Delay>: a fragment's reduction must be applied "
+                           "(Delay steps later) before the fragment syncs again: Delay < H");
+  using slot = sync_schedule::slot;
+  static constexpr std::string_view name = "streaming_diloco";
+  static constexpr std::size_t period = H, fragments = Fragments, delay = Delay;
+  Outer outer = diloco<H, Outer>{}.outer;
+  float mixing = Delay == 0 ? 0.0f : 0.5f;  // the local parameters' share when a fragment is applied
+  bool reduces_gradients(std::uint64_t) const noexcept { return false; }
+  action after_update(std::uint64_t) const noexcept { return action::none; }
+  // The fragment whose sync starts after the update of step `step`, if any.
+  std::optional<std::size_t> fragment_due(std::uint64_t step) const noexcept {
+    const std::uint64_t phase = (step + 1) % H;
+    for (std::size_t f = 0; f < Fragments; ++f)
+      if (phase == f * H / Fragments) return f;
+    return std::nullopt;
+  }
+  std::string describe() const {
+    std::string o;
+    if constexpr (requires { outer.describe(); }) o = outer.describe();
+    else o = std::string(Outer::name);
+    return "streaming_diloco(" + std::to_string(H) + ", " + std::to_string(Fragments) + " fragments, delay " +
+           std::to_string(Delay) + ", mixing " + std::to_string(mixing) + ", outer " + o + ")";
+  }
+};
+
 template <class P>
 concept policy = requires(const P& p, std::uint64_t step) {
   requires std::same_as<typename P::slot, slot>;
@@ -117,6 +154,15 @@ consteval bool syncs_every_step() {
   if constexpr (requires { { P::every_step_sync } -> std::convertible_to<bool>; }) return P::every_step_sync;
   else return false;
 }
+// The policy syncs the model fragment by fragment (streaming_diloco's members).
+// (fragments, delay and mixing: members, static or not; fragments 0 syncs the whole model.)
+template <class P>
+concept streams_fragments = requires(const P& p, std::uint64_t step) {
+  { p.fragment_due(step) } -> std::same_as<std::optional<std::size_t>>;
+  { p.fragments } -> std::convertible_to<std::size_t>;
+  { p.delay } -> std::convertible_to<std::size_t>;
+  { p.mixing } -> std::convertible_to<float>;
+};
 // The policy takes outer steps: it keeps an anchor and an outer optimizer.
 template <class P>
 concept has_outer = requires(P& p) { requires optim::optimizer<std::remove_cvref_t<decltype(p.outer)>>; };

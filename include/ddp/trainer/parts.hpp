@@ -242,6 +242,13 @@ struct sync_schedule_part {
   // pseudo-gradient `grad`; state slot k of an element at state + k * stride + its offset.
   virtual void outer_update(Device&, std::span<const segment> anchor, const float* grad, float* state,
                             std::size_t stride, std::int64_t step) = 0;
+  // Streaming (sync_schedule::streaming_diloco): the fragments (0: the schedule syncs the whole
+  // model, by after_update), the one whose sync starts after step `step`, the steps until it is
+  // applied, and the local parameters' share then.
+  virtual std::size_t fragments() const noexcept = 0;
+  virtual std::optional<std::size_t> fragment_due(std::uint64_t step) const = 0;
+  virtual std::size_t delay() const noexcept = 0;
+  virtual float mixing() const noexcept = 0;
 
  protected:
   ~sync_schedule_part() = default;
@@ -267,6 +274,22 @@ struct sync_schedule_adapter final : sync_schedule_part<Device> {
       throw std::logic_error("ddp: sync schedule '" + std::string(name()) +
                              "' asked for an outer step but declares no `outer` optimizer");
     }
+  }
+  std::size_t fragments() const noexcept override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.fragments;
+    else return 0;
+  }
+  std::optional<std::size_t> fragment_due(std::uint64_t step) const override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.fragment_due(step);
+    else return std::nullopt;
+  }
+  std::size_t delay() const noexcept override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.delay;
+    else return 0;
+  }
+  float mixing() const noexcept override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.mixing;
+    else return 0.0f;
   }
 };
 

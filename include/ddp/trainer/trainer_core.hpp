@@ -88,7 +88,7 @@ class trainer_core {
                   binds_gradient_storage<Module>, binds_values()}),
         update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets(),
                 /*exact_norm=*/reduction_part().virtual_shards() != 0),
-        sync_(dev, schedule_part(), reducer_.buckets()),
+        sync_(comm, dev, schedule_part(), reducer_.buckets()),
         storage_(module, params_, binds_values(), reducer_),
         shard_buffers_(module, comm, dev, buffers_, reduction_part().virtual_shards()) {
     sync_part().prepare(sync_context_);
@@ -240,6 +240,7 @@ class trainer_core {
   // flight settled first): what a rank hands over when its world fails (trainer/handoff.hpp).
   detail::trainer_state<Comm, Device> last_step_state() {
     reducer_.drain();
+    sync_.drain();
     return {device_, params_, masters_, buffers_, reducer_, update_, sync_, steps_};
   }
 
