@@ -485,6 +485,30 @@ def render_gpt(doc):
     return "\n".join(text + [""] + [f"- {n.lstrip('# ')}" for n in doc["notes"]])
 
 
+def render_sync(doc):
+    every = doc["rows"][0]["bytes_per_step"]
+    rows = [[r["schedule"], f"{r['validation_loss']:.4f}", fmt(round(r["bytes_per_step"])),
+             f"{r['bytes_per_step'] / every:.4f}", fmt(r["tokens_per_s"])] for r in doc["rows"]]
+    return "\n".join([provenance(doc), "", table(["schedule", f"validation loss after {doc['steps']} steps",
+                                                  "bytes sent per step, per rank", "of every_step's", "tokens/s"],
+                                                 rows)])
+
+
+def render_sync_link(doc):
+    rows = []
+    for r in doc["rows"]:
+        got = r["reached"]
+        rows.append([r["schedule"], f"{got['seconds']:.1f} s (step {got['step']})" if got else
+                     f"not in {doc['steps']} steps", fmt(r["tokens_per_s"])])
+    text = [provenance(doc), "", f"Link: `{doc['link']}` each way; target validation loss {doc['target']}, "
+            f"evaluated every {doc['eval_every']} steps.", "",
+            table(["schedule", "time to the target", "tokens/s"], rows)]
+    a, b = doc["rows"][0]["reached"], doc["rows"][1]["reached"]
+    if a and b:
+        text += ["", f"diloco reaches the target {a['seconds'] / b['seconds']:.2f}× sooner than every_step."]
+    return "\n".join(text)
+
+
 def render_build(doc):
     return "\n".join([provenance(doc), "", table(["what", "seconds"], [["the example's build after configure "
                                                                          "(its two translation units and the link)",
@@ -573,6 +597,8 @@ def renderers(figs):
         "kernels": one("host_kernels", render_kernels),
         "torch": one("torch_vs_pytorch", render_torch),
         "gpt_vs_pytorch": one("gpt_vs_pytorch", render_gpt),
+        "sync_schedules": one("sync_schedules", render_sync),
+        "sync_schedules_link": one("sync_schedules_link", render_sync_link),
         "build": one("build_example", render_build),
         "test_command": one("test_command", render_test_command),
     }

@@ -245,6 +245,23 @@ else
   measure gpt_vs_pytorch gpt -- bench/gpt_vs_pytorch.sh "$build" 80 3 200 "1 2 3"
 fi
 
+echo "== sync schedules on the GPT: bytes and validation loss at equal steps, time to a loss over a slow link"
+if [ $quick = 1 ]; then
+  skip sync_schedules "--quick leaves it out (minutes on 2 cores)"
+  skip sync_schedules_link "--quick leaves it out (minutes on 2 cores)"
+elif [ ! -x "$build/examples/char_gpt/char_gpt" ]; then
+  skip sync_schedules "char_gpt is not built in $build"
+  skip sync_schedules_link "char_gpt is not built in $build"
+else
+  measure sync_schedules bench -- bench/sync_schedules.py compare "$build" --steps 1000 --out "$figs/sync_schedules.json"
+  if [ ! -x "$build/examples/char_gpt/char_gpt_mpi" ] || [ "$(id -u)" != 0 ]; then
+    skip sync_schedules_link "two network-namespace hosts need root and char_gpt_mpi (OpenMPI)"
+  else
+    measure sync_schedules_link bench -- bench/sync_schedules.py link "$build" --steps 600 --target 2.3 \
+      --out "$figs/sync_schedules_link.json"
+  fi
+fi
+
 echo "== build and test times"
 if [ $with_build = 1 ]; then
   touch examples/fashion_mnist/main.cpp examples/fashion_mnist/train.cpp

@@ -1,5 +1,5 @@
-// The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md, docs/benchmarking.md and
-// docs/policies.md (PowerSGD, one_of), compiled.
+// The snippets of docs/trainer.md, docs/loaders.md, docs/choosing-policies.md, docs/benchmarking.md,
+// docs/sync-schedules.md and docs/policies.md (PowerSGD, one_of), compiled.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -34,6 +34,17 @@ void powersgd(model& module, ddp::inproc::communicator& comm, ddp::host::device&
 
   ddp::trainer<model, ddp::comm_hook::powersgd<4>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
   trainer.policy<ddp::comm_hook::slot>().start_after = 500;  // plain steps first
+  // [end doc]
+}
+
+void diloco(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev) {
+  // [doc: sync-schedules.md]
+  #include <ddp/ddp.hpp>
+
+  // 32 inner AdamW steps, then DiLoCo's outer step: 1/32 of every_step's bytes.
+  ddp::trainer<model, ddp::sync_schedule::diloco<32>, ddp::optim::adamw> trainer(
+      module, comm, dev, ddp::optim::adamw{.lr = 1e-3f, .weight_decay = 0.1f});
+  trainer.policy<ddp::sync_schedule::slot>().outer.lr = 0.5f;  // the outer optimizer is a value
   // [end doc]
 }
 

@@ -46,9 +46,31 @@ inline void add_policy_options(CLI::App& app, policy_flags& c, bool precision) {
   app.add_option("--hook", c.hook,
                  "Communication hook: gradients travel in f32 (none), or divided by the world size and cast to 16 "
                  "bits (bf16, fp16), half the bytes; or as rank-4 factors of each weight matrix with error "
-                 "feedback (powersgd, after --hook-start plain steps)")
-      ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd"}))->capture_default_str();
+                 "feedback (powersgd, after --hook-start plain steps), or 8 bits per element with a scale per row "
+                 "(int8_rows, all-gathered)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16", "powersgd", "int8_rows"}))->capture_default_str();
   app.add_option("--hook-start", c.hook_start, "powersgd: optimizer steps reduced plainly before compression starts")
+      ->capture_default_str();
+  app.add_option("--sync", c.sync,
+                 "Sync schedule: every step's gradients averaged (every_step); or each rank steps alone and the ranks "
+                 "average their parameters every --sync-period steps (local_sgd), or take DiLoCo's outer step on the "
+                 "averaged pseudo-gradient (diloco), or DiLoCo fragment by fragment, each fragment's reduction "
+                 "overlapping --sync-delay inner steps (streaming_diloco; the model in buckets of 1 MiB). All but "
+                 "every_step: --update replicated --reduction plain --sampler distributed")
+      ->check(CLI::IsMember({"every_step", "local_sgd", "diloco", "streaming_diloco"}))->capture_default_str();
+  app.add_option("--sync-fragments", c.sync_fragments, "streaming_diloco: fragments synced in turn")
+      ->capture_default_str();
+  app.add_option("--sync-delay", c.sync_delay, "streaming_diloco: inner steps a fragment's reduction overlaps")
+      ->capture_default_str();
+  app.add_option("--sync-mixing", c.sync_mixing,
+                 "streaming_diloco: the local parameters' share when a fragment's sync lands")
+      ->capture_default_str();
+  app.add_option("--sync-period", c.sync_period, "local_sgd / diloco: steps between syncs")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sync-warmup", c.sync_warmup, "local_sgd: steps that average their gradients first")
+      ->capture_default_str();
+  app.add_option("--outer-lr", c.outer_lr, "diloco: the outer Nesterov SGD's learning rate")->capture_default_str();
+  app.add_option("--outer-momentum", c.outer_momentum, "diloco: the outer Nesterov SGD's momentum")
       ->capture_default_str();
   if (precision)
     app.add_option("--precision", c.precision,

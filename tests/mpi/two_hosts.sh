@@ -6,7 +6,9 @@
 #
 #   tests/mpi/two_hosts.sh MPIRUN SLOTS_A SLOTS_B PROGRAM [ARGS...]
 #
-# Ranks fill host A's slots first, then host B's. Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN)
+# Ranks fill host A's slots first, then host B's. DDP_TWO_HOSTS_LINK, when set, is a tc queueing
+# discipline that shapes the link each way (e.g. "tbf rate 100mbit burst 64kb latency 50ms" for
+# 100 Mbit/s, or "netem rate 100mbit delay 10ms" where the kernel has netem). Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN)
 # and iproute2; where namespaces cannot be made it says why and exits 77 (ctest's skip code).
 # Called with --agent it is that remote-shell agent: "--agent HOST COMMAND..." runs COMMAND in
 # HOST's namespace under HOST's name.
@@ -53,12 +55,17 @@ ip -n "$prefix-b" addr add 10.77.0.2/24 dev "$prefix-vb"
 for side in a b; do
   ip -n "$prefix-$side" link set lo up
   ip -n "$prefix-$side" link set "$prefix-v$side" up
+  if [ -n "${DDP_TWO_HOSTS_LINK:-}" ]; then
+    # shellcheck disable=SC2086  # the netem parameters are words
+    ip netns exec "$prefix-$side" tc qdisc add dev "$prefix-v$side" root $DDP_TWO_HOSTS_LINK
+  fi
 done
 
 # Every Open MPI channel (the daemons' out-of-band wire-up and the ranks' byte transport) is held
 # to the hosts' network: nothing goes through a loopback or shared memory between the hosts.
 net=10.77.0.0/24
-echo "two_hosts: ddp-host-a (10.77.0.1, $slots_a slots) and ddp-host-b (10.77.0.2, $slots_b slots)"
+echo "two_hosts: ddp-host-a (10.77.0.1, $slots_a slots) and ddp-host-b (10.77.0.2, $slots_b slots)" \
+  "${DDP_TWO_HOSTS_LINK:+, link: $DDP_TWO_HOSTS_LINK each way}"
 ip netns exec "$prefix-a" unshare --uts sh -c 'hostname ddp-host-a && exec "$@"' sh \
   "$mpirun" --allow-run-as-root --oversubscribe --bind-to none \
   --host "ddp-host-a:$slots_a,ddp-host-b:$slots_b" -np $((slots_a + slots_b)) \

@@ -10,6 +10,7 @@
 //          element: see docs/policies.md ("CommHook").
 //   one_of<H...>  one of the hooks H, chosen at run time (select(name)).
 //   powersgd<R>   low-rank compression with error feedback: ddp/policy/powersgd.hpp.
+//   int8_rows     8 bits per element with an f32 scale per row, all-gathered: ddp/policy/int8_rows.hpp.
 //
 // A policy of this slot is a type with
 //   using slot = ddp::comm_hook::slot;  static constexpr std::string_view name;
@@ -93,8 +94,10 @@ class bucket_io {
   // The update policy's collective on `buffer`, laid out as the gradients (size() elements, any
   // dtype): afterwards its [shard_begin(), shard_begin() + shard()) holds the reduction over ranks.
   virtual void reduce_like_gradients(mutable_buffer buffer, reduce_op) = 0;
-  // A collective of the hook's own (PowerSGD's low-rank factors).
+  // Collectives of the hook's own (PowerSGD's low-rank factors; int8_rows's quantized rows):
+  // all_gather puts every rank's `send` into `recv` in rank order (recv: ranks() times send's count).
   virtual void all_reduce(const_buffer send, mutable_buffer recv, reduce_op) = 0;
+  virtual void all_gather(const_buffer send, mutable_buffer recv) = 0;
   // Waits for every collective this bucket started in this step.
   virtual void wait() = 0;
 

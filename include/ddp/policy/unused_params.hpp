@@ -102,9 +102,9 @@ std::string list_by_rank(step_view& v, const std::vector<std::uint8_t>& all, std
   std::string list;
   for (std::size_t i = 0; i < v.parameter_count(); ++i) {
     std::string ranks;
-    for (int r = 0; r < v.size(); ++r)
+    for (int r = 0; r < v.size(); ++r)  // a world of one: this rank's own step (a local step)
       if (problem(all.data() + static_cast<std::size_t>(r) * row_bytes, i))
-        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        ranks += (ranks.empty() ? "" : ", ") + std::to_string(v.size() == 1 ? v.rank() : r);
     if (!ranks.empty()) list += "\n  '" + v.parameter_name(i) + "' (" + what + " on rank(s) " + ranks + ")";
   }
   return list;

@@ -7,11 +7,13 @@
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/exact_sum.hpp"
 #include "ddp/trainer/gradient_reducer.hpp"
+#include "ddp/trainer/sync_stage.hpp"
 #include "ddp/trainer/update_stage.hpp"
 
 #define DDP_TRAINER_PART_INSTANCES(kind, Comm, Device)        \
   kind class ddp::detail::gradient_reducer<Comm, Device>;    \
   kind class ddp::detail::update_stage<Comm, Device>;        \
+  kind class ddp::detail::sync_stage<Comm, Device>;          \
   kind class ddp::detail::bucket<Comm, Device>;              \
   kind class ddp::detail::bucket_hook_io<Comm, Device>;      \
   kind class ddp::detail::control_channel<Comm, Device>;     \

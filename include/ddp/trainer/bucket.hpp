@@ -171,9 +171,28 @@ class bucket final : public update::bucket_ops {
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
     update.reduce(*this);
   }
+  // A sync schedule's local step: gradients and control floats into bucket memory, no collective.
+  void launch_local(std::span<const float> control) {
+    local_ = true;
+    gather_gradients(grads_.data());
+    if (!control.empty())
+      device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
+  }
+  // A sync schedule's sync, between steps: the padded() floats the caller wrote into
+  // gradient_memory() go through the hook, averaged over the ranks (complete_reduction waits).
+  void reduce_outside_step() {
+    local_ = false;
+    carries_control_ = false;
+    start_reduction(false);
+  }
+  // The f32 values the optimizer updates, to or from bucket layout (`bucket`: padded() floats).
+  void pack_values(float* bucket) { device_->pack(value_segments_, bucket); }
+  void unpack_values(const float* bucket) { device_->unpack(value_segments_, bucket); }
+
   // Waits for the reduction and lets the hook complete it: the averaged gradients are in place.
   void complete_reduction() {
     completed_ = true;
+    if (local_) return;
     hook_view io(*this);
     io.wait();
     if (control_work_) control_work_->wait();
@@ -230,6 +249,7 @@ class bucket final : public update::bucket_ops {
     work_.reset(), more_.clear(), control_work_.reset(), gather_.reset();
     gathered_.clear();  // a gather in flight stays: the reducer waits for it when it releases the values
     completed_ = false;
+    local_ = false;
   }
 
   // The hook's state (PowerSGD's error feedback), for checkpoints.
@@ -349,6 +369,7 @@ class bucket final : public update::bucket_ops {
   std::vector<work_type> gathered_;               // ... and those waited for in this step
   bool held_ = false;                  // releasing: grads_ holds pool memory
   bool completed_ = false;             // this step's reduction completed
+  bool local_ = false;                 // this step's gradients stay this rank's own (no collective)
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
   bool carries_control_ = true;        // this step's control floats go with this bucket
 };

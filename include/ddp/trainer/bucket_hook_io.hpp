@@ -74,6 +74,7 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   void all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) override {
     b.track(b.comm_->all_reduce(send, recv, op));
   }
+  void all_gather(const_buffer send, mutable_buffer recv) override { b.track(b.comm_->all_gather(send, recv)); }
   void wait() override {
     if (b.work_) b.work_->wait();
     for (auto& w : b.more_) w.wait();

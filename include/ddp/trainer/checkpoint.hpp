@@ -273,3 +273,18 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
 }
 
 }  // namespace ddp::detail
+
+namespace ddp {
+
+// Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).
+inline bool has_checkpoint(const std::filesystem::path& dir) {
+  return detail::checkpoint_directory{dir}.committed().has_value();
+}
+
+// The committed checkpoints in `dir`, oldest save first; the last is the one trainer.load(dir)
+// reads. Empty when there is none.
+inline std::vector<checkpoint_info> committed_checkpoints(const std::filesystem::path& dir) {
+  return detail::checkpoint_directory{dir}.index();
+}
+
+}  // namespace ddp

@@ -30,6 +30,9 @@ class control_channel {
   using work_type = decltype(std::declval<Comm&>().all_reduce(const_buffer{}, mutable_buffer{}, reduce_op::avg));
 
   control_channel(Comm& comm, Device& dev) : comm_(comm), device_(dev) {}
+  // Holds references and state that others point into: neither copied nor moved.
+  control_channel(const control_channel&) = delete;
+  control_channel& operator=(const control_channel&) = delete;
 
   // Whether the control floats go on their own: the update overlaps the reductions, and there are
   // buckets before the last to update while it reduces.

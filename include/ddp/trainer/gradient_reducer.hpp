@@ -158,6 +158,9 @@ class gradient_reducer final : bucket_completion {
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   // Inside join(): the step is the peers', this rank has nothing of its own to report.
   void set_shadowing(bool on) noexcept { shadowing_ = on; }
+  // A sync schedule's local step (sync_stage.hpp): no collective; the unused-parameter policy sees
+  // a world of this rank alone. Until end_step.
+  void set_local(bool on) noexcept { local_ = on; }
   // Inside a captured step: nothing goes to or comes from the host (no control floats).
   void set_capturing(bool on) noexcept { capturing_ = on; }
   bool capturing() const noexcept { return capturing_; }
@@ -243,8 +246,6 @@ class gradient_reducer final : bucket_completion {
     }
   }
 
-
-
   // The averaged control floats are equal on every rank, so every rank decides alike: lets the
   // unused-parameter policy rule on what was used (into `update`: the optimizer updates
   // parameter i), and returns the step's verdict (control_channel.hpp).
@@ -259,6 +260,10 @@ class gradient_reducer final : bucket_completion {
     }
     if (w_.reports && control[0] > 0.0f) try {
         w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
+      } catch (const collective_error& e) {  // a local step's is this rank's alone: the abort tells the peers
+        drain();
+        if (local_) throw error(e.backend(), e.operation(), e.rank(), e.detail());
+        throw;
       } catch (...) {
         drain();  // overlapped: the buckets still reducing write into gradients the module holds
         throw;
@@ -275,6 +280,7 @@ class gradient_reducer final : bucket_completion {
     micro_batches_ = 0;
     std::fill(used_.begin(), used_.end(), 0);
     backward_ran_ = false;
+    local_ = false;
     parameters_.release_stale();
   }
 
@@ -290,7 +296,6 @@ class gradient_reducer final : bucket_completion {
     if (w_.update.gathers_parameters() && !w_.binds_values)
       for (auto& bk : buckets_) bk.stage_values();
   }
-
 
   // The step's modes (step_modes.hpp): what runs between steps only, join(), capture.
   void require_no_micro_batches(const char* operation) const { detail::require_no_micro_batches(facts(), operation); }
@@ -337,11 +342,12 @@ class gradient_reducer final : bucket_completion {
       // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
       if (w_.reports && !shadowing_) w_.unused_params.write_control(view_, std::span(control).subspan(1));
     }
-    // With one bucket nothing could be updated while it reduces: the control floats stay in it.
-    if (!control.empty() && control_channel<Comm, Device>::separate(overlaps_update_, buckets_.size())) {
+    if (local_) {
+      bk.launch_local(control);
+    } else if (!control.empty() && control_channel<Comm, Device>::separate(overlaps_update_, buckets_.size())) {
       control_.send(control);
       bk.launch(w_.update, {}, /*carries_control=*/false);
-    } else {
+    } else {  // with one bucket nothing could be updated while it reduces: the control floats stay in it
       bk.launch(w_.update, control, /*carries_control=*/true);
     }
     w_.observer.launched(b, buckets_.size(), began, w_.steps);
@@ -364,8 +370,9 @@ class gradient_reducer final : bucket_completion {
     bool used(std::size_t i) const noexcept override { return r.used_[i] != 0; }
     bool all_buckets_sent() const noexcept override { return r.next_launch_ == r.buckets_.size(); }
     int rank() const noexcept override { return r.comm_.rank(); }
-    int size() const noexcept override { return r.comm_.size(); }
+    int size() const noexcept override { return r.local_ ? 1 : r.comm_.size(); }
     std::vector<std::uint8_t> all_gather(std::span<const std::uint8_t> mine) override {
+      if (r.local_) return {mine.begin(), mine.end()};
       return comm::host_all_gather(r.comm_, r.device_, mine);
     }
   };
@@ -389,6 +396,7 @@ class gradient_reducer final : bucket_completion {
   bool collecting_ = false;  // inside the step's final backward
   bool shadowing_ = false;
   bool capturing_ = false;
+  bool local_ = false;
   bool overlaps_update_ = false;
   unused_view view_{*this};
 };

@@ -27,6 +27,9 @@ class gradient_residency {
 
   gradient_residency(const parameter_table& params, memory_pool<Device>& pool, const update_part& update, int rank)
       : params_(params), pool_(pool), update_(update), rank_(rank) {}
+  // Holds references and state that others point into: neither copied nor moved.
+  gradient_residency(const gradient_residency&) = delete;
+  gradient_residency& operator=(const gradient_residency&) = delete;
 
   // Only this rank's shard of the gradients is kept between a bucket's completion and the update.
   bool active() const noexcept { return update_.gradient_buckets_in_flight() > 0; }

@@ -19,6 +19,9 @@ class memory_pool {
   using array = device_array<Device, float>;
 
   explicit memory_pool(Device& dev) : device_(dev) {}
+  // Holds references and state that others point into: neither copied nor moved.
+  memory_pool(const memory_pool&) = delete;
+  memory_pool& operator=(const memory_pool&) = delete;
 
   // The smallest spare array that holds `floats`; else a new one of that size, which replaces the
   // largest spare (too small) so that the pool never holds more arrays than were in use at once.

@@ -34,6 +34,9 @@ class parameter_residency {
                       memory_pool<Device>& pool, const update_part& update, int rank)
       : device_(dev), params_(params), buckets_(buckets), pool_(pool), update_(update), rank_(rank),
         forwarded_(params.size(), 0), backwarded_(params.size(), 0) {}
+  // Holds references and state that others point into: neither copied nor moved.
+  parameter_residency(const parameter_residency&) = delete;
+  parameter_residency& operator=(const parameter_residency&) = delete;
 
   // Only this rank's shard of the parameters is kept; they are gathered layer by layer.
   bool active() const noexcept { return update_.shards_parameters(); }

@@ -8,9 +8,11 @@
 #include <concepts>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "ddp/core/segment.hpp"
@@ -20,6 +22,7 @@
 #include "ddp/policy/buffer_sync.hpp"
 #include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/reduction.hpp"
+#include "ddp/policy/sync_schedule.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 
@@ -223,6 +226,70 @@ struct optimizer_adapter final : optimizer_part<Device> {
         if (group->weight_decay) grouped.weight_decay = *group->weight_decay;
       dev.template elementwise<O::state_slots>(segments, grad, state, stride, grouped.at(step));
     }
+  }
+};
+
+// Over the device: the outer optimizer's element rule runs there.
+template <class Device>
+struct sync_schedule_part {
+  virtual std::string_view name() const noexcept = 0;
+  virtual bool every_step() const noexcept = 0;
+  virtual bool reduces_gradients(std::uint64_t step) const = 0;
+  virtual sync_schedule::action after_update(std::uint64_t step) const = 0;
+  // The outer optimizer's state values per element; -1: the schedule keeps no anchor.
+  virtual int outer_state_slots() const noexcept = 0;
+  // The outer optimizer's `step`-th update of the anchor (segments) with the averaged
+  // pseudo-gradient `grad`; state slot k of an element at state + k * stride + its offset.
+  virtual void outer_update(Device&, std::span<const segment> anchor, const float* grad, float* state,
+                            std::size_t stride, std::int64_t step) = 0;
+  // Streaming (sync_schedule::streaming_diloco): the fragments (0: the schedule syncs the whole
+  // model, by after_update), the one whose sync starts after step `step`, the steps until it is
+  // applied, and the local parameters' share then.
+  virtual std::size_t fragments() const noexcept = 0;
+  virtual std::optional<std::size_t> fragment_due(std::uint64_t step) const = 0;
+  virtual std::size_t delay() const noexcept = 0;
+  virtual float mixing() const noexcept = 0;
+
+ protected:
+  ~sync_schedule_part() = default;
+};
+
+template <sync_schedule::policy P, class Device>
+struct sync_schedule_adapter final : sync_schedule_part<Device> {
+  P policy;
+  std::string_view name() const noexcept override { return policy_name(policy); }
+  bool every_step() const noexcept override { return sync_schedule::syncs_every_step<P>(); }
+  bool reduces_gradients(std::uint64_t step) const override { return policy.reduces_gradients(step); }
+  sync_schedule::action after_update(std::uint64_t step) const override { return policy.after_update(step); }
+  int outer_state_slots() const noexcept override {
+    if constexpr (sync_schedule::has_outer<P>) return std::remove_cvref_t<decltype(policy.outer)>::state_slots;
+    else return -1;
+  }
+  void outer_update(Device& dev, std::span<const segment> anchor, const float* grad, float* state, std::size_t stride,
+                    std::int64_t step) override {
+    if constexpr (sync_schedule::has_outer<P>) {
+      constexpr int slots = std::remove_cvref_t<decltype(policy.outer)>::state_slots;
+      dev.template elementwise<slots>(anchor, grad, state, stride, policy.outer.at(step));
+    } else {
+      throw std::logic_error("ddp: sync schedule '" + std::string(name()) +
+                             "' asked for an outer step but declares no `outer` optimizer");
+    }
+  }
+  std::size_t fragments() const noexcept override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.fragments;
+    else return 0;
+  }
+  std::optional<std::size_t> fragment_due(std::uint64_t step) const override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.fragment_due(step);
+    else return std::nullopt;
+  }
+  std::size_t delay() const noexcept override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.delay;
+    else return 0;
+  }
+  float mixing() const noexcept override {
+    if constexpr (sync_schedule::streams_fragments<P>) return policy.mixing;
+    else return 0.0f;
   }
 };
 

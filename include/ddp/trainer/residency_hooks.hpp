@@ -19,6 +19,9 @@ class residency_hooks final : public layer_hooks {
   residency_hooks(const parameter_table& params, std::vector<bucket<Comm, Device>>& buckets,
                   gradient_residency<Comm, Device>& gradients, parameter_residency<Comm, Device>& parameters)
       : params_(params), buckets_(buckets), gradients_(gradients), parameters_(parameters) {}
+  // Holds references and state that others point into: neither copied nor moved.
+  residency_hooks(const residency_hooks&) = delete;
+  residency_hooks& operator=(const residency_hooks&) = delete;
 
   void before_forward(std::size_t first, std::size_t count) override {
     if (parameters_.active()) parameters_.need(first, count, /*forward=*/true);

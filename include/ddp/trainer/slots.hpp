@@ -30,6 +30,7 @@
 #include "ddp/policy/engine.hpp"
 #include "ddp/policy/reduction.hpp"
 #include "ddp/policy/slots.hpp"
+#include "ddp/policy/sync_schedule.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/sampler/sampler.hpp"
@@ -186,6 +187,30 @@ struct slot_descriptor<reduction::slot> : named_description {
   static std::string describe(const H&) { return describe_type<P>(); }
 };
 
+// Added after checkpoints were written: every_step goes unnamed, so older checkpoints load; a
+// checkpoint of another schedule is refused by name.
+template <>
+struct slot_descriptor<sync_schedule::slot> : unnamed_default_description<sync_schedule::slot> {
+  template <class P>
+  static consteval bool check() { return sync_schedule::diagnose<P>(); }
+  template <class P, class Device>
+  using holder = sync_schedule_adapter<P, Device>;
+  template <class Device>
+  using part = sync_schedule_part<Device>;
+  template <class P>
+  static std::string describe_type() {
+    if constexpr (sync_schedule::syncs_every_step<P>()) return std::string();
+    else if constexpr (requires { P{}.describe(); }) return P{}.describe();
+    else return std::string(P::name);
+  }
+  template <class P, class H>
+  static std::string describe(const H& h) {
+    if constexpr (sync_schedule::syncs_every_step<P>()) return std::string();
+    else if constexpr (requires { h.policy.describe(); }) return h.policy.describe();
+    else return std::string(P::name);
+  }
+};
+
 // A run saved in-process may go on under mpirun: checkpoints do not compare the communicator.
 template <>
 struct slot_descriptor<engine::communicator_slot> {
@@ -229,7 +254,7 @@ struct slot_descriptor<engine::device_slot> {
 using trainer_slots =
     policy::slot_list<buffer_sync::slot, unused_params::slot, buckets::slot, optim::slot, update::slot,
                       comm_hook::slot, reduction::slot, engine::communicator_slot, sampler::slot,
-                      engine::device_slot>;
+                      engine::device_slot, sync_schedule::slot>;
 
 // The trainer's slots for a policy list: trainer_slots, then the slot of each listed policy that
 // is not among them but has a descriptor (a slot declared outside the library: its descriptor and

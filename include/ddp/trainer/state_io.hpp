@@ -14,6 +14,7 @@
 #include "ddp/trainer/gradient_reducer.hpp"
 #include "ddp/trainer/master_weights.hpp"
 #include "ddp/trainer/parameter_table.hpp"
+#include "ddp/trainer/sync_stage.hpp"
 #include "ddp/trainer/update_stage.hpp"
 
 namespace ddp::detail {
@@ -26,6 +27,7 @@ struct trainer_state {
   buffer_set<Comm, Device>& buffers;
   gradient_reducer<Comm, Device>& reducer;
   update_stage<Comm, Device>& update;
+  sync_stage<Comm, Device>& sync;
   std::uint64_t& steps;
 
   void write(checkpoint_file& f) const {
@@ -36,12 +38,14 @@ struct trainer_state {
     buffers.write_state(f);
     reducer.write_state(f);
     update.write_state(f);
+    sync.write_state(f, reducer.buckets());
   }
   // Why `f` cannot be loaded here (another model, bucket plan, optimizer, hook state), or nothing.
   std::optional<std::string> check(const checkpoint_file& f) const {
     if (auto why = params.check_state(f)) return why;
     if (auto why = reducer.check_buckets(f)) return why;
     if (auto why = update.check_state(f)) return why;
+    if (auto why = sync.check_state(f)) return why;
     return reducer.check_hook_state(f);
   }
   // `own` is the file whose parameters, buffers and counts this rank takes; the optimizer state
@@ -55,6 +59,7 @@ struct trainer_state {
     update.read_state(files, own, reducer.buckets());
     steps = files[own].number("steps");
     reducer.read_state(files);
+    sync.read_state(files[own], reducer.buckets());
     device.synchronize();
   }
 };

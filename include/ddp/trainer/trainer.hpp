@@ -74,6 +74,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   using update_policy = policy_type<update::slot>;
   using comm_hook_policy = policy_type<comm_hook::slot>;
   using reduction_policy = policy_type<reduction::slot>;
+  using sync_schedule_policy = policy_type<sync_schedule::slot>;
   using typename core_type::communicator_type;
   using typename core_type::device_type;
 
@@ -86,6 +87,16 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // state of its last completed step for the ranks that go on.
   ~trainer() {
     if (handoff_.unwinding()) leave_state();
+  }
+
+  // Join (trainer_core::join) shadows the peers' reductions, which a schedule's local steps skip.
+  std::size_t join() {
+    static_assert(sync_schedule::syncs_every_step<sync_schedule_policy>(),
+                  "ddp: join() shadows the other ranks' gradient reductions step by step, but this trainer's sync "
+                  "schedule (sync_schedule::local_sgd, diloco, or one without `every_step_sync`) skips them on local "
+                  "steps: use sync_schedule::every_step with join(), or give every rank the same number of batches "
+                  "(ddp::data::loader's epochs do)");
+    return core_type::join();
   }
 
   // The optimizer's hyper-parameters; changes apply from the next step (schedules).
@@ -386,16 +397,5 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   std::optional<detail::run_position> loaded_position_;
   std::optional<elastic::saved_checkpoint> last_checkpoint_;  // saved or loaded last: a sharded update's fallback
 };
-
-// Whether `dir` holds a committed checkpoint (trainer.load(dir) would find one).
-inline bool has_checkpoint(const std::filesystem::path& dir) {
-  return detail::checkpoint_directory{dir}.committed().has_value();
-}
-
-// The committed checkpoints in `dir`, oldest save first; the last is the one trainer.load(dir)
-// reads. Empty when there is none.
-inline std::vector<checkpoint_info> committed_checkpoints(const std::filesystem::path& dir) {
-  return detail::checkpoint_directory{dir}.index();
-}
 
 }  // namespace ddp

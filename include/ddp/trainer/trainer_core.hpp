@@ -37,6 +37,7 @@
 #include "ddp/trainer/step_observer.hpp"
 #include "ddp/trainer/step_tape.hpp"
 #include "ddp/trainer/storage_return.hpp"
+#include "ddp/trainer/sync_stage.hpp"
 #include "ddp/trainer/update_stage.hpp"
 
 namespace ddp {
@@ -87,6 +88,7 @@ class trainer_core {
                   binds_gradient_storage<Module>, binds_values()}),
         update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets(),
                 /*exact_norm=*/reduction_part().virtual_shards() != 0),
+        sync_(comm, dev, schedule_part(), reducer_.buckets()),
         storage_(module, params_, binds_values(), reducer_),
         shard_buffers_(module, comm, dev, buffers_, reduction_part().virtual_shards()) {
     sync_part().prepare(sync_context_);
@@ -95,6 +97,7 @@ class trainer_core {
     buffers_.broadcast(0);
     reducer_.stage_values();
     reducer_.zero_gradients();
+    sync_.capture_anchor(reducer_.buckets());
   }
   trainer_core(const trainer_core&) = delete;
   trainer_core& operator=(const trainer_core&) = delete;
@@ -179,7 +182,8 @@ class trainer_core {
   const overlap_timing& last_step_overlap() const noexcept { return observer_.overlap(); }
   // What this rank's trainer holds on its device now, by kind (trainer/memory_held.hpp).
   memory_held memory() const noexcept {
-    return reducer_.memory() + memory_held{.parameters = masters_.bytes(), .optimizer_state = update_.state_bytes()};
+    return reducer_.memory() + sync_.memory() +
+           memory_held{.parameters = masters_.bytes(), .optimizer_state = update_.state_bytes()};
   }
   // Records every following step's phases into `t` (nullptr stops); ddp::write_chrome_trace
   // writes them (trainer/timeline.hpp). `t` must outlive the recording.
@@ -202,6 +206,9 @@ class trainer_core {
   std::optional<std::string> capture_refusal() const {
     if (auto why = guard_.refusal()) return why;
     if (auto why = update_.capture_refusal()) return why;
+    if (!schedule_part().every_step())
+      return "sync schedule '" + std::string(schedule_part().name()) + "' decides per step whether gradients are "
+             "reduced and when ranks sync, so no one captured step stands for every step";
     return reducer_.capture_refusal();
   }
 
@@ -233,7 +240,8 @@ class trainer_core {
   // flight settled first): what a rank hands over when its world fails (trainer/handoff.hpp).
   detail::trainer_state<Comm, Device> last_step_state() {
     reducer_.drain();
-    return {device_, params_, masters_, buffers_, reducer_, update_, steps_};
+    sync_.drain();
+    return {device_, params_, masters_, buffers_, reducer_, update_, sync_, steps_};
   }
 
  private:
@@ -253,6 +261,7 @@ class trainer_core {
   auto& update_part() const noexcept { return parts_.template get<update::slot>(); }
   auto& hook_part() const noexcept { return parts_.template get<comm_hook::slot>(); }
   auto& reduction_part() const noexcept { return parts_.template get<reduction::slot>(); }
+  auto& schedule_part() const noexcept { return parts_.template get<sync_schedule::slot>(); }
 
   [[noreturn]] void fail(const char* operation, const std::string& what) const {
     throw error("trainer", operation, comm_.rank(), what);
@@ -268,6 +277,7 @@ class trainer_core {
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
     if (reducer_.micro_batches() == 0) observer_.step_begins(steps_);
     return guard_.run("step", [&]() -> decltype(auto) {
+      if (reducer_.micro_batches() == 0) reducer_.set_local(sync_.local_step(steps_));
       auto span = observer_.phase(final ? "step" : "accumulate", steps_);
       tape_.begin_micro_batch(final);
       reducer_.begin_micro_batch();  // this one included: the control floats may go during its backward
@@ -352,6 +362,10 @@ class trainer_core {
   void finish_update(detail::step_verdict verdict) {
     auto span = observer_.phase("update", steps_);
     update_.run(reducer_.completed(), verdict, observer_, steps_);
+    {
+      auto sync = observer_.phase_if(!schedule_part().every_step(), "sync", steps_);
+      sync_.after_update(steps_, reducer_.buckets());
+    }
     masters_.round_into_module();
     end_step();
     ++steps_;
@@ -377,6 +391,7 @@ class trainer_core {
   detail::buffer_set<Comm, Device> buffers_;
   detail::gradient_reducer<Comm, Device> reducer_;
   detail::update_stage<Comm, Device> update_;
+  detail::sync_stage<Comm, Device> sync_;
   detail::storage_return<Module> storage_;  // after the reducer: gives the module its storage back first
   detail::shard_buffers<Module, Comm, Device> shard_buffers_;
   detail::step_tape tape_{comm_.rank()};

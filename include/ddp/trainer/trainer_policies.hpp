@@ -15,6 +15,7 @@
 #include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/engine.hpp"
 #include "ddp/policy/reduction.hpp"
+#include "ddp/policy/sync_schedule.hpp"
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/trainer/parts.hpp"
@@ -133,6 +134,26 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "already the same after each step, where an average of N equal floats can change their last bit "
                 "(buffer_sync::average_once_per_step), and a buffer_sync::one_of must not offer either. Use "
                 "broadcast_once_per_step (the default) or none");
+  static constexpr bool schedule_fits_reduction() {
+    if constexpr (valid)
+      return get<reduction::slot>::virtual_shards == 0 || sync_schedule::syncs_every_step<get<sync_schedule::slot>>();
+    else return true;
+  }
+  static_assert(schedule_fits_reduction(),
+                "ddp: reduction::invariant makes a step the same bits at every world size, but a sync schedule that "
+                "skips the gradients' reduction (sync_schedule::local_sgd, diloco, or one without `every_step_sync`) "
+                "lets each rank step on its own data, which depends on the world size: use sync_schedule::every_step "
+                "with reduction::invariant, or reduction::plain with this schedule");
+  static constexpr bool schedule_fits_update() {
+    if constexpr (valid)
+      return !get<update::slot>::gathers_parameters || sync_schedule::syncs_every_step<get<sync_schedule::slot>>();
+    else return true;
+  }
+  static_assert(schedule_fits_update(),
+                "ddp: a sync schedule that skips the gradients' reduction (sync_schedule::local_sgd, diloco) lets "
+                "each rank update every parameter on its own between syncs, but this update policy (update::sharded, "
+                "sharded_gradients, fully_sharded, or one that gathers parameters) keeps only this rank's shard of "
+                "the optimizer state: use update::replicated with this schedule, or sync_schedule::every_step");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
   template <class Slot>

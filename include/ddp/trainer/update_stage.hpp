@@ -210,7 +210,11 @@ class update_stage {
     for (std::size_t i = 0; i < buckets.size(); ++i) {
       const auto& bk = buckets[i];
       std::vector<float> mine(state_[i].size(), 0.0f);
-      for (std::size_t j = 0; j < files.size(); ++j) {  // each file's shard [begin, begin + shard) of every slot
+      // Each file's shard [begin, begin + shard) of every slot; this rank's own last, so that where
+      // shards overlap (a replicated update) its own state wins: between a sync schedule's syncs
+      // each rank's optimizer state is its own.
+      for (std::size_t n = 0; n < files.size(); ++n) {
+        const std::size_t j = n + 1 == files.size() ? own : n + (n >= own);
         const std::size_t begin = layouts[j].at(i)[2], shard = layouts[j].at(i)[3];
         const auto theirs = files[j].array<float>("state/" + std::to_string(i), slots * shard);
         const std::size_t lo = std::max(begin, bk.shard_begin()), hi = std::min(begin + shard, bk.shard_begin() + bk.shard());

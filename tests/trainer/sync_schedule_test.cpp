@@ -1,0 +1,345 @@
+// Sync schedules: local steps reduce nothing, syncs bring the replicas together (local SGD's
+// average, DiLoCo's outer step on the averaged pseudo-gradient), their state survives a
+// checkpoint mid-period bitwise, and they send a fraction of every_step's bytes.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "ddp/data/loader.hpp"
+#include "ddp/ddp.hpp"
+#include "ddp/host/device.hpp"
+#include "ddp/inproc/elastic.hpp"
+#include "ddp/inproc/launch.hpp"
+#include "trainer/counting_communicator.hpp"
+#include "trainer/indexed_rows.hpp"
+#include "trainer/test_model.hpp"
+
+namespace trainer_sync_schedule_test {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using params_t = std::vector<std::vector<float>>;
+constexpr std::size_t per_rank = 8;
+
+struct rows : test::toy_dataset {
+  explicit rows(std::size_t n) : test::toy_dataset(n, 31) {}
+};
+
+// Each rank's batch of step s: its rows of a global batch (the same data at every schedule).
+test::batch batch_of(int rank, int world, int step) {
+  auto global = test::make_batch(per_rank * static_cast<std::size_t>(world), 500 + static_cast<std::uint64_t>(step));
+  const auto r = static_cast<std::size_t>(rank);
+  return global.rows(r * per_rank, (r + 1) * per_rank);
+}
+
+// `steps` steps of a trainer with `Schedule`; returns each step's parameters on this rank.
+template <class Schedule, class Optimizer = ddp::optim::sgd, class Comm>
+std::vector<params_t> run(Comm& comm, int steps, Optimizer opt = {.lr = 0.1f}, Schedule schedule = {}) {
+  test::mlp model = test::make_mlp(3);
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, Schedule, Optimizer, ddp::bucket_cap<256>, ddp::use_communicator<Comm>> trainer(model, comm,
+                                                                                                       dev, opt);
+  trainer.template policy<ddp::sync_schedule::slot>() = schedule;
+  std::vector<params_t> after;
+  for (int s = 0; s < steps; ++s) {
+    const auto b = batch_of(comm.rank(), comm.size(), s);
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    after.push_back(test::parameter_values(model));
+  }
+  return after;
+}
+
+double largest_difference(const params_t& a, const params_t& b) {
+  double d = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (std::size_t j = 0; j < a[i].size(); ++j) d = std::max(d, static_cast<double>(std::abs(a[i][j] - b[i][j])));
+  return d;
+}
+
+const ddp::optim::sgd outer_lr_1{.lr = 1.0f, .momentum = 0.0f, .weight_decay = 0.0f, .nesterov = false};
+
+}  // namespace
+
+TEST_CASE("local_sgd: every rank holds the same parameters after each average, and its own between them") {
+  const auto by_rank = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::local_sgd<3, 1>>(c, 7);
+  });
+  // Step 0 is the warm-up (its gradients averaged); steps 1-3 local, averaged after step 3; 4-6.
+  for (int s = 0; s < 7; ++s) {
+    CAPTURE(s);
+    const bool equal = s == 0 || s == 3 || s == 6;
+    CHECK((by_rank[0][static_cast<std::size_t>(s)] == by_rank[1][static_cast<std::size_t>(s)]) == equal);
+  }
+}
+
+TEST_CASE("diloco<1> with outer SGD at lr 1, no momentum, equals every_step to rounding") {
+  const auto every = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::every_step>(c, 4);
+  });
+  const auto diloco = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::diloco<1>>(c, 4, ddp::optim::sgd{.lr = 0.1f}, {.outer = outer_lr_1});
+  });
+  for (int r = 0; r < 2; ++r)
+    for (int s = 0; s < 4; ++s) {
+      CAPTURE(r);
+      CAPTURE(s);
+      const auto d = largest_difference(diloco[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)],
+                                        every[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)]);
+      CHECK(d < 1e-6);
+    }
+}
+
+// The pseudo-gradient is the anchor minus the local parameters: an outer SGD step at lr 1 then
+// lands on the average of the ranks' local parameters, which local SGD computes directly. With
+// the sign reversed it would land on 2 * anchor - average, far from it.
+TEST_CASE("diloco's pseudo-gradient points from the local parameters to the anchor (its sign)") {
+  const auto local = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::local_sgd<3>>(c, 3);
+  });
+  const auto diloco = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::diloco<3>>(c, 3, ddp::optim::sgd{.lr = 0.1f}, {.outer = outer_lr_1});
+  });
+  REQUIRE(largest_difference(local[0][1], local[1][1]) > 1e-4);  // the ranks went apart before the sync
+  for (int r = 0; r < 2; ++r) CHECK(largest_difference(diloco[static_cast<std::size_t>(r)][2], local[0][2]) < 1e-6);
+}
+
+// On one rank the averaged pseudo-gradient is the rank's own: two outer Nesterov steps computed
+// by hand from plain inner runs give the same bits.
+TEST_CASE("diloco's outer Nesterov momentum over two outer steps, against a hand-computed reference") {
+  constexpr int period = 2;
+  const ddp::optim::sgd inner{.lr = 0.1f};
+  const auto outer = ddp::sync_schedule::nesterov_outer;
+  const auto diloco = ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::diloco<period>>(c, 2 * period, inner);
+  });
+  // The reference: plain SGD steps on the same batches, the outer rule by hand between periods.
+  test::mlp model = test::make_mlp(3);
+  test::reference_sgd opt(model, inner);
+  params_t anchor = test::parameter_values(model), momentum = anchor;
+  for (auto& m : momentum) std::fill(m.begin(), m.end(), 0.0f);
+  for (int s = 0; s < 2 * period; ++s) {
+    const auto b = batch_of(0, 1, s);
+    model.backward(ddp::nn::softmax_cross_entropy(model.forward(b.x), b.y).grad, ddp::ready_sink{});
+    opt.step();
+    if ((s + 1) % period) continue;
+    auto params = model.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto v = params[i].value.as<float>();
+      for (std::size_t j = 0; j < v.size(); ++j) {
+        const float d = -(v[j] - anchor[i][j]);  // the pseudo-gradient, as the trainer forms it
+        float& m = momentum[i][j];
+        m = outer.momentum * m + d;
+        anchor[i][j] -= outer.lr * (d + outer.momentum * m);
+        v[j] = anchor[i][j];
+      }
+    }
+  }
+  CHECK(diloco[0][2 * period - 1] == anchor);
+  REQUIRE(largest_difference(anchor, diloco[0][0]) > 1e-4);
+}
+
+TEST_CASE("sync schedules send a fraction of every_step's bytes: diloco<4> a quarter") {
+  auto bytes = [](auto schedule) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& inner) {
+      test::counting_communicator<ddp::inproc::communicator> c(inner);
+      run<decltype(schedule)>(c, 8, ddp::optim::sgd{.lr = 0.1f}, schedule);
+      return c.bytes().all_reduce;
+    })[0];
+  };
+  const double every = bytes(ddp::sync_schedule::every_step{});
+  const double diloco = bytes(ddp::sync_schedule::diloco<4>{});
+  const double local = bytes(ddp::sync_schedule::local_sgd<2>{});
+  CAPTURE(every);
+  CAPTURE(diloco);
+  CAPTURE(local);
+  // A sync moves each bucket whole, its padding included; a step's reduction its gradients and
+  // the control floats: within a percent of each other.
+  CHECK(diloco <= every / 4.0 * 1.01);
+  CHECK(diloco > every / 4.0 * 0.99);
+  CHECK(local <= every / 2.0 * 1.01);
+}
+
+TEST_CASE("streaming_diloco with one fragment, no delay and no mixing takes diloco's steps, bitwise") {
+  const auto diloco = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::diloco<3>>(c, 7);
+  });
+  const auto streaming = ddp::inproc::launch(2, [](ddp::inproc::communicator& c) {
+    return run<ddp::sync_schedule::streaming_diloco<3, 1>>(c, 7);
+  });
+  CHECK(streaming == diloco);
+}
+
+// Two fragments staggered over H = 4, each reduced across one inner step (Delay 1) and applied
+// without mixing: fragment 1 starts after step 1 and lands after step 2, fragment 0 after steps
+// 3 and 4. Right after a fragment lands, its tensors are equal on every rank and the other's
+// are not; the two landings cover every tensor once.
+TEST_CASE("streaming_diloco: fragments land in turn, each equal on every rank when it lands") {
+  using schedule = ddp::sync_schedule::streaming_diloco<4, 2, 1>;
+  schedule s;
+  s.mixing = 0.0f;
+  const auto by_rank = ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {
+    return run<schedule>(c, 5, ddp::optim::sgd{.lr = 0.1f}, s);
+  });
+  auto equal_tensors = [&](int step) {
+    std::vector<bool> equal;
+    const auto& a = by_rank[0][static_cast<std::size_t>(step)];
+    const auto& b = by_rank[1][static_cast<std::size_t>(step)];
+    for (std::size_t t = 0; t < a.size(); ++t) equal.push_back(a[t] == b[t]);
+    return equal;
+  };
+  const auto second = equal_tensors(2), first = equal_tensors(4);  // the steps counted from 0
+  std::size_t covered = 0;
+  for (std::size_t t = 0; t < first.size(); ++t) {
+    CAPTURE(t);
+    CHECK(first[t] != second[t]);  // each tensor in exactly one fragment
+    covered += first[t] || second[t];
+  }
+  CHECK(covered == first.size());
+  CHECK(std::count(first.begin(), first.end(), true) > 0);
+  CHECK(std::count(second.begin(), second.end(), true) > 0);
+}
+
+TEST_CASE("streaming_diloco: more fragments than buckets is an error naming both counts") {
+  ddp::inproc::launch(1, [](ddp::inproc::communicator& c) {
+    test::mlp model = test::make_mlp(1);
+    ddp::host::device dev;
+    using trainer_t = ddp::trainer<test::mlp, ddp::sync_schedule::streaming_diloco<8, 8>>;  // one 25 MiB bucket
+    CHECK_THROWS_WITH_AS(trainer_t(model, c, dev), doctest::Contains("syncs 8 fragments"), ddp::error);
+  });
+}
+
+// A run stopped mid-period (inner steps taken since the last outer step: each rank's own
+// parameters and AdamW state, the anchor, the outer momentum) resumes bitwise.
+TEST_CASE("diloco, local_sgd and streaming_diloco: a checkpoint saved mid-period resumes bitwise") {
+  const rows data(48);
+  auto dir = fs::temp_directory_path() / ("ddp_sync_schedule_test_" + std::to_string(::getpid()));
+  auto go = [&](auto schedule, std::size_t steps, std::optional<std::size_t> save_after, bool resume,
+                std::uint64_t init) {
+    using schedule_t = decltype(schedule);
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {
+      test::mlp model = test::make_mlp(init);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, schedule_t, ddp::optim::adamw, ddp::bucket_cap<256>> trainer(
+          model, c, dev, ddp::optim::adamw{.lr = 1e-2f}, {.seed = 4});
+      if (resume) trainer.load(dir);
+      const ddp::data::loader loader(data, 4, &rows::collate);
+      while (trainer.steps() < steps)
+        for (const auto& b : trainer.epoch(loader)) {
+          trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); });
+          if (save_after && trainer.steps() == *save_after) trainer.save(dir);
+          if (trainer.steps() == steps) break;
+        }
+      return test::parameter_values(model);
+    });
+  };
+  auto check = [&](auto schedule) {
+    fs::remove_all(dir);
+    const auto whole = go(schedule, 11, std::nullopt, false, 5);
+    go(schedule, 6, 6, false, 5);  // 6 steps: mid-period of 4 (2 inner steps after the outer one at 4)
+    const auto resumed = go(schedule, 11, std::nullopt, true, 77);
+    CHECK(resumed == whole);
+    CHECK(whole[0] != whole[1]);  // mid-period at the end: the ranks differ, and each resumed its own
+    fs::remove_all(dir);
+  };
+  check(ddp::sync_schedule::diloco<4>{});
+  check(ddp::sync_schedule::local_sgd<4>{});
+  // saved after step 6 with fragment 1 (launched after it) still reducing: applied after step 7
+  check(ddp::sync_schedule::streaming_diloco<4, 2, 1>{});
+}
+
+// Under launch_elastic a rank lost mid-period costs its own steps since the last sync (the
+// others keep theirs); a rank that joins mid-period starts from a peer's state, anchor and outer
+// state with it, and after the next sync every rank holds the same parameters. Every sample of
+// each epoch is taken once across the memberships.
+template <class Schedule>
+void check_elastic() {
+  constexpr std::size_t n = 96, epochs = 2;
+  const test::indexed_rows data(n);
+  std::mutex mutex;
+  std::map<std::uint64_t, std::multiset<std::size_t>> taken;       // by epoch
+  std::map<std::uint64_t, std::map<int, params_t>> after_sync;     // by step count, by rank
+  ddp::inproc::elastic_control control;
+  control.grow(1, 10);  // mid-period: syncs after steps 4, 8, 12, ...
+  const auto report = ddp::inproc::launch_elastic(
+      3,
+      [&](ddp::inproc::communicator& c) {
+        test::mlp model = test::make_mlp(3);
+        ddp::host::device dev;
+        ddp::trainer<test::mlp, Schedule, ddp::optim::adamw, ddp::bucket_cap<512>> trainer(
+            model, c, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 8});
+        ddp::data::loader loader(data, 4, &test::indexed_rows::collate);
+        const auto h = c.handoff();
+        const int membership = h ? h.shared().restarts() : 0;
+        while (trainer.epochs_started() < epochs) {
+          const std::uint64_t epoch = trainer.epochs_started();
+          for (const auto& b : trainer.epoch(loader)) {
+            if (membership == 0 && c.rank() == 1 && trainer.steps() == 6) throw std::runtime_error("injected fault");
+            trainer.step([&](auto& r) {
+              r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad);
+            });
+            std::lock_guard lock(mutex);
+            const auto mine = test::real_samples(b);
+            taken[epoch].insert(mine.begin(), mine.end());
+            if (trainer.steps() % 4 == 0) after_sync[trainer.steps()][c.rank()] = test::parameter_values(model);
+          }
+        }
+      },
+      {.control = &control});
+  REQUIRE(report.changes.size() == 2);
+  CHECK(report.changes[0].failed_rank == 1);
+  CHECK(report.changes[1].joined == 1);
+  CHECK(report.world_size == 3);
+  std::multiset<std::size_t> all;
+  for (std::size_t i = 0; i < n; ++i) all.insert(i);
+  REQUIRE(taken.size() == epochs);
+  for (const auto& [epoch, samples] : taken) CHECK(samples == all);
+  bool after_join = false;
+  for (const auto& [steps, by_rank] : after_sync) {
+    CAPTURE(steps);
+    for (const auto& [rank, p] : by_rank) CHECK(p == by_rank.begin()->second);
+    after_join = after_join || (steps > 10 && by_rank.size() == 3);
+  }
+  CHECK(after_join);
+}
+
+TEST_CASE_TEMPLATE("sync schedules under launch_elastic: a rank lost and one joining mid-period, every sample once, "
+                   "every rank equal after each sync",
+                   Schedule, ddp::sync_schedule::diloco<4>, ddp::sync_schedule::local_sgd<4>) {
+  check_elastic<Schedule>();
+}
+
+TEST_CASE("a checkpoint of one sync schedule is refused by another, naming both") {
+  const rows data(16);
+  auto dir = fs::temp_directory_path() / ("ddp_sync_schedule_refuse_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    test::mlp model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::sync_schedule::diloco<4>> t(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+    t.save(dir);
+  });
+  ddp::inproc::launch(1, [&](ddp::inproc::communicator& c) {
+    test::mlp model = test::make_mlp(1);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp> t(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+    try {
+      t.load(dir);
+      FAIL("loaded a diloco checkpoint into an every_step trainer");
+    } catch (const ddp::error& e) {
+      CHECK(std::string(e.what()).find("diloco") != std::string::npos);
+    }
+  });
+  fs::remove_all(dir);
+}
+
+}  // namespace trainer_sync_schedule_test
