@@ -23,7 +23,11 @@ int main(int argc, char** argv) {
   app.add_option("dir", dir, "the dump folder (<backend>.rank<r>.jsonl files)")->required()->check(CLI::ExistingDirectory);
   app.add_option("-b,--backend", backend,
                  "the communicator whose dumps to read (inproc, mpi, nccl); every one found when not given");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;  // --help: 0; a usage error: 1
+  }
 
   auto backends = backend.empty() ? ddp::why::backends_in(dir) : std::vector<std::string>{backend};
   if (backends.empty()) {

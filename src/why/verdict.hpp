@@ -36,9 +36,9 @@ struct entry {
     return op == o.op && count == o.count && dtype == o.dtype && root == o.root && reduce_op == o.reduce_op;
   }
   std::string tag() const {
-    std::string t = "step " + std::to_string(step);
-    if (bucket >= 0) t += ", bucket " + std::to_string(bucket);
-    return t + ", " + purpose;
+    std::string t = step >= 0 ? "step " + std::to_string(step) + ", " : std::string("outside a step, ");
+    if (bucket >= 0) t += "bucket " + std::to_string(bucket) + ", ";
+    return t + purpose;
   }
   std::string describe() const {
     std::string d = op + " #" + std::to_string(seq) + " (count " + std::to_string(count) + ", " + dtype;

@@ -21,6 +21,7 @@
 #include "ddp/comm/checked_communicator.hpp"
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "support/mismatch.hpp"
 #include "why/verdict.hpp"
 
 namespace flight_recorder_test {
@@ -30,6 +31,9 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 namespace dc = ddp::comm;
+using mismatch::injected;
+using mismatch::injections;
+using mismatch::issue_steps;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -47,80 +51,6 @@ ddp::inproc::options recorded(const fs::path& dir, std::size_t entries = 2000) {
   o.recorder = dc::recorder_options{.entries = entries, .dump_dir = dir.string(), .dump_on_signal = false};
   return o;
 }
-
-// The collectives every rank issues: #0 broadcast of the buffers, #1 a step-0 bucket, then in
-// step 1 #2 bucket 1's gradients (16 floats), #3 bucket 0's (8 floats), #4 the control floats.
-// `inject` may replace what rank 2 issues at #2.
-enum class injected { none, op, count, dtype, root, extra, skipped };
-
-template <class Comm>
-void issue_steps(Comm& comm, injected inject) {
-  std::vector<float> a(16, 1.0f), gathered(16 * 3);
-  std::vector<double> d(16, 1.0);
-  const bool odd = comm.rank() == 2;
-  {
-    dc::tag_scope buffers(dc::purpose::buffer_sync);
-    comm.broadcast(ddp::mutable_buffer{a.data(), 16, ddp::dtype::f32}, 0).wait();
-  }
-  {
-    dc::step_scope step(0);
-    dc::tag_scope bucket(dc::purpose::gradients, 0);
-    comm.all_reduce(ddp::const_buffer{a.data(), 8, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 8, ddp::dtype::f32},
-                    ddp::reduce_op::avg)
-        .wait();
-  }
-  dc::step_scope step(1);
-  {
-    dc::tag_scope bucket(dc::purpose::gradients, 1);
-    const ddp::mutable_buffer x{a.data(), 16, ddp::dtype::f32};
-    if (odd && inject == injected::op) {
-      comm.all_gather(ddp::const_buffer{a.data(), 16, ddp::dtype::f32},
-                      ddp::mutable_buffer{gathered.data(), gathered.size(), ddp::dtype::f32})
-          .wait();
-    } else if (odd && inject == injected::count) {
-      comm.all_reduce(ddp::const_buffer{a.data(), 12, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 12, ddp::dtype::f32},
-                      ddp::reduce_op::avg)
-          .wait();
-    } else if (odd && inject == injected::dtype) {
-      comm.all_reduce(ddp::const_buffer{d.data(), 16, ddp::dtype::f64}, ddp::mutable_buffer{d.data(), 16, ddp::dtype::f64},
-                      ddp::reduce_op::avg)
-          .wait();
-    } else if (odd && inject == injected::root) {
-      comm.broadcast(x, 1).wait();  // the others broadcast from 0 here
-    } else if (odd && inject == injected::extra) {
-      dc::tag_scope control(dc::purpose::control);
-      comm.barrier().wait();
-    } else if (!(odd && inject == injected::skipped)) {
-      if (inject == injected::root) comm.broadcast(x, 0).wait();
-      else comm.all_reduce(ddp::const_buffer{x.data, 16, x.type}, x, ddp::reduce_op::avg).wait();
-    }
-  }
-  {
-    dc::tag_scope bucket(dc::purpose::gradients, 0);
-    comm.all_reduce(ddp::const_buffer{a.data(), 8, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 8, ddp::dtype::f32},
-                    ddp::reduce_op::avg)
-        .wait();
-  }
-  dc::tag_scope control(dc::purpose::control);
-  comm.all_reduce(ddp::const_buffer{a.data(), 2, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 2, ddp::dtype::f32},
-                  ddp::reduce_op::sum)
-      .wait();
-}
-
-struct injection {
-  injected what;
-  const char* kind;       // the verdict's kind
-  const char* odd_issue;  // what rank 2 issued at #2, as the verdict and the checking mode describe it
-};
-
-const injection injections[] = {
-    {injected::op, "op", "all_gather"},
-    {injected::count, "count", "all_reduce #2 (count 12, f32, avg; step 1, bucket 1, gradients"},
-    {injected::dtype, "dtype", "all_reduce #2 (count 16, f64, avg; step 1, bucket 1, gradients"},
-    {injected::root, "root", "broadcast #2 (count 16, f32, root 1; step 1, bucket 1, gradients"},
-    {injected::extra, "op", "barrier #2 (count 0, u8; step 1, control"},
-    {injected::skipped, "count", "all_reduce #2 (count 8, f32, avg; step 1, bucket 0, gradients"},
-};
 
 }  // namespace
 
@@ -208,7 +138,9 @@ TEST_CASE("flight recorder: each injected mismatch is named by ddp-why's verdict
     CHECK(v.last_completed.at(2)->seq == 1);
     CHECK(contains(v.text, "first difference: collective #2, kind: " + std::string(inj.kind)));
 
-    // Checked: every rank throws the same error naming rank 2, #2 and both sides' tags.
+    // Checked: every rank throws the same error naming rank 2, #2 and both sides' tags, and its
+    // dumps give the same verdict.
+    const auto checked_dir = fresh_dir(std::string("checked_") + inj.kind + std::to_string(static_cast<int>(inj.what)));
     std::mutex m;
     std::vector<std::string> errors(3);
     CHECK_THROWS(ddp::inproc::launch(3, [&](ddp::inproc::communicator& inner) {
@@ -220,7 +152,7 @@ TEST_CASE("flight recorder: each injected mismatch is named by ddp-why's verdict
         errors[static_cast<std::size_t>(inner.rank())] = e.what();
         throw;
       }
-    }));
+    }, recorded(checked_dir)));
     for (const auto& e : errors) {
       CAPTURE(e);
       CHECK(contains(e, "ranks disagree on collective #2"));
@@ -229,7 +161,15 @@ TEST_CASE("flight recorder: each injected mismatch is named by ddp-why's verdict
       CHECK(contains(e, "rank 2 issued " + std::string(inj.odd_issue)));
       CHECK(contains(e, "differs from the others: rank 2)"));
     }
+    const auto c = ddp::why::judge_folder(checked_dir, "inproc");
+    INFO(c.text);
+    CHECK(c.sequence == v.sequence);
+    CHECK(c.kind == v.kind);
+    CHECK(c.odd == v.odd);
+    REQUIRE(c.sides.size() == 2);
+    CHECK(c.sides[1].call->describe() == v.sides[1].call->describe().replace(v.sides[1].call->describe().rfind("started"), 7, "issued"));
     fs::remove_all(dir);
+    fs::remove_all(checked_dir);
   }
 }
 

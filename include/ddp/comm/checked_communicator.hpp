@@ -14,7 +14,9 @@
 // take host memory: for a device communicator (NCCL), give the host communicator that
 // bootstrapped it. Cost: one blocking all_gather of 40 bytes per rank before each collective,
 // and the collective is issued only after it: overlap of communication with compute is lost
-// (docs/debugging.md measures it). A tool for finding a mismatch, not for training fast.
+// (docs/debugging.md measures it). A tool for finding a mismatch, not for training fast. The
+// agreement's all_gathers are left out of the flight recorder; on a mismatch each rank notes what
+// it issued there and dumps, so ddp-why names the same collective as the error.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -52,9 +54,9 @@ struct fingerprint {
                     ", " + std::string(name_of(static_cast<dtype>(type)));
     if (op == 0 || op == 3) d += ", " + std::string(name_of(static_cast<reduce_op>(reduction)));
     if (root >= 0) d += ", root " + std::to_string(root);
-    d += "; step " + std::to_string(step);
-    if (bucket >= 0) d += ", bucket " + std::to_string(bucket);
-    return d + ", " + std::string(name_of(static_cast<purpose>(what))) + ")";
+    d += step >= 0 ? "; step " + std::to_string(step) + ", " : std::string("; outside a step, ");
+    if (bucket >= 0) d += "bucket " + std::to_string(bucket) + ", ";
+    return d + std::string(name_of(static_cast<purpose>(what))) + ")";
   }
 };
 static_assert(sizeof(fingerprint) == 40);
@@ -154,7 +156,12 @@ class checked_communicator {
                              " (differs from the others: rank " + odd +
                              "); every rank must issue the same collectives in the same order: look for a "
                              "rank-dependent branch or a policy chosen differently per rank";
-    if constexpr (requires { inner_->recorder().dump_once(what); }) inner_->recorder().dump_once(what);
+    // The flight recorder notes what this rank issued (never started), so that ddp-why's verdict on
+    // the dumps names the same collective.
+    if constexpr (requires { inner_->recorder().dump_once(what); }) {
+      inner_->recorder().issued(fingerprint::ops[op], count, type, reduction, root);
+      inner_->recorder().dump_once(what);
+    }
     throw error("checked", fingerprint::ops[op], rank(), what);
   }
 

@@ -242,10 +242,16 @@ class flight_recorder {
   int size() const noexcept { return size_; }
   const recorder_options& settings() const noexcept { return options_; }
 
+  // The id of a collective left out of the record: the checking mode's agreement on the next one.
+  static constexpr std::uint64_t unrecorded = ~std::uint64_t{0};
+
   // Records a collective this thread issues, with the thread's tag; returns its sequence id
   // (counted also while the recorder is off: every rank's collectives have the same ids).
+  // Collectives tagged purpose::fingerprint are left out (unrecorded), so the ids count the
+  // same collectives with the checking mode as without it.
   std::uint64_t issued(const char* op, std::size_t count, dtype type, reduce_op reduction = reduce_op::sum,
                        int root = -1) {
+    if (detail::thread_tag.what == purpose::fingerprint) return unrecorded;
     if (ring_.empty()) return next_.fetch_add(1, std::memory_order_relaxed);
     const auto now = clock::now();
     std::lock_guard lock(mutex_);
@@ -336,7 +342,7 @@ class flight_recorder {
   bool signals() const { return enabled() && options_.dump_on_signal && !options_.dump_dir.empty(); }
 
   void advance(std::uint64_t sequence, collective_state state) {
-    if (ring_.empty()) return;
+    if (ring_.empty() || sequence == unrecorded) return;
     const auto now = clock::now();
     std::lock_guard lock(mutex_);
     auto& e = ring_[sequence % ring_.size()];
