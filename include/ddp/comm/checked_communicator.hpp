@@ -12,9 +12,10 @@
 //
 // The fingerprints travel on `agree` (by default the wrapped communicator itself), which must
 // take host memory: for a device communicator (NCCL), give the host communicator that
-// bootstrapped it. Cost: one blocking all_gather of 40 bytes per rank before each collective,
-// and the collective is issued only after it: overlap of communication with compute is lost
-// (docs/debugging.md measures it). A tool for finding a mismatch, not for training fast. The
+// bootstrapped it. Cost: one blocking all_gather of 40 bytes per rank before each collective
+// (docs/debugging.md measures it); the collective itself still runs asynchronously, but its
+// issue waits for every rank to reach the agreement. A tool for finding a mismatch, not for
+// training fast. The
 // agreement's all_gathers are left out of the flight recorder; on a mismatch each rank notes what
 // it issued there and dumps, so ddp-why names the same collective as the error.
 #include <cstdint>
