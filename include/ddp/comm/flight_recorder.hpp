@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -283,12 +284,15 @@ class flight_recorder {
     return options_.dump_dir + "/" + backend_ + ".rank" + std::to_string(rank_) + ".jsonl";
   }
 
-  // Writes the record, with `reason`, to dump_path(); false when there is no dump folder, or the
-  // file could not be written. Safe from any thread, while collectives run.
+  // Writes the record, with `reason`, to dump_path() (making the folder if needed); false when
+  // there is no dump folder, or the file could not be written. Safe from any thread, while
+  // collectives run.
   bool dump(std::string_view reason) const {
     const std::string path = dump_path();
     if (path.empty() || !enabled()) return false;
     const std::string text = render(reason);
+    std::error_code missing;
+    std::filesystem::create_directories(options_.dump_dir, missing);  // a failure shows at fopen
     static std::atomic<unsigned> counter{0};
     const std::string temporary = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
     std::FILE* f = std::fopen(temporary.c_str(), "w");
