@@ -153,6 +153,10 @@ class flight_recorder;
 
 namespace detail {
 
+// The pipe's write end the SIGUSR1 handler writes to (a lock-free atomic: async-signal-safe).
+inline std::atomic<int> signal_pipe{-1};
+static_assert(std::atomic<int>::is_always_lock_free);
+
 // The recorders of this process that dump on SIGUSR1, and the thread that dumps them: the signal
 // handler writes one byte to a pipe (async-signal-safe), the thread reads it and dumps. Made once
 // and never destroyed, so the thread outlives every recorder.
@@ -178,7 +182,7 @@ class signal_dumper {
     if (sigaction(SIGUSR1, nullptr, &current) != 0) return;
     // A program's own SIGUSR1 handler stays: ddp installs its own only where none is.
     if (current.sa_handler != SIG_DFL || (current.sa_flags & SA_SIGINFO)) return;
-    fd_ = fds_[1];
+    signal_pipe.store(fds_[1]);
     std::thread([this] { run(); }).detach();
     struct sigaction act {};
     act.sa_handler = &on_signal;
@@ -189,14 +193,14 @@ class signal_dumper {
   static void on_signal(int) {
     const int saved = errno;
     const char byte = 1;
-    [[maybe_unused]] const auto n = ::write(get_fd(), &byte, 1);
+    if (const int fd = signal_pipe.load(); fd >= 0) {
+      [[maybe_unused]] const auto n = ::write(fd, &byte, 1);
+    }
     errno = saved;
   }
-  static int get_fd() { return get().fd_; }
   void run();
 
   int fds_[2] = {-1, -1};
-  int fd_ = -1;
   std::mutex mutex_;
   std::vector<flight_recorder*> live_;
 };
