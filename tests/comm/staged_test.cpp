@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "../conformance/communicator_suite.hpp"
+#include "ddp/comm/checked_communicator.hpp"
 #include "ddp/comm/staged_communicator.hpp"
 #include "ddp/host/device.hpp"
 #include "ddp/inproc/launch.hpp"
@@ -55,6 +56,23 @@ TEST_CASE_TEMPLATE("a trainer over staged_communicator takes the bits of one ove
     });
     CHECK(through_host == plain);
   }
+}
+
+TEST_CASE_TEMPLATE("a trainer in the checking mode takes the bits of one without it (no false mismatch)", Update,
+                   ddp::update::replicated, ddp::update::sharded) {
+  using namespace equivalence;
+  using detect = ddp::unused_params::detect_each_step;
+  using sync = ddp::buffer_sync::broadcast_once_per_step;
+  using checked = ddp::comm::checked_communicator<ddp::inproc::communicator>;
+  const int world = 3;
+  const auto plain = ddp::inproc::launch(world, [](ddp::inproc::communicator& comm) {
+    return run_rank<sync, detect, ddp::inproc::communicator, Update>(comm, shape::two_micro_batches).params;
+  });
+  const auto agreed = ddp::inproc::launch(world, [](ddp::inproc::communicator& inner) {
+    checked comm(inner);
+    return run_rank<sync, detect, checked, Update>(comm, shape::two_micro_batches).params;
+  });
+  CHECK(agreed == plain);
 }
 
 TEST_CASE("a staged collective that fails returns a work whose wait() throws the failure") {

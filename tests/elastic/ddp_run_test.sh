@@ -52,7 +52,7 @@ for combo in "sgd replicated" "adamw replicated" "adamw sharded"; do
     "$worker" "${args[@]}" --out "$work/$name-ref" > "$work/$name-ref.log" 2>&1 \
     || { cat "$work/$name-ref.log"; echo "FAIL $name: the run without a fault failed"; exit 1; }
   start=$(date +%s.%N)
-  "$ddp_run" -n 3 --max-restarts 1 --launcher-args "$launcher_args" --report "$work/$name-kill.json" -- \
+  DDP_FLIGHT_RECORDER_DIR="$work/$name-dumps" "$ddp_run" -n 3 --max-restarts 1 --launcher-args "$launcher_args" --report "$work/$name-kill.json" -- \
     "$worker" "${args[@]}" "${extra[@]}" --kill 1@5.1 --out "$work/$name-kill" > "$work/$name-kill.log" 2>&1 \
     || { cat "$work/$name-kill.log"; echo "FAIL $name: the run with rank 1 killed did not finish"; exit 1; }
   grep -q '"old_world": 3, "new_world": 2' "$work/$name-kill.json" \
@@ -68,6 +68,15 @@ for combo in "sgd replicated" "adamw replicated" "adamw sharded"; do
     || { echo "FAIL $name: the restarted ranks' first step was $first, not $((resumed + 1))"; exit 1; }
   cmp "$work/$name-ref/params" "$work/$name-kill/params" \
     || { cat "$work/$name-kill.log"; echo "FAIL $name: the parameters differ from the run without a fault"; exit 1; }
+  # The survivors' flight recorders dumped when ddp-run told them of the death: ddp-why (DDP_WHY)
+  # says rank 1's dump is missing (exit 3) and gives its last collective as they saw it.
+  if [ -n "${DDP_WHY:-}" ]; then
+    why=0
+    "$DDP_WHY" --backend mpi "$work/$name-dumps" > "$work/$name-why.txt" 2>&1 || why=$?
+    { [ $why = 3 ] && grep -q "^missing dump: rank 1 " "$work/$name-why.txt" \
+        && grep -q "its last collective as the others saw it: .*, completed by every other rank" "$work/$name-why.txt"; } \
+      || { cat "$work/$name-why.txt"; echo "FAIL $name: ddp-why exited $why without naming rank 1's dump as missing"; exit 1; }
+  fi
   grep -h "ddp-run:" "$work/$name-kill.log" | sed "s/^/$name: /"
   echo "ok $name: killed at step 5, restarted on 2 ranks, every sample once, the same bits"
 done

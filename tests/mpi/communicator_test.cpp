@@ -8,8 +8,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "../conformance/communicator_suite.hpp"
+#include "ddp/comm/checked_communicator.hpp"
 #include "mpi/world.hpp"
+#include "support/mismatch.hpp"
+#include "why/verdict.hpp"
 
 namespace mpi_communicator_test {
 
@@ -62,6 +69,56 @@ TEST_CASE("mpi local rank numbers the ranks of each host") {
   CHECK(mpi_test::comm().local_rank() == before_on_my_host);
   const char* expected = std::getenv("DDP_TEST_HOSTS");
   CHECK(hosts.size() == static_cast<std::size_t>(expected ? std::atoi(expected) : 1));
+}
+
+TEST_CASE("mpi checking mode: each injected mismatch is the same error on every rank, and ddp-why names it from the dumps") {
+  namespace fs = std::filesystem;
+  auto& world = mpi_test::comm();
+  const int odd = world.size() - 1;  // the last rank issues something else at #2
+  std::int64_t id = ::getpid();
+  id = ddp::comm::all_reduce_value(world, id, ddp::reduce_op::max);
+  for (const auto& inj : mismatch::injections) {
+    CAPTURE(inj.kind);
+    const fs::path dir = fs::temp_directory_path() / ("ddp_flight_mpi_" + std::to_string(id) + "_" + inj.kind +
+                                                      std::to_string(static_cast<int>(inj.what)));
+    if (world.rank() == 0) {
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+    }
+    ddp::comm::barrier(world);
+    ddp::mpi::options opts;
+    opts.timeout = std::chrono::seconds(30);
+    opts.recorder = ddp::comm::recorder_options{.entries = 64, .dump_dir = dir.string(), .dump_on_signal = false};
+    std::string error;
+    {
+      ddp::mpi::communicator inner(MPI_COMM_WORLD, opts);
+      ddp::comm::checked_communicator comm(inner);
+      try {
+        mismatch::issue_steps(comm, inj.what, odd);
+      } catch (const ddp::error& e) {
+        error = e.what();
+      }
+      ddp::comm::barrier(inner);  // the communicator still works: nothing mismatched reached MPI
+    }
+    CAPTURE(error);
+    CHECK(error.find("ranks disagree on collective #2") != std::string::npos);
+    CHECK(error.find("rank " + std::to_string(odd) + " issued " + inj.odd_issue) != std::string::npos);
+    CHECK(error.find("differs from the others: rank " + std::to_string(odd) + ")") != std::string::npos);
+    if (world.rank() == 0) {
+      const auto v = ddp::why::judge_folder(dir, "mpi");
+      INFO(v.text);
+      CHECK(v.status == ddp::why::differ);
+      CHECK(v.sequence == std::optional<std::uint64_t>(2));
+      CHECK(v.kind == inj.kind);
+      REQUIRE(v.sides.size() == 2);
+      CHECK(v.sides[1].ranks == std::vector<int>{odd});
+      CHECK(v.sides[1].call->describe().find(inj.odd_issue) != std::string::npos);
+      CHECK(v.sides[0].call->tag() == "step 1, bucket 1, gradients");
+      if (world.size() > 2) CHECK(v.odd == std::vector<int>{odd});
+      fs::remove_all(dir);
+    }
+    ddp::comm::barrier(world);
+  }
 }
 
 }  // namespace mpi_communicator_test

@@ -5,9 +5,11 @@
 // a peer that never comes. Where the supervisor would hang, a case fails on a bounded wait
 // instead, then releases the fake so that the thread ends.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "ddp/nccl/supervisor.hpp"
+#include "why/verdict.hpp"
 
 namespace nccl_supervisor_test {
 
@@ -392,6 +395,69 @@ TEST_CASE("a communicator that aborts on failure (the default) cannot be shrunk 
   CHECK_FALSE(nccl.revoked);
   CHECK_THROWS_WITH(s.when_quiescent("ncclCommShrink", [](fake_handle&, bool) { return nd::call_result{}; }),
                     doctest::Contains("on_failure::revoke"));
+}
+
+TEST_CASE("nccl: each rank's flight recorder dumps at the watchdog's timeout, and ddp-why names the rank that differs (a fake NCCL, no GPU)") {
+  namespace fs = std::filesystem;
+  namespace dc = ddp::comm;
+  const fs::path dir = fs::temp_directory_path() / ("ddp_flight_nccl_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ddp::nccl::options opts;
+  opts.timeout = 50ms;
+  struct rank_state {
+    fake_nccl nccl;
+    fake_peers peers;
+    std::optional<dc::flight_recorder> recorder;
+    std::optional<supervisor> s;
+  };
+  std::vector<rank_state> ranks(3);
+  for (int r = 0; r < 3; ++r) {
+    auto& x = ranks[static_cast<std::size_t>(r)];
+    x.recorder.emplace("nccl", r, 3, dc::recorder_options{.entries = 16, .dump_dir = dir.string(), .dump_on_signal = false});
+    x.s.emplace(r, "cuda:" + std::to_string(r), opts, x.peers.channel(), fake_handle{&x.nccl}, &*x.recorder);
+    start_now(*x.s, x.nccl);
+    x.nccl.busy_for(0s);  // NCCL queues every call at once
+    x.s->start_watching();
+    // #0: the buffers' broadcast, finished on the GPU.
+    std::shared_ptr<fake_collective> first;
+    {
+      dc::tag_scope buffers(dc::purpose::buffer_sync);
+      first = std::make_shared<fake_collective>("broadcast", x.recorder->issued("broadcast", 16, ddp::dtype::f32, ddp::reduce_op::sum, 0));
+    }
+    first->is_reached = first->is_finished = true;
+    x.s->submit(first, [](fake_handle& h) { return h.call(); }, [] { return true; });
+    // #1: step 1, bucket 1's gradients; rank 2 reduces 12 floats where the others reduce 16, so
+    // the collective never finishes on the GPU.
+    dc::step_scope step(1);
+    dc::tag_scope bucket(dc::purpose::gradients, 1);
+    const std::size_t count = r == 2 ? 12 : 16;
+    auto second = std::make_shared<fake_collective>("all_reduce", x.recorder->issued("all_reduce", count, ddp::dtype::f32, ddp::reduce_op::avg));
+    second->is_reached = true;
+    x.s->submit(second, [](fake_handle& h) { return h.call(); }, [] { return true; });
+  }
+  for (auto& x : ranks) {
+    for (int i = 0; i < 500 && !x.s->failed(); ++i) std::this_thread::sleep_for(10ms);
+    CHECK(x.s->failed());
+  }
+  const auto v = ddp::why::judge_folder(dir, "nccl");
+  INFO(v.text);
+  CHECK(v.status == ddp::why::differ);
+  REQUIRE(v.sequence.has_value());
+  CHECK(*v.sequence == 1);
+  CHECK(v.kind == "count");
+  CHECK(v.odd == std::vector<int>{2});
+  REQUIRE(v.sides.size() == 2);
+  CHECK(v.sides[0].ranks == std::vector<int>{0, 1});
+  CHECK(v.sides[1].call->tag() == "step 1, bucket 1, gradients");
+  CHECK(v.sides[1].call->state == "started");
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(v.last_completed.at(r).has_value());
+    CHECK(v.last_completed.at(r)->op == "broadcast");
+  }
+  CHECK(contains(v.text, "made no progress for 50 ms"));
+  ranks.clear();
+  fs::remove_all(dir);
 }
 
 }  // namespace nccl_supervisor_test

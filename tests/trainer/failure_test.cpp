@@ -6,13 +6,20 @@
 // and in a loop (DDP_FAILURE_REPEATS=200), as docs/testing.md describes.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "trainer/test_model.hpp"
+#include "why/verdict.hpp"
 
 namespace trainer_failure_test {
 
@@ -201,6 +208,50 @@ TEST_CASE("a failure at any point of a step reaches every rank as the cause, and
   });
   SUBCASE("update::replicated") { check_every_fault<ddp::update::replicated>(); }
   SUBCASE("update::sharded") { check_every_fault<ddp::update::sharded>(); }
+}
+
+TEST_CASE("a rank asleep in a step: the others' flight recorder dumps name it, with the trainer's tags") {
+  // Ranks 0 and 1 time out in step 1's first collective and dump; rank 2 never issues it.
+  namespace fs = std::filesystem;
+  using namespace std::chrono_literals;
+  const fs::path dir = fs::temp_directory_path() / ("ddp_flight_trainer_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ddp::inproc::options opts;
+  opts.timeout = 300ms;
+  opts.recorder = ddp::comm::recorder_options{.entries = 2000, .dump_dir = dir.string(), .dump_on_signal = false};
+  CHECK_THROWS(ddp::inproc::launch(3, [&](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(5);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::bucket_cap<256>> trainer(model, comm, dev, {});
+    for (int s = 0; s < 2; ++s) {
+      const auto b = test::make_batch(8, 100 + static_cast<std::uint64_t>(s * 3 + comm.rank()));
+      trainer.step([&](auto& r) {
+        if (s == 1 && comm.rank() == 2) {  // asleep until the others timed out and dumped (bounded), then gone
+          for (int i = 0; i < 500 && !fs::exists(dir / "inproc.rank1.jsonl"); ++i) std::this_thread::sleep_for(10ms);
+          throw std::runtime_error("rank 2 never woke up");
+        }
+        r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad);
+      });
+    }
+  }, opts));
+  const auto v = ddp::why::judge_folder(dir, "inproc");
+  INFO(v.text);
+  REQUIRE(v.sequence.has_value());
+  CHECK(v.odd == std::vector<int>{2});
+  REQUIRE(v.sides.size() == 2);
+  CHECK(v.sides[0].ranks == std::vector<int>{0, 1});
+  REQUIRE(v.sides[0].call.has_value());
+  CHECK(v.kind == "not_issued");
+  CHECK(v.sides[0].call->step == 1);
+  CHECK(v.sides[0].call->purpose == "buffer_sync");  // step 1 begins with the buffers' broadcast
+  CHECK(!v.sides[1].call.has_value());
+  // Rank 0's record: the parameters' broadcast at construction, then step 0's buckets.
+  const auto mine = ddp::why::read_dump(dir / "inproc.rank0.jsonl");
+  bool step0_gradients = false;
+  for (const auto& e : mine.entries) step0_gradients |= e.step == 0 && e.purpose == "gradients" && e.bucket >= 0;
+  CHECK(step0_gradients);
+  fs::remove_all(dir);
 }
 
 }  // namespace trainer_failure_test

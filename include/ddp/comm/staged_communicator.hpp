@@ -18,7 +18,8 @@
 // Each collective is blocking (it returns a finished work handle; a failure is rethrown by its
 // wait(), as the contract asks): two copies through the host per collective and no overlap with
 // compute, so it is a way to run and test, not to train fast. Over the host device the copies
-// are memcpy, which is how the tests check it on a machine without a GPU.
+// are memcpy, which is how the tests check it on a machine without a GPU. Its collectives are
+// recorded by the host communicator's flight recorder (recorder()).
 #include <cstddef>
 #include <exception>
 #include <string>
@@ -62,6 +63,13 @@ class staged_communicator {
   int rank() const { return host_->rank(); }
   int size() const { return host_->size(); }
   Host& host() noexcept { return *host_; }
+  // The flight recorder (comm/flight_recorder.hpp): the host communicator's, which runs each of
+  // this one's collectives, one for one and in order, under the tag of the thread that issued it.
+  auto& recorder() noexcept
+    requires requires(Host& h) { h.recorder(); }
+  {
+    return host_->recorder();
+  }
 
   staged_work all_reduce(const_buffer send, mutable_buffer recv, reduce_op op) {
     return run([&] {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/progress_thread.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/host/kernels.hpp"
@@ -24,9 +25,13 @@ class communicator {
   static constexpr device_kind memory_kind = device_kind::cpu;
   static constexpr std::string_view backend_name = "inproc";
 
+  // The flight recorder (comm/flight_recorder.hpp) takes the world's options.recorder, or the
+  // environment's settings.
   communicator(std::shared_ptr<inproc::world> w, int rank)
       : world_(std::move(w)),
         rank_(rank),
+        recorder_(backend_name, rank, world_->size(),
+                  world_->settings().recorder.value_or(comm::recorder_options::from_environment())),
         progress_(comm::progress_options{.spin = world_->spin_budget()}) {
     if (rank < 0 || rank >= world_->size())
       throw error("inproc", "communicator", rank,
@@ -88,7 +93,14 @@ class communicator {
                   });
   }
 
-  void abort(const std::string& reason) { world_->fail(rank_, reason); }
+  void abort(const std::string& reason) {
+    recorder_.dump_once("this rank aborted: " + reason);
+    world_->fail(rank_, reason);
+  }
+
+  // The last collectives this rank issued (comm/flight_recorder.hpp).
+  comm::flight_recorder& recorder() noexcept { return recorder_; }
+  const comm::flight_recorder& recorder() const noexcept { return recorder_; }
 
   // This rank's part of elastic training's hand-over (empty unless launched by launch_elastic).
   elastic::rank_handoff handoff() const noexcept { return {world_->handoff(), rank_}; }
@@ -104,7 +116,18 @@ class communicator {
   auto issue(How how, const char* name, std::size_t count, dtype type, reduce_op op, int root, const void* send,
              void* recv, Body body) {
     const collective_call call{name, next_sequence_++, count, type, op, root};
-    return progress_.issue(how, [=, this] { run(call, send, recv, body); });
+    const std::uint64_t recorded =
+        recorder_.issued(name, count, type, op, std::string_view(name) == "broadcast" ? root : -1);
+    return progress_.issue(how, [=, this] {
+      recorder_.started(recorded);
+      try {
+        run(call, send, recv, body);
+      } catch (const std::exception& e) {
+        recorder_.dump_once(e.what());
+        throw;
+      }
+      recorder_.completed(recorded);
+    });
   }
 
   template <class Body>
@@ -212,6 +235,7 @@ class communicator {
   std::shared_ptr<inproc::world> world_;
   int rank_;
   std::uint64_t next_sequence_ = 0;
+  comm::flight_recorder recorder_;
   comm::progress_thread progress_;  // last: joined first, while the members it uses still exist
 };
 

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "ddp/comm/failure.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/handoff.hpp"
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
@@ -36,6 +37,8 @@ struct options {
   // binds a process to a core. Off by default: the scheduler may then put two ranks' threads on
   // one core while another idles, which costs a small collective up to ten times its time.
   bool bind_to_cores = false;
+  // The flight recorder of each rank's communicator (unset: DDP_FLIGHT_RECORDER_* or the defaults).
+  std::optional<comm::recorder_options> recorder;
 };
 
 // What one rank asks of the current collective; every rank must ask the same.

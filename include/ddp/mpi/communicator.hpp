@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/progress_thread.hpp"
 #include "ddp/comm/watchdog.hpp"
 #include "ddp/concepts/communicator.hpp"
@@ -43,6 +44,8 @@ namespace ddp::mpi {
 struct options {
   // A collective that runs longer than this ends the job with a message naming it.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The flight recorder (comm/flight_recorder.hpp; unset: DDP_FLIGHT_RECORDER_* or the defaults).
+  std::optional<comm::recorder_options> recorder;
 };
 
 inline MPI_Datatype datatype_of(dtype t) {
@@ -136,7 +139,7 @@ class communicator {
   // (half_ops) divide every contribution first, then sum, rounding to 16 bits at each step.
   template <issue_mode How = asynchronous_t>
   auto all_reduce(const_buffer send, mutable_buffer recv, reduce_op op, How how = How{}) {
-    return issue(how, "all_reduce", [=, this](const char* name) {
+    return issue(how, "all_reduce", send.count, send.type, op, -1, [=, this](const char* name) {
       require(recv.count == send.count && recv.type == send.type, name, "recv must have the count and dtype of send");
       const int n = count(send.count, name);
       const auto sum = [&](const void* in, void* out) {
@@ -162,7 +165,7 @@ class communicator {
 
   template <issue_mode How = asynchronous_t>
   auto broadcast(mutable_buffer buf, int root, How how = How{}) {
-    return issue(how, "broadcast", [=, this](const char* name) {
+    return issue(how, "broadcast", buf.count, buf.type, reduce_op::sum, root, [=, this](const char* name) {
       require_root(root, name);
       check(MPI_Bcast(buf.data, count(buf.count, name), datatype_of(buf.type), root, comm_), name, rank_);
     });
@@ -170,7 +173,7 @@ class communicator {
 
   template <issue_mode How = asynchronous_t>
   auto all_gather(const_buffer send, mutable_buffer recv, How how = How{}) {
-    return issue(how, "all_gather", [=, this](const char* name) {
+    return issue(how, "all_gather", send.count, send.type, reduce_op::sum, -1, [=, this](const char* name) {
       require(recv.count == send.count * static_cast<std::size_t>(size_) && recv.type == send.type, name,
               "recv must hold size() * send.count elements of send's dtype");
       const auto* own = static_cast<const char*>(recv.data) + static_cast<std::size_t>(rank_) * send.bytes();
@@ -182,7 +185,7 @@ class communicator {
 
   template <issue_mode How = asynchronous_t>
   auto reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op, How how = How{}) {
-    return issue(how, "reduce_scatter", [=, this](const char* name) {
+    return issue(how, "reduce_scatter", recv.count, send.type, op, -1, [=, this](const char* name) {
       require(send.count == recv.count * static_cast<std::size_t>(size_) && recv.type == send.type, name,
               "send must hold size() * recv.count elements of recv's dtype");
       // MPI's in-place form differs from ours (recv inside send): reduce into scratch then.
@@ -212,7 +215,7 @@ class communicator {
 
   template <issue_mode How = asynchronous_t>
   auto barrier(How how = How{}) {
-    return issue(how, "barrier", [this](const char* name) { check(MPI_Barrier(comm_), name, rank_); });
+    return issue(how, "barrier", 0, dtype::u8, reduce_op::sum, -1, [this](const char* name) { check(MPI_Barrier(comm_), name, rank_); });
   }
 
   // Ends the job: MPI cannot tell peers that wait in a collective to stop, but mpirun stops
@@ -222,6 +225,10 @@ class communicator {
 
   // Under ddp-run, the hand-over of elastic training (comm/run_agent.hpp): trainers leave their state
   // there when a peer dies, and start from what the previous membership left.
+  // The last collectives this rank issued (comm/flight_recorder.hpp).
+  comm::flight_recorder& recorder() noexcept { return *recorder_; }
+  const comm::flight_recorder& recorder() const noexcept { return *recorder_; }
+
   elastic::rank_handoff handoff() const noexcept {
     return agent_ && agent_->world() == size_ ? agent_->handoff() : elastic::rank_handoff{};
   }
@@ -230,12 +237,20 @@ class communicator {
   // The collective tells the watchdog, without a lock or a clock read, which one this rank
   // entered last.
   template <issue_mode How, class Body>
-  auto issue(How how, const char* name, Body body) {
+  auto issue(How how, const char* name, std::size_t count, dtype type, reduce_op op, int root, Body body) {
     const std::uint64_t sequence = next_sequence_++;
+    const std::uint64_t recorded = recorder_->issued(name, count, type, op, root);
     return progress_->issue(how, [=, this] {
       current_name_.store(name, std::memory_order_relaxed);
       entered_.store(sequence + 1, std::memory_order_relaxed);
-      body(name);
+      recorder_->started(recorded);
+      try {
+        body(name);
+      } catch (const std::exception& e) {
+        recorder_->dump_once(e.what());
+        throw;
+      }
+      recorder_->completed(recorded);
     });
   }
 
@@ -327,6 +342,7 @@ class communicator {
   std::chrono::steady_clock::time_point watched_since_;
   std::atomic<const char*> current_name_{""};  // the latest collective entered
   std::atomic<std::uint64_t> entered_{0};       // collectives this rank has entered
+  std::optional<comm::flight_recorder> recorder_;  // before the threads that use it: destroyed after them
   std::optional<comm::watchdog> watchdog_;
   std::optional<comm::progress_thread> progress_;
   run::agent* agent_ = nullptr;  // under ddp-run
@@ -355,6 +371,7 @@ DDP_MPI_RUNTIME_INLINE communicator::communicator(MPI_Comm parent, options opts)
   MPI_Comm_size(comm_, &size_);
   const auto env = placement_from_environment();
   local_rank_ = env ? env->local_rank : 0;
+  recorder_.emplace(backend_name, rank_, size_, opts.recorder.value_or(comm::recorder_options::from_environment()));
   watchdog_.emplace(poll_interval(), [this] { return watch(); });
   progress_.emplace();
   // Under ddp-run a dead peer fails every pending and later collective at once (MPI would wait
@@ -364,6 +381,7 @@ DDP_MPI_RUNTIME_INLINE communicator::communicator(MPI_Comm parent, options opts)
     agent_failure_ = agent_->on_failure([this](int origin, const std::string& reason) {
       const std::string why = origin == rank_ ? "this rank gave up: " + reason
                                               : "rank " + std::to_string(origin) + " is gone: " + reason;
+      recorder_->dump_once(why);
       progress_->break_queue(std::make_exception_ptr(peer_error("mpi", "collective", rank_, origin, why)));
     });
   }
@@ -380,6 +398,7 @@ DDP_MPI_RUNTIME_INLINE communicator::~communicator() {
 }
 
 DDP_MPI_RUNTIME_INLINE void communicator::abort(const std::string& reason) {
+  recorder_->dump_once("this rank aborted: " + reason);
   if (agent_) return agent_->report_failure(reason);  // ddp-run tells the others; this rank's queue breaks
   std::fprintf(stderr, "ddp[mpi] rank %d aborts the job: %s\n", rank_, reason.c_str());
   std::fflush(stderr);
@@ -423,6 +442,8 @@ DDP_MPI_RUNTIME_INLINE void communicator::answer_roll_calls() {
     if (!asked) return;
     char query = 0;
     MPI_Recv(&query, 1, MPI_CHAR, status.MPI_SOURCE, query_tag, roll_, MPI_STATUS_IGNORE);
+    // A peer timed out and will end the job once every rank answered: dump first.
+    recorder_->dump_once("rank " + std::to_string(status.MPI_SOURCE) + " timed out in a collective and asked where this rank is");
     std::uint64_t where[2];
     where[0] = entered_.load(std::memory_order_relaxed);
     where[1] = progress_->running_op() != 0 ? 1 : 0;

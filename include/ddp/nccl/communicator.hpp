@@ -45,6 +45,8 @@ namespace ddp::nccl {
 
 namespace detail {
 
+inline constexpr std::string_view communicator_name = "nccl";
+
 struct pending {
   pending(cuda::call_site site, const char* n, std::uint64_t seq) : started(site), done(site), name(n), sequence(seq) {}
   cuda::event started;  // reached on NCCL's stream: the compute before it has finished
@@ -174,10 +176,11 @@ class core {
 
   // Queues `call(comm, stream)` after the compute stream's work; returns what wait() needs.
   template <class Call>
-  std::shared_ptr<pending> enqueue(const char* name, Call call) {
+  std::shared_ptr<pending> enqueue(const char* name, Call call, std::size_t count, dtype type,
+                                   reduce_op op = reduce_op::sum, int root = -1) {
     throw_if_failed(name);
     device_->activate();
-    auto p = pool_->take(device_->site(), name, next_sequence_++);
+    auto p = pool_->take(device_->site(), name, recorder_.issued(name, count, type, op, root));
     ready_.record(device_->stream());
     stream_.wait(ready_.get());
     p->started.record(stream_.get());
@@ -230,7 +233,7 @@ class core {
   std::shared_ptr<pending> watch(const char* name, Queue queue) {
     throw_if_failed(name);
     device_->activate();
-    auto p = pool_->take(device_->site(), name, next_sequence_++);
+    auto p = pool_->take(device_->site(), name, recorder_.issued(name, 0, dtype::u8));
     p->started.record(device_->stream());
     queue();
     p->done.record(device_->stream());
@@ -244,12 +247,15 @@ class core {
 
   void throw_if_failed(const char* operation) const { supervisor_.throw_if_failed(operation); }
   const options& settings() const noexcept { return supervisor_.settings(); }
+  comm::flight_recorder& recorder() noexcept { return recorder_; }
 
  private:
   template <class Init>
   core(cuda::device& dev, int rank, int size, peer_channel channel, options opts, Init init)
       : device_(&dev), rank_(rank), size_(size), stream_(dev.site(), cuda::stream::greatest_priority(dev.site())),
-        ready_(dev.site()), supervisor_(rank, dev.id().to_string(), opts, std::move(channel)) {
+        ready_(dev.site()),
+        recorder_(communicator_name, rank, size, opts.recorder.value_or(comm::recorder_options::from_environment())),
+        supervisor_(rank, dev.id().to_string(), opts, std::move(channel), nccl_handle{}, &recorder_) {
     if (size < 1 || rank < 0 || rank >= size)
       throw error("nccl", "communicator", rank, "rank " + std::to_string(rank) + " is outside a world of size " +
                                                     std::to_string(size));
@@ -297,8 +303,8 @@ class core {
   cuda::stream stream_;
   cuda::event ready_;
   float* scratch_ = nullptr;
-  std::uint64_t next_sequence_ = 0;
   std::shared_ptr<pending_pool> pool_ = std::make_shared<pending_pool>();
+  comm::flight_recorder recorder_;  // collective ids: the recorder's (counted also while it is off)
   supervisor<nccl_handle, pending> supervisor_;  // last: its watchdog stops first
 };
 
@@ -347,7 +353,7 @@ class communicator {
     check_memory(send, recv, name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(send.data, recv.data, send.count, datatype_of(send.type), op_of(op), c, s);
-    });
+    }, send.count, send.type, op);
   }
 
   work broadcast(mutable_buffer buf, int root) {
@@ -356,7 +362,7 @@ class communicator {
     check_memory(buf.data, buf.bytes(), "buffer", name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(buf.data, buf.data, buf.count, datatype_of(buf.type), root, c, s);
-    });
+    }, buf.count, buf.type, reduce_op::sum, root);
   }
 
   // NCCL's in-place forms are ddp's: the rank's own block of the larger buffer.
@@ -367,7 +373,7 @@ class communicator {
     check_memory(send, recv, name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(send.data, recv.data, send.count, datatype_of(send.type), c, s);
-    });
+    }, send.count, send.type);
   }
 
   work reduce_scatter(const_buffer send, mutable_buffer recv, reduce_op op) {
@@ -377,16 +383,22 @@ class communicator {
     check_memory(send, recv, name);
     return submit(name, [=](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(send.data, recv.data, recv.count, datatype_of(send.type), op_of(op), c, s);
-    });
+    }, recv.count, send.type, op);
   }
 
   // NCCL has no barrier: a one-float all-reduce that every rank must join serves as one.
   work barrier() {
     float* x = core_->scratch();
-    return submit("barrier", [=](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, c, s); });
+    return submit("barrier", [=](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(x, x, 1, ncclFloat32, ncclSum, c, s); },
+                  0, dtype::u8);
   }
 
   void abort(const std::string& reason) { core_->abort(reason); }
+
+  // The last collectives this rank queued (comm/flight_recorder.hpp). A collective counts as
+  // started when its stream reached it and completed when the watchdog saw it finish (within a
+  // poll of it).
+  comm::flight_recorder& recorder() noexcept { return core_->recorder(); }
 
   // The ranks that remain after `excluded` failed (their ranks here, in increasing order) make a
   // smaller communicator from this one, renumbered in their old order, without a new unique id:
@@ -409,8 +421,9 @@ class communicator {
 
  private:
   template <class Call>
-  work submit(const char* name, Call call) {
-    return work(core_, core_->enqueue(name, call));
+  work submit(const char* name, Call call, std::size_t count, dtype type, reduce_op op = reduce_op::sum,
+              int root = -1) {
+    return work(core_, core_->enqueue(name, call, count, type, op, root));
   }
 
   void require(bool ok, const char* op, const std::string& what) const {

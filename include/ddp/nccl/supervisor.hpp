@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "ddp/comm/failure.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/watchdog.hpp"
 #include "ddp/core/error.hpp"
 
@@ -44,6 +45,8 @@ struct options {
   // collectives in flight stop, and the communicator stays, so that the ranks that remain can
   // shrink it into a smaller one: communicator::shrink).
   enum class on_failure { abort, revoke } failure_action = on_failure::abort;
+  // The flight recorder (comm/flight_recorder.hpp; unset: DDP_FLIGHT_RECORDER_* or the defaults).
+  std::optional<comm::recorder_options> recorder;
 };
 
 // How ranks tell each other that one gave up, beside NCCL: `abort` tells every peer (or ends
@@ -85,7 +88,8 @@ inline void pause_between_polls(unsigned i) {
 //                            NCCL refused (the supervisor aborts it then)
 //   call_result finalize()   ncclCommFinalize
 //   void destroy() noexcept  ncclCommDestroy; afterwards live() is false
-// Entry (one collective; `name`, `sequence` set before the supervisor sees it):
+// Entry (one collective; `name`, `sequence` set before the supervisor sees it; `sequence` is its
+// id in the flight recorder given to the supervisor, if any, which it marks started and completed):
 //   const char* name; std::uint64_t sequence;
 //   std::optional<clock::time_point> seen_started; bool settling;   (the supervisor's, under its lock)
 //   bool reached() const     its stream reached it (the work before it has finished)
@@ -94,8 +98,14 @@ template <class Handle, class Entry>
 class supervisor {
  public:
   // `where` names the device in messages ("cuda:0").
-  supervisor(int rank, std::string where, options opts, peer_channel channel, Handle handle = {})
-      : rank_(rank), where_(std::move(where)), options_(opts), channel_(std::move(channel)), handle_(std::move(handle)) {}
+  supervisor(int rank, std::string where, options opts, peer_channel channel, Handle handle = {},
+             comm::flight_recorder* recorder = nullptr)
+      : rank_(rank),
+        where_(std::move(where)),
+        options_(opts),
+        channel_(std::move(channel)),
+        handle_(std::move(handle)),
+        recorder_(recorder) {}
   supervisor(const supervisor&) = delete;
   supervisor& operator=(const supervisor&) = delete;
   ~supervisor() { close(); }
@@ -245,6 +255,7 @@ class supervisor {
   // tells the peers when `tell_peers`. True when this was the first failure.
   bool fail(failure f, bool tell_peers = false) {
     bool first = false;
+    const std::string what = recorder_ ? f.what : std::string();
     {
       std::lock_guard lock(mutex_);
       first = latch_.set(std::move(f));
@@ -253,6 +264,7 @@ class supervisor {
       else if (first)
         handle_.abort();
     }
+    if (first && recorder_) recorder_->dump_once(what);
     if (first && tell_peers) channel_.abort(latch_.get()->what);
     return first;
   }
@@ -325,8 +337,10 @@ class supervisor {
     {
       std::lock_guard lock(watch_mutex_);
       try {
-        while (!in_flight_.empty() && !in_flight_.front()->settling && in_flight_.front()->finished())
+        while (!in_flight_.empty() && !in_flight_.front()->settling && in_flight_.front()->finished()) {
+          if (recorder_) recorder_->completed(in_flight_.front()->sequence);
           in_flight_.pop_front();
+        }
       } catch (const std::exception& e) {  // a device error: nothing on this GPU completes any more
         found = failure{rank_, std::string("the GPU reported an error: ") + e.what(), false};
       }
@@ -341,7 +355,10 @@ class supervisor {
             reached = front.reached();
           } catch (const std::exception&) {  // a device error: the next look reports it through `finished`
           }
-          if (reached) front.seen_started = now;
+          if (reached) {
+            front.seen_started = now;
+            if (recorder_) recorder_->started(front.sequence);
+          }
         }
         // Only the newest can be settling (queueing is synchronous); it is timed on its own.
         Entry& back = *in_flight_.back();
@@ -382,6 +399,7 @@ class supervisor {
 
   std::mutex watch_mutex_;  // the in-flight list and its entries' watch state; never held with mutex_
   std::deque<std::shared_ptr<Entry>> in_flight_;
+  comm::flight_recorder* recorder_;  // may be null
   std::optional<comm::watchdog> watchdog_;  // last: stopped first
 };
 

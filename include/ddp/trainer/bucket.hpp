@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/device_array.hpp"
@@ -134,6 +135,7 @@ class bucket final : public update::bucket_ops {
   // over (a checkpoint's values), so no collective goes.
   void hold_values(device_array<Device, float> memory, bool gather) {
     values_ = std::move(memory);
+    const comm::tag_scope tag(comm::purpose::gather, static_cast<std::int32_t>(index()));
     if (gather)
       gathering_.emplace(comm_->all_gather(const_buffer{kept_values_.data(), shard(), dtype::f32},
                                            mutable_buffer{values_.data(), padded(), dtype::f32}));
@@ -288,6 +290,7 @@ class bucket final : public update::bucket_ops {
   void all_reduce_gradients() override { start_reduction(false); }
   void reduce_scatter_gradients() override { start_reduction(true); }
   void all_gather_parameters() override {
+    const comm::tag_scope tag(comm::purpose::gather, static_cast<std::int32_t>(index()));
     float* v = values_.data();
     if (!shape_.binds_values) {  // this rank's shard of the module's parameters, copied in first
       std::vector<segment> mine;
@@ -323,6 +326,7 @@ class bucket final : public update::bucket_ops {
   // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,
   // unless the hook chose the plain reduction, which carries them in its own collective.
   void start_reduction(bool scatter) {
+    const comm::tag_scope tag(comm::purpose::gradients, static_cast<std::int32_t>(index()));
     scatters_ = scatter;
     hook_view io(*this);
     hook_->reduce(io);

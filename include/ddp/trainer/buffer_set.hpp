@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/core/buffer_version.hpp"
@@ -57,12 +58,14 @@ class buffer_set {
 
   // Collective: every buffer takes root's bytes.
   void broadcast(int root) {
+    const comm::tag_scope tag(comm::purpose::buffer_sync);
     overwrite(all_, [&](mutable_buffer b) { comm_.broadcast(b, root).wait(); });
   }
 
   // Collective: floating buffers averaged (one collective per dtype), the others broadcast from
   // rank 0 as bytes.
   void average() {
+    const comm::tag_scope tag(comm::purpose::buffer_sync);
     build_average_groups();
     for (auto& g : average_groups_) overwrite(g, [&](mutable_buffer b) { comm_.all_reduce(b, b, reduce_op::avg).wait(); });
     overwrite(*integral_, [&](mutable_buffer b) { comm_.broadcast(b, 0).wait(); });

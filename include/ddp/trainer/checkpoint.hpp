@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/checkpoint_retention.hpp"
@@ -138,6 +139,7 @@ std::string save_options_disagreement(C& comm, D& dev, const save_options& o) {
 template <class Core>
 void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& pos,
                      const save_options& options) {
+  const comm::tag_scope tag(comm::purpose::checkpoint_agreement);
   auto& comm = core.communicator();
   auto& dev = core.device();
   const checkpoint_directory where{dir};
@@ -230,6 +232,7 @@ run_position load_files(Core& core, const std::vector<checkpoint_file>& files, s
 template <class Core>
 run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const run_position& here, bool recuts,
                              std::optional<std::uint64_t> steps = std::nullopt) {
+  const comm::tag_scope tag(comm::purpose::checkpoint_agreement);
   auto& comm = core.communicator();
   std::optional<std::string> problem;
   std::vector<checkpoint_file> files;

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/device_array.hpp"
@@ -40,6 +41,7 @@ class control_channel {
 
   // The control floats averaged in a collective of their own, ahead of the last bucket's.
   void send(std::span<const float> control) {
+    const comm::tag_scope tag(comm::purpose::control);
     if (floats_.size() != control.size()) floats_ = device_array<Device, float>(device_, control.size());
     device_.copy_from_host(floats_.data(), control.data(), control.size_bytes());
     work_.emplace(comm_.all_reduce(const_buffer{floats_.data(), control.size(), dtype::f32},

@@ -81,6 +81,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
           trainer_options options = {})
       : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), options_(options) {
+    const ddp::comm::tag_scope tag(ddp::comm::purpose::handover);
     resume_handed_over();
   }
   // In an elastic run (inproc::launch_elastic), a trainer that an exception destroys leaves the

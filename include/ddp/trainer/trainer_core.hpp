@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/module.hpp"
@@ -275,6 +276,7 @@ class trainer_core {
 
   template <class F>
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
+    const comm::step_scope tag_step(static_cast<std::int64_t>(steps_));
     if (reducer_.micro_batches() == 0) observer_.step_begins(steps_);
     return guard_.run("step", [&]() -> decltype(auto) {
       if (reducer_.micro_batches() == 0) reducer_.set_local(sync_.local_step(steps_));
@@ -344,6 +346,7 @@ class trainer_core {
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
   // and no update, when no rank was active.
   bool shadow_step() {
+    const comm::step_scope tag_step(static_cast<std::int64_t>(steps_));
     observer_.step_begins(steps_);
     return guard_.run("join", [&] {
       auto span = observer_.phase("shadow step (join)", steps_);
