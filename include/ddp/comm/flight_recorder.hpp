@@ -49,6 +49,7 @@ enum class purpose : std::uint8_t {
   checkpoint_agreement,  // the ranks agree on a checkpoint
   handover,              // elastic training's hand-over to a new membership
   fingerprint,           // the checking mode's agreement on the next collective
+  sync,                  // a sync schedule's sync: parameters or pseudo-gradients averaged
 };
 
 constexpr std::string_view name_of(purpose p) noexcept {
@@ -61,6 +62,7 @@ constexpr std::string_view name_of(purpose p) noexcept {
     case purpose::checkpoint_agreement: return "checkpoint_agreement";
     case purpose::handover: return "handover";
     case purpose::fingerprint: return "fingerprint";
+    case purpose::sync: return "sync";
   }
   return "?";
 }

@@ -185,7 +185,7 @@ class bucket final : public update::bucket_ops {
   void reduce_outside_step() {
     local_ = false;
     carries_control_ = false;
-    start_reduction(false);
+    start_reduction(false, comm::purpose::sync);
   }
   // The f32 values the optimizer updates, to or from bucket layout (`bucket`: padded() floats).
   void pack_values(float* bucket) { device_->pack(value_segments_, bucket); }
@@ -325,8 +325,8 @@ class bucket final : public update::bucket_ops {
   // The update policy asked for the gradients' reduction: all of them (all_reduce) or this
   // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,
   // unless the hook chose the plain reduction, which carries them in its own collective.
-  void start_reduction(bool scatter) {
-    const comm::tag_scope tag(comm::purpose::gradients, static_cast<std::int32_t>(index()));
+  void start_reduction(bool scatter, comm::purpose what = comm::purpose::gradients) {
+    const comm::tag_scope tag(what, static_cast<std::int32_t>(index()));
     scatters_ = scatter;
     hook_view io(*this);
     hook_->reduce(io);

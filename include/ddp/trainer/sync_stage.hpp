@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/device_array.hpp"
@@ -261,6 +262,7 @@ class sync_stage {
       } else {
         float* d = in_flight_[b].data();
         values_minus_anchor(bk, b, d);
+        const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(b));
         p.works.push_back(comm_.all_reduce(const_buffer{d, bk.padded(), dtype::f32},
                                            mutable_buffer{d, bk.padded(), dtype::f32}, reduce_op::avg));
       }
