@@ -43,6 +43,18 @@ void check_within_bound(double u, double absolute_per_rank) {
           " of its bound");
 }
 
+// A hook that derives from none but does its own reduce inherits none's `plain`, which must not
+// count; one that declares it again is plain.
+struct own_reduce : ddp::comm_hook::none {
+  void reduce(ddp::comm_hook::bucket_io& b) { b.reduce_gradients(); }
+};
+struct declared_plain : ddp::comm_hook::none {
+  static constexpr bool plain = true;
+};
+static_assert(ddp::comm_hook::is_plain<ddp::comm_hook::none>());
+static_assert(!ddp::comm_hook::is_plain<own_reduce>());
+static_assert(ddp::comm_hook::is_plain<declared_plain>());
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("bf16 and fp16 hooks stay within the derived bound of one process on the global batch", Update,

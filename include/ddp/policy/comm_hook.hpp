@@ -134,10 +134,13 @@ struct none {
 
 // Whether the hook declares that it leaves the gradients to the update policy's own collective,
 // unchanged (`plain`); a one_of is plain when every hook it offers is.
+// A hook that derives from none declares plain only by declaring it again: what it inherits
+// says nothing of what its own reduce does.
 template <class H>
 consteval bool is_plain() {
-  if constexpr (requires { { H::plain } -> std::convertible_to<bool>; }) return H::plain;
-  else return false;
+  if constexpr (!requires { { H::plain } -> std::convertible_to<bool>; }) return false;
+  else if constexpr (std::is_base_of_v<none, H> && !std::is_same_v<H, none>) return &H::plain != &none::plain && H::plain;
+  else return H::plain;
 }
 
 template <dtype Low>
