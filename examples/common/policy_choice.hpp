@@ -160,7 +160,8 @@ void with_optimizer(const std::string& name, F f) {
 
 // Calls f(std::type_identity<T>{}) with the trainer type T the flags name, for a model, a
 // communicator and a device. Every trainer type shares one trainer_core per communicator
-// (docs/trainer.md), so each of the 32 combinations costs a thin layer, not a copy of the step.
+// (docs/trainer.md), so each combination costs a thin layer, not a copy of the step: 32 of them,
+// and two more for --sync under the replicated update and the plain reduction.
 template <class Model, class Comm, class Device, class F>
 void with_trainer_type(const policy_flags& c, F f) {
   if (c.update == "fully_sharded" && (c.sampler != "distributed" || c.reduction != "plain"))

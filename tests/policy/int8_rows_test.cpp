@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -99,6 +101,23 @@ TEST_CASE("comm_hook::int8_rows sends about a quarter of f32's bytes at 2 ranks"
   CAPTURE(f32);
   CAPTURE(int8);
   CHECK(int8 < f32 * 0.45);  // a scale per row of 12-16 elements adds a third to a quarter
+}
+
+TEST_CASE("comm_hook::int8_rows: a row holding a NaN or an infinity averages to NaN, the other rows as usual") {
+  using hook = ddp::comm_hook::int8_rows;
+  const std::vector<ddp::comm_hook::tensor_layout> tensors{{0, 2, 3}};  // a 2 x 3 matrix
+  const auto rows = hook::rows_of(tensors, 8);                          // two rows and the padding
+  REQUIRE(rows.size() == 3);
+  const float x[8] = {1.0f, -2.0f, 0.5f, std::numeric_limits<float>::infinity(), 1.0f, 2.0f, 0.0f, 0.0f};
+  const std::size_t bytes = hook::message_bytes(rows.size(), 8);
+  std::vector<std::uint8_t> message(bytes);
+  hook::quantize(x, rows, message.data());
+  float mean[8];
+  hook::average(message.data(), bytes, 1, rows, mean, 8);
+  CHECK(mean[1] == -2.0f);  // the row's largest magnitude is exact
+  CHECK(std::fabs(mean[2] - 0.5f) <= 2.0f / 254.0f);
+  for (int i = 3; i < 6; ++i) CHECK(std::isnan(mean[i]));
+  CHECK(mean[6] == 0.0f);
 }
 
 }  // namespace policy_int8_rows_test

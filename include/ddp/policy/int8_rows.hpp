@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -58,17 +60,22 @@ struct int8_rows {
   static std::size_t message_bytes(std::size_t rows, std::size_t size) {
     return (rows * sizeof(float) + size + sizeof(float) - 1) / sizeof(float) * sizeof(float);
   }
+  // A row holding a NaN or an infinity travels as a NaN scale, so the average is NaN there, as
+  // an f32 reduction's would be.
   static void quantize(const float* x, std::span<const row> rows, std::uint8_t* message) {
-    auto* scales = reinterpret_cast<float*>(message);
     auto* q = reinterpret_cast<std::int8_t*>(message + rows.size() * sizeof(float));
     for (std::size_t k = 0; k < rows.size(); ++k) {
       const auto [begin, count] = rows[k];
       float largest = 0.0f;
-      for (std::size_t i = begin; i < begin + count; ++i) largest = std::max(largest, std::fabs(x[i]));
-      const float s = largest / 127.0f;
-      scales[k] = s;
+      bool finite = true;
+      for (std::size_t i = begin; i < begin + count; ++i) {
+        finite = finite && std::isfinite(x[i]);
+        largest = std::max(largest, std::fabs(x[i]));
+      }
+      const float s = finite ? largest / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(message + k * sizeof(float), &s, sizeof(float));
       for (std::size_t i = begin; i < begin + count; ++i)
-        q[i] = s > 0.0f ? static_cast<std::int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.0f, 127.0f)) : 0;
+        q[i] = finite && s > 0.0f ? static_cast<std::int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.0f, 127.0f)) : 0;
     }
   }
   // out = the mean over `ranks` messages, summed in rank order.
@@ -77,11 +84,13 @@ struct int8_rows {
     std::fill(out, out + size, 0.0f);
     for (int r = 0; r < ranks; ++r) {
       const std::uint8_t* m = messages + static_cast<std::size_t>(r) * bytes;
-      const auto* scales = reinterpret_cast<const float*>(m);
       const auto* q = reinterpret_cast<const std::int8_t*>(m + rows.size() * sizeof(float));
-      for (std::size_t k = 0; k < rows.size(); ++k)
+      for (std::size_t k = 0; k < rows.size(); ++k) {
+        float scale;
+        std::memcpy(&scale, m + k * sizeof(float), sizeof(float));
         for (std::size_t i = rows[k].begin; i < rows[k].begin + rows[k].count; ++i)
-          out[i] += static_cast<float>(q[i]) * scales[k];
+          out[i] += static_cast<float>(q[i]) * scale;
+      }
     }
     const float n = static_cast<float>(ranks);
     for (std::size_t i = 0; i < size; ++i) out[i] /= n;

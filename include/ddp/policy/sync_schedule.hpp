@@ -26,7 +26,7 @@
 //   ddp::sync_schedule::action after_update(std::uint64_t step) const;  // what follows its update
 // and, when after_update may return action::outer_step, an optimizer `outer` (ddp/optim) that
 // steps the anchor with the averaged pseudo-gradient. Optionally
-//   static constexpr bool every_step = true;  // reduces every step and never syncs otherwise:
+//   static constexpr bool every_step_sync = true;  // reduces every step and never syncs otherwise:
 //        // taken with reduction::invariant, join() and every update policy.
 // The answers must be the same on every rank (they decide which collectives go).
 #include <concepts>

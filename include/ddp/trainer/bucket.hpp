@@ -181,11 +181,17 @@ class bucket final : public update::bucket_ops {
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
   }
   // A sync schedule's sync, between steps: the padded() floats the caller wrote into
-  // gradient_memory() go through the hook, averaged over the ranks (complete_reduction waits).
-  void reduce_outside_step() {
+  // gradient_memory() averaged over the ranks (complete_reduction waits), through the hook or
+  // in f32 by the communicator itself.
+  void reduce_outside_step(bool through_hook) {
     local_ = false;
     carries_control_ = false;
-    start_reduction(false, comm::purpose::sync);
+    plain_sync_ = !through_hook;
+    if (through_hook) return start_reduction(false, comm::purpose::sync);
+    const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
+    float* g = grads_.data();
+    track(comm_->all_reduce(const_buffer{g, padded(), dtype::f32}, mutable_buffer{g, padded(), dtype::f32},
+                            reduce_op::avg));
   }
   // The f32 values the optimizer updates, to or from bucket layout (`bucket`: padded() floats).
   void pack_values(float* bucket) { device_->pack(value_segments_, bucket); }
@@ -198,6 +204,7 @@ class bucket final : public update::bucket_ops {
     hook_view io(*this);
     io.wait();
     if (control_work_) control_work_->wait();
+    if (plain_sync_) return;
     hook_->finish(io);
     if (exact_) exact_->finish(grads_.data(), io.shard_begin(), io.shard());
   }
@@ -252,6 +259,7 @@ class bucket final : public update::bucket_ops {
     gathered_.clear();  // a gather in flight stays: the reducer waits for it when it releases the values
     completed_ = false;
     local_ = false;
+    plain_sync_ = false;
   }
 
   // The hook's state (PowerSGD's error feedback), for checkpoints.
@@ -374,6 +382,7 @@ class bucket final : public update::bucket_ops {
   bool held_ = false;                  // releasing: grads_ holds pool memory
   bool completed_ = false;             // this step's reduction completed
   bool local_ = false;                 // this step's gradients stay this rank's own (no collective)
+  bool plain_sync_ = false;            // a sync reduced in f32 without the hook
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
   bool carries_control_ = true;        // this step's control floats go with this bucket
 };

@@ -7,7 +7,8 @@
 //   local step    the reducer launches no collective (gradient_reducer::set_local): each rank
 //                 updates with its own gradients
 //   average       every bucket's f32 values packed into its gradient memory, averaged over the
-//                 ranks through the hook, unpacked back (local SGD)
+//                 ranks in f32 (a lossy hook would move the parameters themselves), unpacked back
+//                 (local SGD)
 //   outer step    every bucket's values minus the anchor into its gradient memory, averaged
 //                 through the hook and negated: the averaged pseudo-gradient (anchor - local);
 //                 the outer optimizer steps the anchor with it, and the values become the anchor
@@ -19,8 +20,12 @@
 //                 anchor, and its values become mixing * local + (1 - mixing) * anchor
 //
 // The buckets' gradient memory is free between steps (the update zeroed it); it is zeroed again
-// after a sync. A sync is collective, in bucket order on every rank, as a step's reduction.
+// after a sync. A sync is collective, in bucket order on every rank, as a step's reduction, and
+// goes in two phases: every reduction completes (a stream backend's failures read back) before
+// any parameter, anchor or count changes, so a sync that fails leaves the state of the step's
+// update, which the step counts (trainer_core::finish_update).
 #include <algorithm>
+#include <exception>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -32,6 +37,7 @@
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/concepts/device_array.hpp"
+#include "ddp/concepts/work.hpp"
 #include "ddp/core/buffer.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/reduce_op.hpp"
@@ -48,12 +54,11 @@ template <communicator Comm, device Device>
 class sync_stage {
  public:
   using bucket_type = bucket<Comm, Device>;
-
   using work_type = typename bucket_type::work_type;
 
   sync_stage(Comm& comm, Device& dev, sync_schedule_part<Device>& schedule, std::span<bucket_type> buckets)
-      : comm_(comm), device_(dev), schedule_(schedule) {
-    check_fragments(buckets.size(), "construct");
+      : comm_(comm), device_(dev), schedule_(schedule), buckets_(buckets.size()) {
+    if (const auto why = fragments_refusal()) throw error("trainer", "construct", comm.rank(), *why);
     if (!keeps_anchor()) return;
     // At least one slot: the pseudo-gradient's arithmetic takes a state pointer it leaves alone.
     const auto slots = static_cast<std::size_t>(std::max(schedule.outer_state_slots(), 1));
@@ -66,44 +71,42 @@ class sync_stage {
   sync_stage& operator=(const sync_stage&) = delete;
   ~sync_stage() { drain(); }
 
-  // Waits for the fragments in flight; one whose reduction failed (a peer was lost) is dropped:
-  // its sync is skipped, on every rank that remains alike, and it syncs again at its next turn.
-  void drain() noexcept {
-    std::erase_if(pending_, [&](pending_fragment& p) {
-      try {
-        wait(p);
-        return false;
-      } catch (...) {
-        return true;
-      }
-    });
-  }
-
   bool keeps_anchor() const noexcept { return schedule_.outer_state_slots() >= 0; }
   // Step `step` (counting from 0) reduces no gradient: each rank updates with its own.
   bool local_step(std::uint64_t step) const { return !schedule_.every_step() && !schedule_.reduces_gradients(step); }
 
-  // The parameters as they are now become the anchor (at construction, after a load that
-  // brought no anchor).
-  void capture_anchor(std::span<bucket_type> buckets) {
+  // Before a step: the parameters as they are become the anchor, the first time (after the
+  // module's values were set: at construction, by the program, or by a load that brought none).
+  void before_step(std::span<bucket_type> buckets) {
+    if (anchored_ || !keeps_anchor()) return;
     for (std::size_t b = 0; b < anchor_.size(); ++b) buckets[b].pack_values(anchor_[b].data());
+    anchored_ = true;
   }
 
-  // After the update of step `step`: the schedule's sync, if it has one now. Returns whether the
-  // parameters changed. Collective then.
-  bool after_update(std::uint64_t step, std::span<bucket_type> buckets) {
+  // After the update of step `step`: the schedule's sync, if it has one now. Collective then.
+  void after_update(std::uint64_t step, std::span<bucket_type> buckets) {
+    before_step(buckets);  // a step captured, or replayed, without its begin
     if (schedule_.fragments()) return stream(step, buckets);
     switch (schedule_.after_update(step)) {
       case sync_schedule::action::none:
-        return false;
+        return;
       case sync_schedule::action::average_parameters:
-        average(buckets);
-        return true;
+        return average(buckets);
       case sync_schedule::action::outer_step:
-        outer_step(buckets);
-        return true;
+        return outer_step(buckets);
     }
-    return false;
+  }
+
+  // Waits for the fragments in flight; one whose reduction failed (a peer was lost) is dropped:
+  // its sync is skipped, and it syncs again at its next turn.
+  void drain() noexcept {
+    std::erase_if(pending_, [&](pending_fragment& p) { return wait_quietly(p) != nullptr; });
+  }
+  // For the ranks that go on after a failure: every fragment in flight is dropped, on every rank
+  // alike, whether or not its reduction completed here.
+  void drop_in_flight() noexcept {
+    for (auto& p : pending_) wait_quietly(p);
+    pending_.clear();
   }
 
   // The anchor and outer state: one copy of the parameters, and the outer optimizer's state.
@@ -121,11 +124,10 @@ class sync_stage {
   // pseudo-gradient saved, to be applied at its step after a load.
   void write_state(checkpoint_file& f, std::span<const bucket_type> buckets) {
     if (!keeps_anchor()) return;
-    f.set_text("sync/outer_steps", std::to_string(outer_steps_[0]));
-    f.set_array("sync/fragment_outer_steps", std::span<const std::uint64_t>(outer_steps_));
+    f.set_array("sync/outer_steps", std::span<const std::uint64_t>(outer_steps_));
     std::vector<std::uint64_t> pending;
     for (auto& p : pending_) {
-      wait(p);
+      if (const auto failed = wait_quietly(p)) std::rethrow_exception(failed);
       pending.insert(pending.end(), {p.fragment, p.apply_at});
       for (std::size_t b = p.fragment; b < buckets.size(); b += fragments())
         f.set_array("sync/in_flight/" + std::to_string(b), std::span<const float>(host_copy(in_flight_[b], buckets[b].numel(), 1)));
@@ -138,20 +140,18 @@ class sync_stage {
     }
   }
   std::optional<std::string> check_state(const checkpoint_file& f) const {
-    if (keeps_anchor() && !f.has("meta/sync/outer_steps"))
+    if (const auto why = fragments_refusal()) return why;
+    if (keeps_anchor() && !f.has("sync/outer_steps"))
       return "'" + f.path() + "' holds no anchor: it was saved under a sync schedule without outer steps, and '" +
              std::string(schedule_.name()) + "' needs one";
     return std::nullopt;
   }
   void read_state(const checkpoint_file& f, std::span<bucket_type> buckets) {
     if (!keeps_anchor()) return;
+    outer_steps_ = f.array<std::uint64_t>("sync/outer_steps", f.section("sync/outer_steps").size() / sizeof(std::uint64_t));
     make_stream_memory(buckets);
-    const auto& counts = f.section("sync/fragment_outer_steps");
-    outer_steps_ = f.array<std::uint64_t>("sync/fragment_outer_steps", counts.size() / sizeof(std::uint64_t));
-    make_stream_memory(buckets);
-    pending_.clear();
-    const auto& pending = f.section("sync/pending");
-    const auto entries = f.array<std::uint64_t>("sync/pending", pending.size() / sizeof(std::uint64_t));
+    drop_in_flight();
+    const auto entries = f.array<std::uint64_t>("sync/pending", f.section("sync/pending").size() / sizeof(std::uint64_t));
     for (std::size_t k = 0; k + 1 < entries.size(); k += 2) {
       pending_.push_back({static_cast<std::size_t>(entries[k]), entries[k + 1], {}});
       for (std::size_t b = entries[k]; b < buckets.size(); b += fragments()) {
@@ -169,18 +169,56 @@ class sync_stage {
       for (std::size_t k = 0; k < slots(); ++k)
         device_.copy_from_host(outer_state_[b].data() + k * padded, state.data() + k * n, n * sizeof(float));
     }
+    anchored_ = true;
   }
 
  private:
+  struct pending_fragment {
+    std::size_t fragment = 0;
+    std::uint64_t apply_at = 0;    // the step after whose update it is applied
+    std::vector<work_type> works;  // Delay >= 1: the reductions in flight (none after a load)
+  };
+
   std::size_t slots() const noexcept { return static_cast<std::size_t>(std::max(schedule_.outer_state_slots(), 0)); }
+  std::size_t fragments() const noexcept { return schedule_.fragments(); }
+  // A schedule chosen at run time (a one_of, a flag) may start streaming after construction: its
+  // memory and counts are made on first use.
+  std::optional<std::string> fragments_refusal() const {
+    if (fragments() <= buckets_) return std::nullopt;
+    return "sync schedule '" + std::string(schedule_.name()) + "' syncs " + std::to_string(fragments()) +
+           " fragments of the model, one bucket or more each, but the model fills " + std::to_string(buckets_) +
+           " bucket(s): choose a smaller bucket_cap, or fewer fragments";
+  }
+  void make_stream_memory(std::span<bucket_type> buckets) {
+    const std::size_t counts = std::max<std::size_t>(fragments(), 1);
+    if (outer_steps_.size() < counts) outer_steps_.resize(counts, 0);
+    if (!fragments() || !in_flight_.empty()) return;
+    if (const auto why = fragments_refusal()) throw error("trainer", "step", comm_.rank(), *why);
+    for (auto& bk : buckets) in_flight_.push_back(zeroed(bk.padded()));
+  }
+
+  // Phase one: the reductions started on buckets first, first + stride, ... complete, and on a
+  // stream backend the host learns whether they failed.
+  void complete(std::span<bucket_type> buckets, std::size_t first, std::size_t stride) {
+    for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].complete_reduction();
+    if constexpr (stream_ordered_work<work_type>) {
+      device_.synchronize();
+      for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].rethrow_failures();
+    }
+  }
+  void finish(bucket_type& bk) {
+    bk.clear_works();
+    device_.fill_zero(bk.gradient_memory(), bk.padded() * sizeof(float));
+    bk.zero_gradients();
+  }
 
   void average(std::span<bucket_type> buckets) {
     for (auto& bk : buckets) {
       bk.pack_values(bk.gradient_memory());
-      bk.reduce_outside_step();
+      bk.reduce_outside_step(/*through_hook=*/false);
     }
+    complete(buckets, 0, 1);
     for (auto& bk : buckets) {
-      bk.complete_reduction();
       bk.unpack_values(bk.gradient_memory());
       finish(bk);
     }
@@ -189,13 +227,13 @@ class sync_stage {
   void outer_step(std::span<bucket_type> buckets) {
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       values_minus_anchor(buckets[b], b, buckets[b].gradient_memory());
-      buckets[b].reduce_outside_step();
+      buckets[b].reduce_outside_step(/*through_hook=*/true);
     }
-    ++outer_steps_[0];
+    complete(buckets, 0, 1);
+    const std::uint64_t outer_step = ++outer_steps_[0];
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
-      bk.complete_reduction();
-      step_anchor(b, bk.gradient_memory(), bk.padded(), outer_steps_[0]);
+      step_anchor(b, bk.gradient_memory(), bk.padded(), outer_step);
       bk.unpack_values(anchor_[b].data());
       finish(bk);
     }
@@ -219,38 +257,20 @@ class sync_stage {
 
   // ---- streaming: fragments synced in turn, reductions in flight across inner steps ----------
 
-  struct pending_fragment {
-    std::size_t fragment = 0;
-    std::uint64_t apply_at = 0;     // the step after whose update it is applied
-    std::vector<work_type> works;  // Delay >= 1: the reductions in flight (none after a load)
-  };
-  std::size_t fragments() const noexcept { return schedule_.fragments(); }
-  // A schedule chosen at run time (a one_of, a flag) may start streaming after construction: its
-  // memory and counts are made on first use.
-  void check_fragments(std::size_t buckets, const char* operation) const {
-    if (fragments() > buckets)
-      throw error("trainer", operation, comm_.rank(),
-                  "sync schedule '" + std::string(schedule_.name()) + "' syncs " + std::to_string(fragments()) +
-                      " fragments of the model, one bucket or more each, but the model fills " +
-                      std::to_string(buckets) + " bucket(s): choose a smaller bucket_cap, or fewer fragments");
-  }
-  void make_stream_memory(std::span<bucket_type> buckets) {
-    if (outer_steps_.size() < std::max<std::size_t>(fragments(), 1)) outer_steps_.resize(std::max<std::size_t>(fragments(), 1), 0);
-    if (!fragments() || !in_flight_.empty()) return;
-    check_fragments(buckets.size(), "step");
-    for (auto& bk : buckets) in_flight_.push_back(zeroed(bk.padded()));
-  }
-
-  bool stream(std::uint64_t step, std::span<bucket_type> buckets) {
+  void stream(std::uint64_t step, std::span<bucket_type> buckets) {
     make_stream_memory(buckets);
     if (const auto f = schedule_.fragment_due(step)) launch(*f, step, buckets);
-    bool changed = false;
     while (!pending_.empty() && pending_.front().apply_at == step) {
+      try {
+        if (const auto failed = wait_quietly(pending_.front())) std::rethrow_exception(failed);
+        if (schedule_.delay() == 0) complete(buckets, pending_.front().fragment, fragments());
+      } catch (...) {  // the fragment's sync is skipped; the step's update stands
+        pending_.erase(pending_.begin());
+        throw;
+      }
       apply(pending_.front(), buckets);
       pending_.erase(pending_.begin());
-      changed = true;
     }
-    return changed;
   }
   void launch(std::size_t f, std::uint64_t step, std::span<bucket_type> buckets) {
     pending_fragment p{f, step + schedule_.delay(), {}};
@@ -258,8 +278,8 @@ class sync_stage {
       auto& bk = buckets[b];
       if (schedule_.delay() == 0) {  // through the hook, in the bucket's gradient memory
         values_minus_anchor(bk, b, bk.gradient_memory());
-        bk.reduce_outside_step();
-      } else {
+        bk.reduce_outside_step(/*through_hook=*/true);
+      } else {  // in flight across inner steps, which use the bucket's memory: in memory of its own
         float* d = in_flight_[b].data();
         values_minus_anchor(bk, b, d);
         const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(b));
@@ -269,24 +289,34 @@ class sync_stage {
     }
     pending_.push_back(std::move(p));
   }
-  void wait(pending_fragment& p) {
-    for (auto& w : p.works) w.wait();
+  // Waits for every reduction of `p` (after a failure too, so that none is left in flight) and,
+  // on a stream backend, reads their failures back; returns the first failure.
+  std::exception_ptr wait_quietly(pending_fragment& p) noexcept {
+    std::exception_ptr failed;
+    for (auto& w : p.works) try {
+        w.wait();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    if constexpr (stream_ordered_work<work_type>) {
+      if (!p.works.empty()) try {
+          device_.synchronize();
+          for (const auto& w : p.works) rethrow_failure(w);
+        } catch (...) {
+          if (!failed) failed = std::current_exception();
+        }
+    }
     p.works.clear();
+    return failed;
   }
+  // Phase two of a fragment's sync: its reductions completed.
   void apply(pending_fragment& p, std::span<bucket_type> buckets) {
-    wait(p);
     const std::uint64_t outer_step = ++outer_steps_[p.fragment];
     const float keep = schedule_.mixing();
     for (std::size_t b = p.fragment; b < buckets.size(); b += fragments()) {
       auto& bk = buckets[b];
       float* g = bk.gradient_memory();
-      if (schedule_.delay() == 0) {
-        bk.complete_reduction();
-        bk.clear_works();
-        step_anchor(b, g, bk.padded(), outer_step);
-      } else {
-        step_anchor(b, in_flight_[b].data(), bk.padded(), outer_step);
-      }
+      step_anchor(b, schedule_.delay() == 0 ? g : in_flight_[b].data(), bk.padded(), outer_step);
       if (keep == 0.0f) {
         bk.unpack_values(anchor_[b].data());
       } else {  // values -= (1 - mixing) (values - anchor)
@@ -298,15 +328,8 @@ class sync_stage {
                                         optim::sgd::rule{1.0f - keep, 0.0f, 0.0f, false});
         bk.unpack_values(mixed);
       }
-      device_.fill_zero(g, bk.padded() * sizeof(float));
-      bk.zero_gradients();
+      finish(bk);
     }
-  }
-
-  void finish(bucket_type& bk) {
-    bk.clear_works();
-    device_.fill_zero(bk.gradient_memory(), bk.padded() * sizeof(float));
-    bk.zero_gradients();
   }
 
   device_array<Device, float> zeroed(std::size_t n) {
@@ -314,7 +337,7 @@ class sync_stage {
     device_.fill_zero(a.data(), n * sizeof(float));
     return a;
   }
-  // The first `n` floats of each of `slots` rows of `padded`-float stride.
+  // The first `n` floats of each of `rows` rows of the array (its size / rows floats apart).
   std::vector<float> host_copy(const device_array<Device, float>& a, std::size_t n, std::size_t rows) const {
     std::vector<float> out(n * rows);
     const std::size_t stride = rows ? a.size() / std::max<std::size_t>(rows, 1) : 0;
@@ -325,11 +348,13 @@ class sync_stage {
   Comm& comm_;
   Device& device_;
   sync_schedule_part<Device>& schedule_;
+  std::size_t buckets_ = 0;
   std::vector<device_array<Device, float>> anchor_;       // per bucket, padded floats
   std::vector<device_array<Device, float>> outer_state_;  // per bucket, max(slots, 1) rows of padded floats
   std::vector<device_array<Device, float>> in_flight_;    // streaming, per bucket: a fragment's reduction
   std::vector<std::uint64_t> outer_steps_ = {0};          // outer steps taken, per fragment
   std::vector<pending_fragment> pending_;                 // fragments reducing, in launch order
+  bool anchored_ = false;                                 // the anchor holds the parameters of a step
 };
 
 }  // namespace ddp::detail

@@ -285,7 +285,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     try {            // step count and the last checkpoint still go, for a sharded update's fall-back
       detail::checkpoint_file f;
       position_at(completed_position_count()).write(f, this->communicator().rank());
-      core().last_step_state().write(f);
+      core().handover_state().write(f);
       state = handoff_.encodes_states() ? std::any(elastic::encoded_state{f.encode(), {}}) : std::any(std::move(f));
     } catch (...) {
     }

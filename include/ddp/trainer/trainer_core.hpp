@@ -30,6 +30,7 @@
 #include "ddp/trainer/metrics.hpp"
 #include "ddp/trainer/module_claim.hpp"
 #include "ddp/trainer/parameter_table.hpp"
+#include "ddp/trainer/replica.hpp"
 #include "ddp/trainer/shard_buffers.hpp"
 #include "ddp/trainer/slots.hpp"
 #include "ddp/trainer/state_io.hpp"
@@ -60,22 +61,8 @@ class trainer_core {
   using output_type = typename Module::output_type;
   using parts_type = detail::trainer_parts_ref<Device>;
 
-  // What a step function works with: forward and backward of the module, with the trainer's
-  // buffer synchronisation and readiness tracking around them.
-  class replica {
-   public:
-    output_type forward(const input_type& x) { return t_.forward(x); }
-    // Returns what the module's backward returns: nothing, or the gradient with respect to its
-    // input for a module asked for it (ddp::nn::sequential::compute_input_gradient).
-    decltype(auto) backward(const output_type& grad_output) { return t_.backward(grad_output); }
-    Module& module() noexcept { return t_.module_; }
-    int rank() const noexcept { return t_.comm_.rank(); }
-
-   private:
-    friend class trainer_core;
-    explicit replica(trainer_core& t) : t_(t) {}
-    trainer_core& t_;
-  };
+  // What a step function works with (trainer/replica.hpp).
+  using replica = detail::replica<trainer_core>;
 
   // Checks that every tensor is on the rank's device and that every rank holds the same model,
   // then broadcasts rank 0's parameters and buffers.
@@ -98,7 +85,6 @@ class trainer_core {
     buffers_.broadcast(0);
     reducer_.stage_values();
     reducer_.zero_gradients();
-    sync_.capture_anchor(reducer_.buckets());
   }
   trainer_core(const trainer_core&) = delete;
   trainer_core& operator=(const trainer_core&) = delete;
@@ -237,6 +223,12 @@ class trainer_core {
     between_steps(operation);
     return last_step_state();
   }
+  // What a rank hands over when its world fails (trainer/handoff.hpp): the last completed step's
+  // state, without a sync schedule's fragments in flight (dropped on every rank alike).
+  detail::trainer_state<Comm, Device> handover_state() {
+    sync_.drop_in_flight();
+    return last_step_state();
+  }
   // The state of the last completed step, also when one failed half-way (the reductions still in
   // flight settled first): what a rank hands over when its world fails (trainer/handoff.hpp).
   detail::trainer_state<Comm, Device> last_step_state() {
@@ -246,6 +238,7 @@ class trainer_core {
   }
 
  private:
+  friend replica;
   bool binds_values() const { return detail::binds_values<Module>(params_, update_part().gathers_parameters()); }
 
   detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
@@ -279,13 +272,13 @@ class trainer_core {
     const comm::step_scope tag_step(static_cast<std::int64_t>(steps_));
     if (reducer_.micro_batches() == 0) observer_.step_begins(steps_);
     return guard_.run("step", [&]() -> decltype(auto) {
-      if (reducer_.micro_batches() == 0) reducer_.set_local(sync_.local_step(steps_));
+      if (reducer_.micro_batches() == 0) reducer_.set_local(sync_.local_step(steps_)), sync_.before_step(reducer_.buckets());
       auto span = observer_.phase(final ? "step" : "accumulate", steps_);
       tape_.begin_micro_batch(final);
       reducer_.begin_micro_batch();  // this one included: the control floats may go during its backward
       shard_buffers_.micro_batch_begins(steps_, reducer_.micro_batches() - 1);
       ++micro_batches_run_;
-      replica r(*this);
+      replica r(*this, module_, comm_.rank());
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
         step_fn(r);
         end_micro_batch();
@@ -365,10 +358,16 @@ class trainer_core {
   void finish_update(detail::step_verdict verdict) {
     auto span = observer_.phase("update", steps_);
     update_.run(reducer_.completed(), verdict, observer_, steps_);
-    {
+    try {  // a sync that fails changed nothing (sync_stage.hpp): the step's update stands, and counts
       auto sync = observer_.phase_if(!schedule_part().every_step(), "sync", steps_);
       sync_.after_update(steps_, reducer_.buckets());
+    } catch (...) {
+      count_step();
+      throw;
     }
+    count_step();
+  }
+  void count_step() {
     masters_.round_into_module();
     end_step();
     ++steps_;

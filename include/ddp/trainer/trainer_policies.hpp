@@ -154,6 +154,16 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "each rank update every parameter on its own between syncs, but this update policy (update::sharded, "
                 "sharded_gradients, fully_sharded, or one that gathers parameters) keeps only this rank's shard of "
                 "the optimizer state: use update::replicated with this schedule, or sync_schedule::every_step");
+  static constexpr bool schedule_fits_optimizer() {
+    if constexpr (valid)
+      return optim::applies_update<get<optim::slot>>() || sync_schedule::syncs_every_step<get<sync_schedule::slot>>();
+    else return true;
+  }
+  static_assert(schedule_fits_optimizer(),
+                "ddp: optim::external leaves the update to your optimizer after step() returns, but a sync schedule "
+                "other than every_step syncs the parameters inside step(), after the update (sync_schedule::"
+                "local_sgd, diloco): use an optimizer the trainer applies (optim::sgd, optim::adamw) with this "
+                "schedule, or sync_schedule::every_step with optim::external");
   using core = std::conditional_t<valid, trainer_core<Module, communicator, device>, invalid_core<communicator, device>>;
 
   template <class Slot>
