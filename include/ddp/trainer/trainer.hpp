@@ -261,7 +261,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     try {
       files = detail::handed_over_files(*handed, handoff_.resume_whole(), comm.rank(), comm.size());
     } catch (const std::exception& e) {
-      problem = e.what();
+      problem = detail::problem_text(e);
     }
     const auto rank = static_cast<std::size_t>(comm.rank());
     const std::size_t own = files.size() == 1 || rank >= files.size() ? 0 : rank;
