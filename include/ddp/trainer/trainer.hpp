@@ -251,7 +251,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
 
   void resume_handed_over() {
-    handoff_.watch_steps(core().observer());
+    handoff_.watch_steps(core().observer(), reduction_policy::virtual_shards);
     if (const auto c = handoff_.resume_checkpoint()) return load_at(c->dir, c->steps);  // a sharded update
     const auto* handed = handoff_.resume_files();
     if (!handed) return;
