@@ -421,6 +421,7 @@ int run(const settings& s) {
           if (!waited.empty()) on_failure(*waited.front(), "its collective made no progress: " + stall, true);
           stalled_since.reset();
         } else {
+          std::sort(waited.begin(), waited.end(), [](const worker* a, const worker* b) { return a->rank < b->rank; });
           std::string ranks;
           for (auto* w : waited) ranks += (ranks.empty() ? "" : ", ") + std::to_string(w->rank);
           for (auto* w : silent) {
