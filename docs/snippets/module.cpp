@@ -78,6 +78,22 @@ class my_head {
 static_assert(ddp::trainable_module<my_head>);
 // [end doc]
 
+// The views a module returns, read as a program that hashes a trained model would.
+std::uint64_t parameter_hash(my_head& module) {
+  // [doc: writing-a-module.md]
+  #include <ddp/ddp.hpp>
+  #include <cstdint>
+
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over every parameter's bytes, in order
+  for (const ddp::parameter_ref& p : module.parameters()) {
+    const auto* b = static_cast<const unsigned char*>(p.value.data);  // host memory (a CPU module)
+    for (std::size_t i = 0; i < p.value.bytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  const std::span<const float> w = module.parameters()[0].value.as<const float>();  // an f32 parameter
+  // [end doc]
+  return h ^ static_cast<std::uint64_t>(w.size());
+}
+
 // [doc: concepts/module.md]
 #include <ddp/ddp.hpp>
 #include <ddp/nn/matrix.hpp>

@@ -352,6 +352,41 @@ static_assert(ddp::data::dataset<record_file>);
 // [end doc]
 
 // [doc: loaders.md]
+#include <ddp/data/loader.hpp>
+#include <ddp/nn/matrix.hpp>
+
+// Synthetic samples: 8 features and a label in [0, 4), made from the index.
+struct synthetic {
+  struct example {
+    std::array<float, 8> x;
+    std::int32_t y;
+  };
+  using example_type = example;
+  std::size_t size() const { return 1000; }
+  example get(std::size_t i) const {
+    example e{};
+    for (std::size_t f = 0; f < e.x.size(); ++f) e.x[f] = static_cast<float>((i * 7 + f * 3) % 11) / 11.0f;
+    e.y = static_cast<std::int32_t>(i % 4);
+    return e;
+  }
+  // Any struct: its fields are what a step reads (b.x, b.y); the loader adds b.weights.
+  struct batch {
+    ddp::nn::matrix x;            // one row per sample
+    std::vector<std::int32_t> y;  // one label per sample
+  };
+  static batch collate(std::span<const example> examples) {
+    batch b{ddp::nn::matrix(examples.size(), 8), std::vector<std::int32_t>(examples.size())};
+    for (std::size_t r = 0; r < examples.size(); ++r) {
+      std::copy(examples[r].x.begin(), examples[r].x.end(), b.x.row(r));
+      b.y[r] = examples[r].y;
+    }
+    return b;
+  }
+};
+static_assert(ddp::data::dataset<synthetic>);
+// [end doc]
+
+// [doc: loaders.md]
 #include <ddp/concepts/loader.hpp>
 
 // Batches of whole sequences packed from a token stream: the index picks a window.

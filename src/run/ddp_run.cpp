@@ -52,6 +52,8 @@ struct settings {
   std::string launcher_args;
   std::string host;
   double leave_timeout = 30;
+  double error_grace = 0.5;  // how long a rank's own error waits for the others' before they are told
+  double stall_grace = 3;    // how long after a rank's timeout the others' timeouts are waited for
   double start_timeout = 120;
   double kill_every = 0;  // fault injection: SIGKILL a random worker this often (seconds)
   unsigned kill_seed = 1;
@@ -83,6 +85,7 @@ struct worker {
   pid_t pid = 0;
   bool saved = false, bye = false, failed = false, gone = false;
   bool own_error = false;  // it said it failed (not a peer's failure)
+  bool stalled = false;    // a collective of it waited past its timeout for a peer
   bool stateless = false;  // it ended without a state to leave
   std::map<std::size_t, left_state> left;
 };
@@ -287,20 +290,46 @@ int run(const settings& s) {
     std::optional<clock_type::time_point> failed_at;
     int origin = -1;
     std::string cause;
+    // When the others are told of the failure: at once for a death; for a rank's own error, after
+    // --error-grace, so that ranks raising the same error a moment later report it as their own
+    // (every rank failing alike ends the run at once instead of losing a rank each restart).
+    std::optional<clock_type::time_point> tell_at;
+    bool told = false;
+    // A rank whose collective timed out waited for a peer: once the others that wait have timed
+    // out too, the ranks that reported nothing are the ones that stopped making progress.
+    std::optional<clock_type::time_point> stalled_since;
+    std::string stall;
     std::optional<int> launcher_status;
     bool progress = false;  // a step completed in this membership
     const auto membership_start = clock_type::now();
     auto next_kill = clock_type::time_point::max();
 
-    auto on_failure = [&](worker& w, const std::string& why) {
+    auto tell_peers = [&] {
+      if (told) return;
+      told = true;
+      for (auto& o : workers)
+        if (o.rank != origin && o.conn && !o.gone && !o.own_error)
+          o.conn.send(ddp::run::join({"peer_failed", std::to_string(origin), cause}));
+    };
+    auto on_failure = [&](worker& w, const std::string& why, bool own) {
       w.failed = true;
+      if (!own) tell_at = clock_type::now();  // a death: the others wait for it in a collective
+      if (failed_at && !own && !told && origin != w.rank) {
+        // A death within --error-grace of the errors reported so far explains them: a collective
+        // with a dead peer may fail inside MPI before ddp-run sees the connection close. The dead
+        // rank is the one lost; the ranks that reported those errors go on.
+        for (auto& o : workers) o.own_error = false;
+        origin = w.rank, cause = why;
+        say("rank " + std::to_string(w.rank) + " of " + std::to_string(world) + " failed: " + why +
+            " (the errors reported just before it are taken as its consequences)");
+        return;
+      }
       if (failed_at) return;
       failed_at = clock_type::now();
       origin = w.rank, cause = why;
       say("rank " + std::to_string(w.rank) + " of " + std::to_string(world) + " failed: " + why);
-      for (auto& o : workers)
-        if (&o != &w && o.conn && !o.gone)
-          o.conn.send(ddp::run::join({"peer_failed", std::to_string(w.rank), why}));
+      if (!tell_at)
+        tell_at = *failed_at + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(s.error_grace));
     };
     auto on_line = [&](worker& w, const std::string& line) {
       const auto f = ddp::run::fields(line);
@@ -312,7 +341,7 @@ int run(const settings& s) {
         }
         w.rank = std::stoi(f[1]);
         w.pid = static_cast<pid_t>(std::stol(f[3]));
-        if (failed_at)  // a peer died before this one connected
+        if (told)  // a peer failed before this one connected
           w.conn.send(ddp::run::join({"peer_failed", std::to_string(origin), cause}));
       } else if (f[0] == "left" && f.size() >= 7) {
         left_state l{std::stoull(f[2]), f[3] == "1", f[4], std::nullopt};
@@ -321,9 +350,12 @@ int run(const settings& s) {
       } else if (f[0] == "saved" || f[0] == "nostate") {
         w.saved = true;
         w.stateless = f[0] == "nostate";
+      } else if (f[0] == "stalled" && f.size() >= 2) {
+        w.stalled = true;
+        if (!stalled_since) stalled_since = clock_type::now(), stall = f[1];
       } else if (f[0] == "failed" && f.size() >= 2) {
         w.own_error = true;
-        on_failure(w, f[1]);
+        on_failure(w, f[1], true);
       } else if (f[0] == "step" && !progress) {  // the membership's first step: faults may come now
         progress = true;
         next_kill = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
@@ -360,7 +392,7 @@ int run(const settings& s) {
           w.gone = true;
           // A connection that closes before it said which rank it is was no worker of this run.
           if (w.rank >= 0 && !w.saved && !w.bye && !w.failed)
-            on_failure(w, "its process ended without a word (killed by a signal such as SIGKILL, or crashed)");
+            on_failure(w, "its process ended without a word (killed by a signal such as SIGKILL, or crashed)", false);
         }
       }
       if (!launcher_status) {
@@ -376,6 +408,34 @@ int run(const settings& s) {
         stop_group(launcher, 0);
         write_report(s, restarts, world, faults, "ranks did not start");
         return 1;
+      }
+      if (stalled_since && !failed_at &&
+          clock_type::now() - *stalled_since >= std::chrono::duration_cast<clock_type::duration>(
+                                                     std::chrono::duration<double>(s.stall_grace))) {
+        std::vector<worker*> waited, silent;
+        for (auto& w : workers)
+          if (w.stalled) waited.push_back(&w);
+          else if (w.rank >= 0 && !w.gone && !w.saved && !w.bye) silent.push_back(&w);
+        if (silent.empty()) {  // every rank waited: none is told apart, each failed alike
+          for (auto* w : waited) w->own_error = true;
+          if (!waited.empty()) on_failure(*waited.front(), "its collective made no progress: " + stall, true);
+          stalled_since.reset();
+        } else {
+          std::sort(waited.begin(), waited.end(), [](const worker* a, const worker* b) { return a->rank < b->rank; });
+          std::string ranks;
+          for (auto* w : waited) ranks += (ranks.empty() ? "" : ", ") + std::to_string(w->rank);
+          for (auto* w : silent) {
+            w->own_error = true;  // lost: it is stopped, and the run goes on without it
+            on_failure(*w, "it stopped making progress: rank(s) " + ranks + " waited for it past their timeout (" +
+                               stall + ")", false);
+            if (w->pid > 0) ::kill(w->pid, SIGKILL);
+          }
+        }
+      }
+      if (failed_at && !told) {
+        const auto own = std::count_if(workers.begin(), workers.end(), [](const worker& w) { return w.own_error; });
+        if (own == world) told = true;  // every rank failed on its own: nobody is left to tell
+        else if (clock_type::now() >= *tell_at) tell_peers();
       }
       if (failed_at) {
         const bool all_left = std::all_of(workers.begin(), workers.end(), [](const worker& w) {
@@ -490,6 +550,14 @@ int main(int argc, char** argv) {
   app.add_option("--launcher-args", s.launcher_args, "extra arguments for the launcher, e.g. \"--oversubscribe\"");
   app.add_option("--host", s.host, "the address workers reach ddp-run at (default: 127.0.0.1; under srun, this host's name)");
   app.add_option("--leave-timeout", s.leave_timeout, "seconds the survivors get to leave their state")->capture_default_str();
+  app.add_option("--stall-grace", s.stall_grace,
+                 "seconds after a rank's collective timed out that the other ranks get to time out too; the ranks "
+                 "that did not are the ones that stopped making progress, and the run goes on without them")
+      ->capture_default_str();
+  app.add_option("--error-grace", s.error_grace,
+                 "seconds a rank's own error waits for the other ranks' before they are told of it (ranks that "
+                 "raise the same error within it end the run at once, as one error)")
+      ->capture_default_str();
   app.add_option("--start-timeout", s.start_timeout, "seconds every rank of a membership gets to connect")
       ->capture_default_str();
   app.add_option("--kill-every", s.kill_every, "fault injection: SIGKILL a random rank every this many seconds");

@@ -9,13 +9,16 @@
 # ddp-run kills a random rank half a second into each membership's training, 4 times (spare slots
 # keep the world at 3) while the run
 # trains 100 epochs of 4 steps (each micro-batch lasting 2 ms at least); it must end with the bits of the run without faults, every sample once.
+# Between the two: every rank raises the same error a moment apart, and the run ends at once; and
+# rank 1 hangs (sleeps for good) in a step, and it is the rank removed, not one that waited for it.
 #   tests/elastic/ddp_run_test.sh <ddp-run> <ddp_run_worker> [launcher arguments]
 set -euo pipefail
 ddp_run=$1 worker=$2
 shift 2
 launcher_args="$*"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+work=$(mktemp -d "${TMPDIR:-/tmp}/ddp_run_test.XXXXXX")
+# On failure the logs, reports and states stay (a run that fails once in many must be readable).
+trap 'status=$?; if [ $status -eq 0 ]; then rm -rf "$work"; else echo "ddp_run_test: logs kept in $work"; fi' EXIT
 rows=96
 
 # Every sample once per epoch. Each rank logs a step's samples as it begins it; the attempt at
@@ -80,6 +83,32 @@ for combo in "sgd replicated" "adamw replicated" "adamw sharded"; do
   grep -h "ddp-run:" "$work/$name-kill.log" | sed "s/^/$name: /"
   echo "ok $name: killed at step 5, restarted on 2 ranks, every sample once, the same bits"
 done
+
+# Every rank raises the same error in step 3, rank r 150 x r ms after rank 0: the run ends at once
+# with that error, as one error of every rank, without a restart (not after --max-restarts).
+if "$ddp_run" -n 3 --max-restarts 3 --launcher-args "$launcher_args" --report "$work/same-error.json" -- \
+  "$worker" --throw-at 3:150 --out "$work/same-error" > "$work/same-error.log" 2>&1; then
+  cat "$work/same-error.log"; echo "FAIL same error: ddp-run finished"; exit 1
+fi
+grep -q 'ddp-run: cannot go on: every rank failed (.*injected error in step 3' "$work/same-error.log" \
+  || { cat "$work/same-error.log"; echo "FAIL same error: the run did not end as every rank's error"; exit 1; }
+grep -q '"restarts": \[\]' "$work/same-error.json" \
+  || { cat "$work/same-error.log" "$work/same-error.json"; echo "FAIL same error: the run restarted"; exit 1; }
+echo "ok same error: every rank raised it a moment apart, the run ended at once without a restart"
+
+# Rank 1 stops making progress (it sleeps for good in step 3) without dying: ranks 0 and 2 wait for
+# it past their 2 s timeout, and ddp-run removes rank 1, not a rank that waited; the run goes on
+# on 2 ranks with the bits of the run without a fault.
+"$ddp_run" -n 3 --max-restarts 1 --launcher-args "$launcher_args" --report "$work/hang.json" -- \
+  "$worker" --hang 1@3 --timeout-ms 2000 --out "$work/hang" > "$work/hang.log" 2>&1 \
+  || { cat "$work/hang.log"; echo "FAIL hang: the run with a hung rank did not finish"; exit 1; }
+grep -q '"failed_rank": 1, "cause": "it stopped making progress: rank(s) 0, 2 waited for it' "$work/hang.json" \
+  || { cat "$work/hang.log" "$work/hang.json"; echo "FAIL hang: rank 1, which hung, was not the one removed"; exit 1; }
+grep -q '"old_world": 3, "new_world": 2' "$work/hang.json" \
+  || { cat "$work/hang.json"; echo "FAIL hang: no 3 -> 2 restart reported"; exit 1; }
+cmp "$work/sgd-replicated-ref/params" "$work/hang/params" \
+  || { cat "$work/hang.log"; echo "FAIL hang: the parameters differ from the run without a fault"; exit 1; }
+echo "ok hang: rank 1 hung in step 3, it was removed (not a rank that waited for it), the same bits"
 
 epochs=100
 "$ddp_run" -n 3 --launcher-args "$launcher_args" -- "$worker" --epochs $epochs --out "$work/loop-ref" > "$work/loop-ref.log" 2>&1 \

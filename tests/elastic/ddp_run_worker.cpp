@@ -4,7 +4,8 @@
 // on from the trainer's epoch and step, and nothing in it knows about ddp-run.
 //
 //   ddp-run -n 3 -- ddp_run_worker --optimizer sgd|adamw --update replicated|sharded
-//                  [--kill RANK@STEP.MICRO] [--checkpoint DIR] [--epochs E] [--step-ms T] --out DIR
+//                  [--kill RANK@STEP.MICRO] [--checkpoint DIR] [--epochs E] [--step-ms T]
+//                  [--throw-at STEP[:DELAY_MS]] [--hang RANK@STEP] [--timeout-ms T] --out DIR
 //
 // It writes DIR/samples-<membership>-<rank>: a line "<step> <epoch> <sample>" for each sample of
 // each step it begins, and, from rank 0 at the end, DIR/params: the parameters and buffers.
@@ -33,6 +34,11 @@ struct options {
   std::size_t kill_micro = 0;
   std::uint64_t epochs = 2;
   int step_ms = 0;  // time each step's compute takes besides (a fault-injection loop needs steps that last)
+  std::uint64_t throw_step = 0;  // every rank throws the same error in this step (0: none), rank r
+  int throw_delay_ms = 0;        // r x this many ms after rank 0
+  int hang_rank = -1;            // this rank sleeps for good in its first micro-batch of step hang_step
+  std::uint64_t hang_step = 0;   // (of the first membership): it stops making progress without dying
+  int timeout_ms = 0;            // the communicator's timeout (0: its default)
 };
 
 options parse(int argc, char** argv) {
@@ -49,6 +55,18 @@ options parse(int argc, char** argv) {
     else if (flag == "--checkpoint") o.checkpoint = value();
     else if (flag == "--epochs") o.epochs = std::stoull(value());
     else if (flag == "--step-ms") o.step_ms = std::stoi(value());
+    else if (flag == "--timeout-ms") o.timeout_ms = std::stoi(value());
+    else if (flag == "--hang") {  // RANK@STEP
+      const std::string v = value();
+      const auto at = v.find('@');
+      o.hang_rank = std::stoi(v.substr(0, at));
+      o.hang_step = std::stoull(v.substr(at + 1));
+    } else if (flag == "--throw-at") {  // STEP[:DELAY_MS]
+      const std::string v = value();
+      const auto colon = v.find(':');
+      o.throw_step = std::stoull(v.substr(0, colon));
+      if (colon != std::string::npos) o.throw_delay_ms = std::stoi(v.substr(colon + 1));
+    }
     else if (flag == "--kill") {  // RANK@STEP.MICRO
       const std::string v = value();
       const auto at = v.find('@'), dot = v.find('.');
@@ -90,6 +108,12 @@ void train(ddp::mpi::communicator& comm, const options& o, Optimizer opt) {
       trainer.step(shards, [&](auto& replica, const auto& b) {
         if (membership == 0 && comm.rank() == o.kill_rank && trainer.steps() == o.kill_step && micro == o.kill_micro)
           ::raise(SIGKILL);
+        if (membership == 0 && comm.rank() == o.hang_rank && trainer.steps() + 1 == o.hang_step && micro == 0)
+          for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+        if (trainer.steps() + 1 == o.throw_step && micro == 0) {  // the same error on every rank, a moment apart
+          std::this_thread::sleep_for(std::chrono::milliseconds(o.throw_delay_ms * comm.rank()));
+          throw std::runtime_error("injected error in step " + std::to_string(o.throw_step));
+        }
         ++micro;
         if (o.step_ms) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
         auto ce = ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights);
@@ -113,8 +137,10 @@ void train(ddp::mpi::communicator& comm, const options& o, Optimizer opt) {
 // without unwinding, and no trainer could hand its state over.
 int main(int argc, char** argv) try {
   ddp::mpi::environment env(&argc, &argv);
-  ddp::mpi::communicator comm;
   const options o = parse(argc, argv);
+  ddp::mpi::options comm_options;
+  if (o.timeout_ms) comm_options.timeout = std::chrono::milliseconds(o.timeout_ms);
+  ddp::mpi::communicator comm(MPI_COMM_WORLD, comm_options);
   if (o.optimizer == "sgd" && o.update == "replicated")
     train<ddp::update::replicated>(comm, o, ddp::optim::sgd{.lr = 0.05f, .momentum = 0.9f});
   else if (o.optimizer == "adamw" && o.update == "replicated")

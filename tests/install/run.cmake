@@ -3,6 +3,9 @@
 #     in a fresh tree that looks like a clone (links to SOURCE_DIR's files), with HOME in WORK_DIR:
 #     it configures as the main job does and installs without building anything, so the parts a
 #     main job does not build (the CUDA kernels, ddp-bench) must be skipped, not fail;
+# 1b. a library-only configuration (tests, examples, benchmarks off) names ddp-run as skipped where
+#     MPI is found, and the page's ddp-run commands install it; the installed ddp-run then starts
+#     the page's program (step 2) on two processes;
 #  2. the page's program (its CMakeLists.txt block, tests/install/app/main.cpp) configured, built
 #     and run by the page's commands: find_package(ddp) without components must look for no
 #     libtorch, CUDA or MPI (nothing of them in its output or its cache);
@@ -107,6 +110,33 @@ if(EXISTS ${prefix}/lib/cmake/ddp/ddp-cuda-targets.cmake
   message(FATAL_ERROR "installing a tree without its CUDA kernels did not say they were skipped and how to build them")
 endif()
 
+# 1b. ddp-run, the launcher of elastic MPI training, goes with the library wherever MPI is found,
+#     tests and examples off too: an install without building names it and the command that builds
+#     it; the page's command for it then installs it.
+set(with_mpi OFF)
+if(EXISTS ${prefix}/lib/cmake/ddp/ddp-mpi-targets.cmake)
+  set(with_mpi ON)
+endif()
+if(with_mpi AND NOT installed MATCHES "skipped ddp-run[^\n]*--target ddp-run")
+  message(FATAL_ERROR "installing a tree with MPI did not install ddp-run nor say it was skipped and how to build it:\n${installed}")
+endif()
+block_with(run_sh ${page} sh "--target ddp-run" "cmake --install build")
+string(REPLACE "--build build" "--build build-library" run_sh "${run_sh}")
+string(REPLACE "--install build" "--install build-library" run_sh "${run_sh}")
+run(ignored 0 ${clone} ${CMAKE_COMMAND} -S . -B build-library -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE}
+    -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_EXAMPLES=OFF -DDDP_BUILD_BENCHMARKS=OFF)
+run(library_only 0 ${clone} ${CMAKE_COMMAND} --install build-library --prefix ${prefix})
+if(with_mpi AND NOT library_only MATCHES "skipped ddp-run[^\n]*--target ddp-run")
+  message(FATAL_ERROR "installing a library-only configuration with MPI did not name ddp-run as skipped:\n${library_only}")
+endif()
+if(with_mpi)
+  file(WRITE ${WORK_DIR}/run.sh "set -e\n${run_sh}")
+  run(ignored 0 ${clone} bash ${WORK_DIR}/run.sh)
+  if(NOT EXISTS ${prefix}/bin/ddp-run)
+    message(FATAL_ERROR "docs/install.md's ddp-run commands, in a library-only configuration, installed no ${prefix}/bin/ddp-run")
+  endif()
+endif()
+
 # 2. The page's program.
 file(MAKE_DIRECTORY ${WORK_DIR}/app)
 file(WRITE ${WORK_DIR}/app/CMakeLists.txt "${app_cmake}")
@@ -122,6 +152,15 @@ if(searched)
 endif()
 if(NOT app MATCHES "all_reduce over 2 ranks: 3 and 3; linear 784 -> 10 gave 2 x 10")
   message(FATAL_ERROR "the page's program did not print its result:\n${app}")
+endif()
+# The installed ddp-run starts the page's program on two processes (it ends, each time, as it
+# should: ddp-run reports the run finished).
+if(with_mpi)
+  run(launched 0 ${WORK_DIR} ${prefix}/bin/ddp-run -n 2 --launcher-args "--oversubscribe --bind-to none"
+      -- ${WORK_DIR}/app/build/app)
+  if(NOT launched MATCHES "ddp-run: finished on 2 ranks after 0 restart")
+    message(FATAL_ERROR "the installed ddp-run did not run the page's program on 2 ranks:\n${launched}")
+  endif()
 endif()
 
 # 3. Refusals, at configure time and before any dependency is looked for.

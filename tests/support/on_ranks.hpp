@@ -42,4 +42,7 @@ ranks_outcome on_ranks(int world, F fn) {
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// An error's first line: what is wrong (the fix may follow on it, or on the lines after).
+inline std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
 }  // namespace test

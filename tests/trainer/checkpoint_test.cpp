@@ -158,8 +158,71 @@ void check_every_rank(const std::vector<std::string>& errors, const std::string&
     CHECK(e.find(text) != std::string::npos);
   }
 }
+// The same, on the error's first line: what is wrong, and what to do.
+void check_first_line(const std::vector<std::string>& errors, const std::string& text) {
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.substr(0, e.find('\n')).find(text) != std::string::npos);
+  }
+}
 using sgd_trainer = ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>>;
 }  // namespace
+
+namespace {
+// docs/checkpoints.md's resume loop, 2 epochs of 5 steps at world 2; it stops (as if killed) right
+// after saving at step `stop_at`. Returns the parameters, the step count and, after a load, the
+// epochs_started() it began from.
+struct loop_result {
+  std::vector<std::vector<float>> parameters;
+  std::uint64_t steps = 0, first_epoch = 0;
+};
+loop_result resume_loop(ddp::inproc::communicator& comm, const fs::path& dir, std::optional<std::uint64_t> stop_at,
+                        std::uint64_t init_seed = 5) {
+  const rows data(40);
+  test::mlp model = test::make_mlp(init_seed);  // a resumed run's are overwritten by the load
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, padded, ddp::bucket_cap<256>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f, .momentum = 0.9f},
+                                                                 {.seed = 9});
+  const ddp::data::loader loader(data, 4, &rows::collate);
+  const std::uint64_t epochs = 2;
+  if (ddp::has_checkpoint(dir)) trainer.load(dir);
+  loop_result out;
+  out.first_epoch = trainer.epochs_started();
+  for (auto epoch = trainer.epochs_started(); epoch < epochs; ++epoch) {
+    for (const auto& b : trainer.epoch(loader)) {
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); });
+      if (stop_at && trainer.steps() == *stop_at) {
+        trainer.save(dir);
+        out.steps = trainer.steps();
+        return out;
+      }
+    }
+  }
+  out.parameters = test::parameter_values(model);
+  out.steps = trainer.steps();
+  return out;
+}
+}  // namespace
+
+TEST_CASE("docs/checkpoints.md's resume loop: after a mid-epoch load epochs_started() leaves out the half-finished "
+          "epoch, and the loop ends where the run that never stopped does") {
+  const auto dir = scratch("resume_loop");
+  const auto whole = ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { return resume_loop(c, dir, std::nullopt); });
+  REQUIRE(whole[0].steps == 10);
+  for (const std::uint64_t stop_at : {3u, 5u, 7u}) {  // mid epoch 1, its end, mid epoch 2
+    CAPTURE(stop_at);
+    fs::remove_all(dir);
+    ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { return resume_loop(c, dir, stop_at); });
+    const auto resumed =
+        ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { return resume_loop(c, dir, std::nullopt, 77); });
+    for (std::size_t r = 0; r < 2; ++r) {
+      CHECK(resumed[r].first_epoch == (stop_at < 5 ? 0u : 1u));  // the epochs finished before the save
+      CHECK(resumed[r].steps == 10);
+      CHECK(resumed[r].parameters == whole[r].parameters);
+    }
+  }
+  fs::remove_all(dir);
+}
 
 TEST_CASE("a checkpoint that cannot be loaded is an error on every rank naming what differs") {
   const rows data(40);
@@ -211,6 +274,13 @@ TEST_CASE("a checkpoint that cannot be loaded is an error on every rank naming w
   check_every_rank(load_errors<sgd_trainer>(2, dir, mlp, sgd), "rank-1-of-2.ddpckpt' is corrupt: its checksum");
   write({bytes.begin(), bytes.end() - 100});
   check_every_rank(load_errors<sgd_trainer>(2, dir, mlp, sgd), "rank-1-of-2.ddpckpt' is truncated");
+  // The default save_options keep one checkpoint: the first line says none is left to fall back to.
+  check_first_line(load_errors<sgd_trainer>(2, dir, mlp, sgd),
+                   "rank 1: '" + (dir / committed->first / "rank-1-of-2.ddpckpt").string() +
+                       "' is truncated or has trailing bytes: its header says " + std::to_string(bytes.size()) +
+                       " bytes, the file has " + std::to_string(bytes.size() - 100) +
+                       "; the checkpoint cannot be used: no earlier checkpoint is left in '" + dir.string() +
+                       "' (its save_options kept only step-000000000003): restore the file, or start over");
   write(bytes);
   CHECK(load_errors<sgd_trainer>(2, dir, mlp, sgd) == std::vector<std::string>{"", ""});
   fs::remove(dir / "LATEST");
@@ -332,6 +402,27 @@ TEST_CASE("checkpoints kept by save_options: the last k, every n steps, the best
                                         return "";
                                       }),
                    "no checkpoint of step 5 in '" + dir.string() + "': its committed checkpoints are of steps 2, 3, 4, 6, 7, 8");
+
+  // The latest one damaged: the error's first line names it and the one committed before it.
+  const auto damaged = dir / "step-000000000008" / "rank-0-of-2.ddpckpt";
+  fs::resize_file(damaged, fs::file_size(damaged) - 1);
+  check_first_line(ddp::inproc::launch(2,
+                                       [&](ddp::inproc::communicator& c) -> std::string {
+                                         test::mlp model = test::make_mlp(77);
+                                         ddp::host::device dev;
+                                         sgd_trainer trainer(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+                                         try {
+                                           trainer.load(dir);
+                                         } catch (const ddp::error& e) {
+                                           return e.what();
+                                         }
+                                         return "";
+                                       }),
+                   "rank 0: '" + damaged.string() + "' is truncated or has trailing bytes: its header says " +
+                       std::to_string(fs::file_size(damaged) + 1) + " bytes, the file has " +
+                       std::to_string(fs::file_size(damaged)) +
+                       "; the checkpoint cannot be used: load the checkpoint committed before it, of step 7 "
+                       "(trainer.load(dir, 7), '" + (dir / "step-000000000007").string() + "')");
 
   // A save with the defaults keeps only itself; a step directory no index lists (a save that died
   // before its commit) goes too.

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -385,6 +386,72 @@ TEST_CASE("launch_elastic: ranks due to join when a rank fails join the survivor
   CHECK_THROWS_WITH_AS(run(nullptr, unused, ended),
                        doctest::Contains("the run ends: 2 rank(s) would go on, fewer than min_world = 3"),
                        ddp::inproc::launch_error);
+}
+
+TEST_CASE("launch_elastic: a program that destroyed an earlier trainer normally hands over after a failure, and "
+          "the earlier trainer starts afresh in the next membership") {
+  const indexed_rows data(rows);
+  const ddp::optim::adamw opt{.lr = 0.01f};
+  const auto reference = one_rank_run<ddp::update::replicated, test::mlp>(data, opt);
+  run_result elastic;
+  taken_samples taken;
+  std::atomic<int> earlier_phases{0};
+  const auto report = ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
+    {  // an earlier phase with a trainer of its own, destroyed normally
+      test::mlp warmup = test::make_mlp(3);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp> first(warmup, c, dev, ddp::optim::sgd{.lr = 0.1f});
+      const auto b = test::make_batch(4, 1);
+      first.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      CHECK(first.steps() == 1);  // afresh in every membership
+      ++earlier_phases;
+    }
+    invariant_rank<ddp::update::replicated, test::mlp>(c, data, opt, {{2, 5, 1, 0}}, taken, elastic);
+  });
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].failed_rank == 2);
+  CHECK(report.changes[0].resumed_at == report.changes[0].steps);
+  CHECK(report.changes[0].steps >= 5);
+  CHECK(report.world_size == 2);
+  CHECK(earlier_phases == 5);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(elastic.params.size() == 2);
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
+}
+
+TEST_CASE("launch_elastic under reduction::invariant<8>: a request to grow past 8 ranks is refused when asked, "
+          "one that fits is taken") {
+  const indexed_rows data(rows);
+  const ddp::optim::adamw opt{.lr = 0.01f};
+  const auto reference = one_rank_run<ddp::update::replicated, test::mlp>(data, opt);
+  ddp::inproc::elastic_control control;
+  std::string refused;
+  run_result elastic;
+  taken_samples taken;
+  const auto report = ddp::inproc::launch_elastic(
+      6,
+      [&](ddp::inproc::communicator& c) {
+        invariant_rank<ddp::update::replicated, test::mlp>(
+            c, data, opt, {}, taken, elastic, {}, [&](const auto& comm, std::uint64_t steps) {
+              if (comm.rank() != 0 || steps != 2 || comm.size() != 6) return;
+              try {
+                control.grow(3);
+              } catch (const std::invalid_argument& e) {
+                refused = e.what();
+              }
+              control.grow(2);
+            });
+      },
+      {.control = &control});
+  CHECK(refused ==
+        "ddp: elastic grow: 3 ranks more would make a world of 9 ranks, but reduction::invariant<8> holds one virtual "
+        "shard at least per rank, so at most 8 ranks: ask for at most 2 more");
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].joined == 2);
+  CHECK(report.world_size == 8);
+  CHECK(taken.each_once(rows, epochs));
+  REQUIRE(elastic.params.size() == 8);
+  for (const auto& rank : elastic.params) CHECK(bitwise_equal(rank, reference));
 }
 
 TEST_CASE("launch_elastic grows back under the plain reduction: the rest of the epoch is re-cut for the larger world") {

@@ -18,6 +18,7 @@
 
 #include "ddp/data/loader.hpp"
 #include "ddp/inproc/launch.hpp"
+#include "support/on_ranks.hpp"
 #include "support/relative_error.hpp"
 #include "trainer/invariance.hpp"
 
@@ -136,20 +137,25 @@ TEST_CASE("reduction::invariant: a step with another number of micro-batches tha
   }
 }
 
-TEST_CASE("reduction::invariant: a world of more ranks than virtual shards is refused when the trainer is built") {
-  const auto errors = ddp::inproc::launch(5, [&](ddp::inproc::communicator& comm) {
+TEST_CASE("reduction::invariant: a world of more ranks than virtual shards is refused when the trainer is built, "
+          "the cause and the fix on the first line") {
+  const auto errors = ddp::inproc::launch(7, [&](ddp::inproc::communicator& comm) {
     test::mlp model(test::make_mlp(7));
     ddp::host::device dev;
     try {
-      ddp::trainer<test::mlp, ddp::reduction::invariant<4>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+      ddp::trainer<test::mlp, ddp::reduction::invariant<6>> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.1f});
     } catch (const ddp::collective_error& e) {
       return std::string(e.what());
     }
     return std::string();
   });
-  for (const auto& e : errors)
-    CHECK(e.find("a world of 5 ranks cannot hold 4 virtual shards, one at least per rank: run at most 4 ranks") !=
-          std::string::npos);
+  for (int r = 0; r < 7; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(test::first_line(errors[r]) ==
+          "ddp[trainer] construct on rank " + std::to_string(r) +
+              ": a world of 7 ranks cannot hold 6 virtual shards, one at least per rank: run at most 6 ranks, or "
+              "choose more shards (reduction::invariant<V>)");
+  }
 }
 
 TEST_CASE_TEMPLATE("reduction::invariant: saved at 4 ranks and resumed at 3, 1 or 8, bitwise the run that never stopped",

@@ -63,6 +63,9 @@ struct left_state {
   bool whole = false;
   std::uint64_t steps = 0;
   std::optional<saved_checkpoint> checkpoint;  // the last one this trainer saved or loaded
+  // The trainer ended normally before the failure (a program's earlier phase): it leaves
+  // nothing, and the trainer built in its place in the next membership starts afresh.
+  bool retired = false;
 };
 
 // What the next membership starts from, for the report.
@@ -98,7 +101,15 @@ class handoff {
     account(rank);
   }
   // Trainer `trainer` of `rank` ended normally: it leaves nothing.
-  void retire(int rank, std::size_t /*trainer*/) { account(rank); }
+  void retire(int rank, std::size_t trainer) {
+    {
+      std::lock_guard lock(mutex_);
+      auto& mine = left_.at(static_cast<std::size_t>(rank));
+      if (mine.size() <= trainer) mine.resize(trainer + 1);
+      mine[trainer].retired = true;
+    }
+    account(rank);
+  }
   // Every trainer built on `rank` has left its state or ended.
   bool all_accounted(int rank) const {
     std::lock_guard lock(mutex_);
@@ -122,11 +133,28 @@ class handoff {
 
   // `ranks` more ranks join once the run has completed `steps` steps, or at the next step
   // boundary no rank has passed when that one is behind (std::nullopt: the next one).
+  // Refused (std::invalid_argument) when the world would grow past what a trainer of the run
+  // can hold (limit_world).
   void grow(int ranks, std::optional<std::uint64_t> steps = std::nullopt) {
     require_ranks(ranks);
     std::lock_guard lock(mutex_);
+    if (limit_) {
+      int world = static_cast<int>(left_.size()) + ranks;
+      for (const auto& j : joins_) world += j.ranks;
+      if (world > limit_->most)
+        throw std::invalid_argument("ddp: elastic grow: " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
+                                    " more would make a world of " + std::to_string(world) + " ranks, but " +
+                                    limit_->why + ": ask for at most " +
+                                    std::to_string(std::max(0, limit_->most - (world - ranks))) + " more");
+    }
     const std::uint64_t next = begun_ ? *begun_ + 1 : 0;
     joins_.push_back({std::max(steps.value_or(next), next), ranks});
+  }
+  // A trainer of the run holds at most `most` ranks (`why` says so, and the fix): later requests
+  // for more ranks than that are refused when asked. The smallest limit holds.
+  void limit_world(int most, std::string why) {
+    std::lock_guard lock(mutex_);
+    if (!limit_ || most < limit_->most) limit_ = world_limit{most, std::move(why)};
   }
   // A trainer begins a step with `steps` completed: it throws regroup where the membership ends
   // for ranks to join (every trainer of every rank at the same step), and otherwise notes how far
@@ -208,10 +236,19 @@ class handoff {
     std::vector<bool> whole(trainers);
     std::vector<std::optional<saved_checkpoint>> fall_back(trainers);
     const auto& lead = left_[static_cast<std::size_t>(survivors.front())];
-    carried.completed = carried.resumed_at = lead.empty() ? 0 : lead.front().steps;
+    const auto live = std::find_if(lead.begin(), lead.end(), [](const left_state& l) { return !l.retired; });
+    carried.completed = carried.resumed_at = live == lead.end() ? 0 : live->steps;
     carried.checkpoint.reset();
     for (std::size_t t = 0; t < trainers; ++t) {
       const auto& first = left_[static_cast<std::size_t>(survivors.front())][t];
+      // A trainer that every survivor ended normally leaves nothing: its successor starts afresh.
+      const auto retired = std::count_if(survivors.begin(), survivors.end(), [&](int r) {
+        return left_[static_cast<std::size_t>(r)][t].retired;
+      });
+      if (retired == static_cast<std::ptrdiff_t>(survivors.size())) continue;
+      if (retired > 0)
+        return "trainer " + std::to_string(t) + " ended normally on some ranks and not on others: a trainer is built "
+               "and destroyed on every rank alike";
       whole[t] = first.whole;
       if (!first.whole && survivors.size() != left_.size()) {
         for (int r : survivors)
@@ -265,9 +302,14 @@ class handoff {
     std::uint64_t at;  // steps completed when they join
     int ranks;
   };
+  struct world_limit {
+    int most;
+    std::string why;
+  };
 
   mutable std::mutex mutex_;
   std::vector<join_request> joins_;
+  std::optional<world_limit> limit_;  // the most ranks a trainer of the run can hold
   std::optional<std::uint64_t> begun_;  // the most steps completed that a trainer began a step with
   std::optional<std::chrono::steady_clock::time_point> regrouped_at_;
   std::vector<std::vector<left_state>> left_;  // [rank][trainer]

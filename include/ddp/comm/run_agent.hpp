@@ -66,15 +66,25 @@ class agent {
   // communicators fail, and the process ends once its trainers are accounted for. A failure
   // already known here only adds the report.
   void report_failure(const std::string& reason) {
-    if (peer_failed()) return;  // a consequence: this rank's collectives failed with the peer's failure
+    if (known_failure()) return;  // a consequence: this rank's collectives failed with a failure known here
     send(join({"failed", reason}));
     if (!start_failing(rank_, "this rank failed: " + reason)) return;
+    start_leaving();
+  }
+  // A collective of this rank waited past its timeout (a communicator's watchdog): ddp-run hears
+  // that this rank stalled waiting for a peer, not that it failed. It tells apart the rank that
+  // stopped making progress (the one that reported nothing) and goes on without that one; this
+  // rank's communicators fail, and its trainers leave their state as after a peer's failure.
+  void report_stall(const std::string& reason) {
+    if (known_failure()) return;
+    send(join({"stalled", reason}));
+    if (!start_failing(rank_, "this rank waited past its timeout: " + reason)) return;
     start_leaving();
   }
   // The program ends by an exception (its MPI environment goes while unwinding): ddp-run hears of
   // it, and the process goes on ending by itself (the program's handler prints the error).
   void report_exit_by_exception() {
-    if (!peer_failed()) send(join({"failed", "the program ended by an exception (its output above says which)"}));
+    if (!known_failure()) send(join({"failed", "the program ended by an exception (its output above says which)"}));
     start_failing(rank_, "this rank ended by an exception");
     exiting_.store(true);
   }
@@ -84,9 +94,9 @@ class agent {
   bool failing() const noexcept { return failing_.load(); }
 
  private:
-  bool peer_failed() {
+  bool known_failure() {
     std::lock_guard lock(mutex_);
-    return failed_ && failed_->first != rank_;
+    return failed_.has_value();
   }
 
  public:
@@ -210,6 +220,8 @@ class agent {
       own = failed_ && failed_->first == rank_;
     }
     const bool left = handoff_.all_accounted(rank_) && left_any_.load();
+    // A rank that stalled waiting for a peer is no more at fault than one told of a peer's failure.
+    own = own && reason.rfind("this rank waited past its timeout", 0) != 0;
     send(left ? "saved" : "nostate");
     std::fprintf(stderr, "ddp[run] rank %d: %s; %s\n", rank_, reason.c_str(),
                  left ? "it left the state of its last completed step for ddp-run"

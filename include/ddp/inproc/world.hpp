@@ -264,7 +264,7 @@ class world {
 
   // The barrier was poisoned: its poisoner records the failure just before or just after.
   [[noreturn]] void throw_failure(int rank, const collective_call& call) const {
-    detail::spin_until([&] { return failure_.failed(); }, std::chrono::seconds(1));
+    detail::spin_until([&] { return failure_.failed(); }, std::chrono::seconds(1), detail::spin_kind::until);
     throw_if_failed(rank, call);
     throw error("inproc", call.name, rank, call.describe() + " failed on a peer that recorded no reason");
   }

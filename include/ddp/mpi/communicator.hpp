@@ -429,8 +429,10 @@ DDP_MPI_RUNTIME_INLINE bool communicator::watch() {
   if (now - watched_since_ <= options_.timeout) return true;
   // The operation running since then: the latest one entered (they run one at a time).
   const std::uint64_t stuck = entered_.load(std::memory_order_relaxed) - 1;
-  abort(std::string(current_name_.load(std::memory_order_relaxed)) + " #" + std::to_string(stuck) +
-        " made no progress for " + std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck));
+  const std::string why = std::string(current_name_.load(std::memory_order_relaxed)) + " #" + std::to_string(stuck) +
+                          " made no progress for " + std::to_string(options_.timeout.count()) + " ms; " + roll_call(stuck);
+  if (agent_) agent_->report_stall(why);  // ddp-run finds the rank that stopped making progress
+  else abort(why);
   return false;
 }
 

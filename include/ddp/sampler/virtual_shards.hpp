@@ -39,7 +39,8 @@ struct shard_range {
 inline shard_range virtual_shards(std::size_t shards, int rank, int world) {
   if (world < 1 || rank < 0 || rank >= world)
     throw error("sampler", "virtual_shards", rank,
-                "rank " + std::to_string(rank) + " is outside a world of " + std::to_string(world));
+                "rank " + std::to_string(rank) + " is outside a world of " + std::to_string(world) +
+                    " (pass comm.rank() and comm.size())");
   const auto w = static_cast<std::size_t>(world), r = static_cast<std::size_t>(rank);
   if (shards < w)
     throw error("sampler", "virtual_shards", rank,

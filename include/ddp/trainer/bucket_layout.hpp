@@ -61,7 +61,8 @@ inline std::optional<std::string> plan_problem(const bucket_plan& plan, const pa
     for (const auto i : plan.buckets[b]) {
       if (i >= params.size())
         return (policy + " lists parameter index " + std::to_string(i) + " in bucket " + std::to_string(b) +
-             ", but the module has " + std::to_string(params.size()) + " parameters");
+             ", but the module has " + std::to_string(params.size()) + " parameters; list indices below " +
+             std::to_string(params.size()));
       if (plan.slots[i].bucket != b)
         return (policy + " lists parameter '" + params.name(i) + "' in bucket " + std::to_string(b) +
              " but places it in bucket " + std::to_string(plan.slots[i].bucket) + "; list it where its slot is");

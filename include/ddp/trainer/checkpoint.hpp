@@ -163,7 +163,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
       std::filesystem::create_directories(dir / step);
       write_file_atomically(where.rank_file(step, comm.rank(), comm.size()), f.encode(), comm.rank());
     } catch (const std::exception& e) {
-      problem = e.what();
+      problem = problem_text(e);
     }
   agree_or_throw(comm, dev, problem, "save", not_written);
   // Every rank's file is on disk: commit, then drop the step directories the options do not keep
@@ -184,7 +184,7 @@ void save_checkpoint(Core& core, const std::filesystem::path& dir, const run_pos
           std::filesystem::remove_all(e.path());
       }
     } catch (const std::exception& e) {
-      problem = e.what();
+      problem = problem_text(e);
     }
   agree_or_throw(comm, dev, problem, "save", "the checkpoint in '" + dir.string() + "' was not committed");
 }
@@ -218,11 +218,24 @@ run_position load_files(Core& core, const std::vector<checkpoint_file>& files, s
       for (const auto& file : files)
         if (auto why = core.checkpoint_state("load").check(file)) throw error("trainer", "load", comm.rank(), *why);
     } catch (const std::exception& e) {
-      problem = e.what();
+      problem = problem_text(e);
     }
   agree_or_throw(comm, core.device(), problem, "load", where + " cannot be loaded; the trainer is unchanged");
   core.checkpoint_state("load").read(files, own);
   return saved;
+}
+
+// What to load instead of `chosen`, a checkpoint of `committed` (dir's index) whose files cannot
+// be used: the one committed before it, by its step, or that none is left.
+inline std::string earlier_checkpoint(const std::filesystem::path& dir, const std::vector<checkpoint_info>& committed,
+                                      std::vector<checkpoint_info>::const_iterator chosen) {
+  if (chosen == committed.begin())
+    return "no earlier checkpoint is left in '" + dir.string() + "' (its save_options kept only " +
+           checkpoint_directory::step_name(chosen->steps) +
+           "): restore the file, or start over; save_options::keep_last above 1 keeps one to fall back to";
+  const auto before = std::prev(chosen)->steps;
+  return "load the checkpoint committed before it, of step " + std::to_string(before) + " (trainer.load(dir, " +
+         std::to_string(before) + "), '" + (dir / checkpoint_directory::step_name(before)).string() + "')";
 }
 
 // Loads the checkpoint committed in `dir` (the latest, or the one of step count `steps`) into
@@ -259,9 +272,15 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
     const int world = chosen->world;
     // The same world: this rank's own file. Another: every file (the optimizer state's shards are
     // re-cut), and rank r's buffers come from rank r, or rank 0 where the old world had no rank r.
+    // A file that cannot be read or decoded (truncated, corrupt, missing): the fix is the
+    // checkpoint committed before it, where retention kept one.
     auto read = [&](int rank) {
       const auto path = where.rank_file(step, rank, world);
-      files.push_back(checkpoint_file::decode(read_whole_file(path), path.string()));
+      try {
+        files.push_back(checkpoint_file::decode(read_whole_file(path), path.string()));
+      } catch (const std::exception& e) {
+        throw error("trainer", "load", comm.rank(), problem_text(e) + ": " + earlier_checkpoint(dir, committed, chosen));
+      }
     };
     if (world == comm.size()) {
       read(comm.rank());
@@ -270,7 +289,7 @@ run_position load_checkpoint(Core& core, const std::filesystem::path& dir, const
       own = comm.rank() < world ? static_cast<std::size_t>(comm.rank()) : 0;
     }
   } catch (const std::exception& e) {
-    problem = e.what();
+    problem = problem_text(e);
   }
   return load_files(core, files, own, here, recuts, problem, "the checkpoint in '" + dir.string() + "'");
 }

@@ -80,7 +80,8 @@ class gradient_reducer final : bucket_completion {
                                .binds_gradients = w.binds_gradients,
                                .virtual_shards = w.reduction.virtual_shards()};
     const auto problem = shape_buckets(plan, params, w.update, memory, comm.rank(), comm.size(), shapes);
-    agree_or_throw(comm, dev, problem, "construct", "the bucket plan or the update layout cannot be used");
+    agree_or_throw(comm, dev, problem, "construct",
+                   "the bucket plan or the update policy's layout cannot be used; the trainer was not built");
     buckets_.reserve(shapes.size());
     for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[shape.index]);
     for (std::size_t i = 0; i < params.size(); ++i) {

@@ -65,8 +65,14 @@ class trainer_handoff {
   // Tells the hand-over of this trainer's first completed step in this membership (a launcher
   // times recovery by it, and injects faults only once a membership makes progress), and of each
   // step it begins.
-  void watch_steps(step_observer& observer) {
+  // `virtual_shards`: reduction::invariant<V>'s V (0: none), the most ranks this trainer can hold,
+  // so that a request to grow past it is refused when asked.
+  void watch_steps(step_observer& observer, std::size_t virtual_shards = 0) {
     if (!handoff_) return;
+    if (virtual_shards)
+      handoff_.shared().limit_world(static_cast<int>(virtual_shards),
+                                    "reduction::invariant<" + std::to_string(virtual_shards) + "> holds one virtual "
+                                    "shard at least per rank, so at most " + std::to_string(virtual_shards) + " ranks");
     // Where the membership ends for ranks to join, this trainer's next step throws regroup.
     observer.on_step_begin([h = handoff_](std::uint64_t steps) { h.shared().step_begins(steps); });
     observer.on_next_update([h = handoff_](std::uint64_t steps) {

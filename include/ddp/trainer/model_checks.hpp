@@ -27,14 +27,14 @@ void check_devices(C& comm, D& dev, const std::vector<parameter_ref>& params, co
     if (declared != mine || actual != mine)
       problem = what + " lives on " + actual.to_string() + " but this rank's device is " + mine.to_string() +
                 "; move the module to the rank's device before building the trainer (rank r uses the device "
-                "its launcher binds, see docs/backends.md)";
+                "its launcher binds, see docs/backends.md; pitfall P3)";
   };
   for (const auto& p : params) {
     check("parameter '" + p.name + "'", p.value);
     check("the gradient of parameter '" + p.name + "'", p.grad);
   }
   for (const auto& b : buffers) check("buffer '" + b.name + "'", b.value);
-  agree_or_throw(comm, dev, problem, "construct", "a tensor is not on its rank's device (pitfall P3)");
+  agree_or_throw(comm, dev, problem, "construct", "a tensor is not on its rank's device; the trainer was not built");
 }
 
 // Two names over one storage (a tied weight listed twice) would be reduced and updated twice,
@@ -54,7 +54,7 @@ void check_shared_storage(C& comm, D& dev, const std::vector<parameter_ref>& par
                 "update it twice (weight decay too); list a shared (tied) parameter once in parameters(), under " +
                 "one name, as PyTorch's DistributedDataParallel does";
   }
-  agree_or_throw(comm, dev, problem, "construct", "the module lists one storage under two names");
+  agree_or_throw(comm, dev, problem, "construct", "the module lists one storage under two names; the trainer was not built");
 }
 
 // The same-model check's input: every parameter's and buffer's kind, name, dtype and shape, in order.

@@ -80,10 +80,11 @@ void check_same_model(C& comm, D& dev, const std::vector<signature_entry>& entri
   std::optional<std::string> problem;
   if (const auto d = first_difference(lines_of(text), lines_of({reinterpret_cast<const char*>(reference.data()),
                                                                  reference.size()})))
-    problem = "entry " + std::to_string(d->index) + " is " + d->first + ", but on rank 0 it is " + d->second;
+    problem = "its model differs from rank 0's (pitfall P5): entry " + std::to_string(d->index) + " is " + d->first +
+              ", but on rank 0 it is " + d->second;
   agree_or_throw(comm, dev, problem, "construct",
-                 "ranks hold different models (pitfall P5): build the same module, with the same "
-                 "parameter and buffer names, dtypes and shapes, on every rank");
+                 "ranks hold different models: build the same module, with the same parameter and buffer names, "
+                 "dtypes and shapes, on every rank");
 }
 
 }  // namespace ddp::detail

@@ -263,7 +263,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
 
   void resume_handed_over() {
-    handoff_.watch_steps(core().observer());
+    handoff_.watch_steps(core().observer(), reduction_policy::virtual_shards);
     if (const auto c = handoff_.resume_checkpoint()) return load_at(c->dir, c->steps);  // a sharded update
     const auto* handed = handoff_.resume_files();
     if (!handed) return;
@@ -273,7 +273,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     try {
       files = detail::handed_over_files(*handed, handoff_.resume_whole(), comm.rank(), comm.size());
     } catch (const std::exception& e) {
-      problem = e.what();
+      problem = detail::problem_text(e);
     }
     const auto rank = static_cast<std::size_t>(comm.rank());
     const std::size_t own = files.size() == 1 || rank >= files.size() ? 0 : rank;
