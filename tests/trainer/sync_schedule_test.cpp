@@ -318,6 +318,38 @@ TEST_CASE_TEMPLATE("sync schedules under launch_elastic: a rank lost and one joi
   check_elastic<Schedule>();
 }
 
+// Without a buffer sync nothing is collective between syncs: the survivors learn of the lost rank
+// in the sync after step 7, which fails. That step's update stands and counts (the run goes on
+// from 8 steps, not 7, so no step is taken twice), and after the next sync every rank is equal.
+TEST_CASE("local_sgd without a buffer sync: a sync that fails for a lost peer leaves its step counted") {
+  const test::indexed_rows data(96);
+  std::mutex mutex;
+  std::map<std::uint64_t, std::map<int, params_t>> after_sync;
+  const auto report = ddp::inproc::launch_elastic(3, [&](ddp::inproc::communicator& c) {
+    test::mlp model = test::make_mlp(3);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, ddp::sync_schedule::local_sgd<4>, ddp::buffer_sync::none, ddp::bucket_cap<512>> trainer(
+        model, c, dev, ddp::optim::sgd{.lr = 0.1f}, {.seed = 8});
+    ddp::data::loader loader(data, 4, &test::indexed_rows::collate);
+    const auto h = c.handoff();
+    const int membership = h ? h.shared().restarts() : 0;
+    while (trainer.steps() < 16)
+      for (const auto& b : trainer.epoch(loader)) {
+        if (membership == 0 && c.rank() == 1 && trainer.steps() == 6) throw std::runtime_error("injected fault");
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y, b.weights).grad); });
+        std::lock_guard lock(mutex);
+        if (trainer.steps() % 4 == 0) after_sync[trainer.steps()][c.rank()] = test::parameter_values(model);
+        if (trainer.steps() == 16) break;
+      }
+  });
+  REQUIRE(report.changes.size() == 1);
+  CHECK(report.changes[0].failed_rank == 1);
+  CHECK(report.changes[0].resumed_at == 8);
+  REQUIRE(after_sync.count(12) == 1);
+  CHECK(after_sync[12].size() == 2);
+  for (const auto& [rank, p] : after_sync[12]) CHECK(p == after_sync[12].begin()->second);
+}
+
 TEST_CASE("a checkpoint of one sync schedule is refused by another, naming both") {
   const rows data(16);
   auto dir = fs::temp_directory_path() / ("ddp_sync_schedule_refuse_" + std::to_string(::getpid()));
