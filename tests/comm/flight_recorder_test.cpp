@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 namespace dc = ddp::comm;
 using mismatch::injected;
 using mismatch::injections;
+using mismatch::issue_first_step;
 using mismatch::issue_steps;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -185,15 +186,7 @@ TEST_CASE("flight recorder: a rank asleep inside a step is named by the others' 
   CHECK_THROWS(ddp::inproc::launch(3, [&](ddp::inproc::communicator& comm) {
     if (comm.rank() != 2) return issue_steps(comm, injected::none);
     std::vector<float> a(16, 1.0f);
-    {
-      dc::tag_scope buffers(dc::purpose::buffer_sync);
-      comm.broadcast(ddp::mutable_buffer{a.data(), 16, ddp::dtype::f32}, 0).wait();
-    }
-    dc::step_scope step(0);
-    dc::tag_scope bucket(dc::purpose::gradients, 0);
-    comm.all_reduce(ddp::const_buffer{a.data(), 8, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 8, ddp::dtype::f32},
-                    ddp::reduce_op::avg)
-        .wait();
+    issue_first_step(comm, a);
     // Asleep in step 1 (bounded here, so the case ends): the others time out in #2 and dump.
     for (int i = 0; i < 500 && !others_dumped(); ++i) std::this_thread::sleep_for(10ms);
     ::kill(::getpid(), SIGUSR1);  // a user pokes the job: every recorder of the process dumps

@@ -15,22 +15,26 @@ namespace dc = ddp::comm;
 // `inject` may replace what `odd_rank` issues at #2.
 enum class injected { none, op, count, dtype, root, extra, skipped };
 
+// #0 and #1, which every rank issues alike, on `a` (16 floats).
+template <class Comm>
+void issue_first_step(Comm& comm, std::vector<float>& a) {
+  {
+    dc::tag_scope buffers(dc::purpose::buffer_sync);
+    comm.broadcast(ddp::mutable_buffer{a.data(), 16, ddp::dtype::f32}, 0).wait();
+  }
+  dc::step_scope step(0);
+  dc::tag_scope bucket(dc::purpose::gradients, 0);
+  comm.all_reduce(ddp::const_buffer{a.data(), 8, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 8, ddp::dtype::f32},
+                  ddp::reduce_op::avg)
+      .wait();
+}
+
 template <class Comm>
 void issue_steps(Comm& comm, injected inject, int odd_rank = 2) {
   std::vector<float> a(16, 1.0f), gathered(16 * static_cast<std::size_t>(comm.size()));
   std::vector<double> d(16, 1.0);
   const bool odd = comm.rank() == odd_rank;
-  {
-    dc::tag_scope buffers(dc::purpose::buffer_sync);
-    comm.broadcast(ddp::mutable_buffer{a.data(), 16, ddp::dtype::f32}, 0).wait();
-  }
-  {
-    dc::step_scope step(0);
-    dc::tag_scope bucket(dc::purpose::gradients, 0);
-    comm.all_reduce(ddp::const_buffer{a.data(), 8, ddp::dtype::f32}, ddp::mutable_buffer{a.data(), 8, ddp::dtype::f32},
-                    ddp::reduce_op::avg)
-        .wait();
-  }
+  issue_first_step(comm, a);
   dc::step_scope step(1);
   {
     dc::tag_scope bucket(dc::purpose::gradients, 1);
