@@ -513,6 +513,7 @@ struct slot;
 struct off {
   using slot = throwaway::slot;
   static constexpr std::string_view name = "off";
+  static constexpr bool unnamed = true;  // what a trainer without the slot does
 };
 struct on {
   using slot = throwaway::slot;
@@ -528,7 +529,7 @@ struct slot {
 
 template <>
 struct ddp::detail::slot_descriptor<trainer_checkpoint_test::throwaway::slot>
-    : ddp::detail::unnamed_default_description<trainer_checkpoint_test::throwaway::slot> {
+    : ddp::detail::unnamed_default_description {
   template <class P>
   static consteval bool check() {
     static_assert(requires { P::name; }, "a policy of the throwaway slot lacks its name");

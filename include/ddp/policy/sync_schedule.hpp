@@ -54,6 +54,7 @@ struct every_step {
   using slot = sync_schedule::slot;
   static constexpr std::string_view name = "every_step";
   static constexpr bool every_step_sync = true;
+  static constexpr bool unnamed = true;  // a trainer and its checkpoints read as without the slot
   bool reduces_gradients(std::uint64_t) const noexcept { return true; }
   action after_update(std::uint64_t) const noexcept { return action::none; }
 };

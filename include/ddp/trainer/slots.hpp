@@ -15,6 +15,7 @@
 // (with_policy_slots). A new slot of the library: its descriptor here and its place in the list,
 // a part and adapter in parts.hpp when the core calls it, and the component that uses it. A slot
 // a program declares: its descriptor, specialised where the program declares the slot.
+#include <concepts>
 #include <cstddef>
 #include <initializer_list>
 #include <string>
@@ -68,19 +69,24 @@ struct named_description {
   }
 };
 
-// A slot added after checkpoints were written: its default goes unnamed, so that a checkpoint
-// written before the slot existed (whose policies line has no such slot) still loads, and one
-// written with another policy in it names the difference.
-template <class Slot>
+// A slot added after checkpoints were written: a policy that declares `static constexpr bool
+// unnamed = true` (it does what a trainer without the slot did: the slot's default) goes unnamed,
+// so that a checkpoint written before the slot existed (whose policies line has no such slot)
+// still loads, and one written with another policy in it names the difference.
+template <class P>
+consteval bool declared_unnamed() {
+  if constexpr (requires { { P::unnamed } -> std::convertible_to<bool>; }) return P::unnamed;
+  else return false;
+}
 struct unnamed_default_description : named_description {
   template <class P>
   static std::string describe_type() {
-    if constexpr (std::is_same_v<P, typename Slot::default_policy>) return std::string();
+    if constexpr (declared_unnamed<P>()) return std::string();
     else return named_description::describe_type<P>();
   }
   template <class P, class H>
   static std::string describe(const H& h) {
-    if constexpr (std::is_same_v<P, typename Slot::default_policy>) return std::string();
+    if constexpr (declared_unnamed<P>()) return std::string();
     else return named_description::describe<P>(h);
   }
 };
@@ -187,25 +193,26 @@ struct slot_descriptor<reduction::slot> : named_description {
   static std::string describe(const H&) { return describe_type<P>(); }
 };
 
-// Added after checkpoints were written: every_step goes unnamed, so older checkpoints load; a
-// checkpoint of another schedule is refused by name.
+// Added after checkpoints were written: every_step declares itself unnamed, so older checkpoints
+// load; a checkpoint of another schedule is refused by name.
 template <>
-struct slot_descriptor<sync_schedule::slot> : unnamed_default_description<sync_schedule::slot> {
+struct slot_descriptor<sync_schedule::slot> : unnamed_default_description {
   template <class P>
   static consteval bool check() { return sync_schedule::diagnose<P>(); }
   template <class P, class Device>
   using holder = sync_schedule_adapter<P, Device>;
   template <class Device>
   using part = sync_schedule_part<Device>;
+  // A schedule's period (and fragments, delay, outer optimizer) are part of what it is.
   template <class P>
   static std::string describe_type() {
-    if constexpr (sync_schedule::syncs_every_step<P>()) return std::string();
+    if constexpr (declared_unnamed<P>()) return std::string();
     else if constexpr (requires { P{}.describe(); }) return P{}.describe();
     else return std::string(P::name);
   }
   template <class P, class H>
   static std::string describe(const H& h) {
-    if constexpr (sync_schedule::syncs_every_step<P>()) return std::string();
+    if constexpr (declared_unnamed<P>()) return std::string();
     else if constexpr (requires { h.policy.describe(); }) return h.policy.describe();
     else return std::string(P::name);
   }
