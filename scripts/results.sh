@@ -257,8 +257,8 @@ else
   if [ ! -x "$build/examples/char_gpt/char_gpt_mpi" ] || [ "$(id -u)" != 0 ]; then
     skip sync_schedules_link "two network-namespace hosts need root and char_gpt_mpi (OpenMPI)"
   else
-    measure sync_schedules_link bench -- bench/sync_schedules.py link "$build" --steps 600 --target 2.3 \
-      --out "$figs/sync_schedules_link.json"
+    measure sync_schedules_link bench -- bench/sync_schedules.py link "$build" --steps 600 --target 2.4 \
+      --eval-every 50 --eval-sequences 256 --out "$figs/sync_schedules_link.json"
   fi
 fi
 
