@@ -11,6 +11,7 @@
 
 #include "nn/gradient_checks.hpp"
 #include "ddp/core/random.hpp"
+#include "ddp/host/vector_math.hpp"
 #include "ddp/nn/batch_norm.hpp"
 #include "ddp/nn/blas.hpp"
 #include "ddp/nn/check_gradients.hpp"
@@ -22,6 +23,7 @@
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/relu.hpp"
 #include "ddp/nn/residual.hpp"
+#include "ddp/nn/saved_stack.hpp"
 #include "ddp/nn/sequential.hpp"
 
 namespace {
@@ -293,6 +295,84 @@ TEST_CASE("gelu is the exact (erf) GELU, and its backward matches finite differe
   CHECK(y(0, 1) == doctest::Approx(-0.15865525393145707));
   CHECK(y(0, 2) == 0.0f);
   require_gradients(act, random_matrix(3, 5, 15, 3.0f));
+}
+
+TEST_CASE("the f32 e^x, erfc, Phi and phi of the host layers' loops stay within their stated error of double") {
+  ddp::splitmix64 rng(31);
+  double exp_ulps = 0, erfc_rel = 0, cdf_rel = 0, cdf_abs = 0, pdf_rel = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = rng.uniform(-87.0f, 88.0f);
+    const double e = std::exp(static_cast<double>(x));
+    const auto want = static_cast<float>(e);
+    const double ulp = std::nextafter(want, INFINITY) - want;
+    exp_ulps = std::max(exp_ulps, std::fabs(ddp::host::exp_f32(x) - e) / ulp);
+    const float z = rng.uniform(0.0f, 5.0f), n = rng.uniform(-5.0f, 5.0f);
+    const double erfc = std::erfc(static_cast<double>(z));
+    erfc_rel = std::max(erfc_rel, std::fabs(ddp::host::erfc_nonnegative_f32(z) - erfc) / erfc);
+    const double cdf = 0.5 * std::erfc(-static_cast<double>(n) / std::sqrt(2.0));
+    if (n <= 0)
+      cdf_rel = std::max(cdf_rel, std::fabs(ddp::host::normal_cdf_f32(n) - cdf) / cdf);
+    else
+      cdf_abs = std::max(cdf_abs, std::fabs(ddp::host::normal_cdf_f32(n) - cdf));
+    const double pdf = 0.3989422804014327 * std::exp(-0.5 * static_cast<double>(n) * n);
+    pdf_rel = std::max(pdf_rel, std::fabs(ddp::host::normal_pdf_f32(n) - pdf) / pdf);
+  }
+  CAPTURE(exp_ulps);
+  CAPTURE(erfc_rel);
+  CAPTURE(cdf_rel);
+  CAPTURE(cdf_abs);
+  CAPTURE(pdf_rel);
+  CHECK(exp_ulps <= 2.0);
+  CHECK(erfc_rel <= 3e-6);  // x <= 5: x^2 rounded to f32 is most of it
+  CHECK(cdf_rel <= 3e-6);
+  CHECK(cdf_abs <= 3e-7);
+  CHECK(pdf_rel <= 1e-6);
+  CHECK(ddp::host::exp_f32(-104.0f) == 0.0f);
+  CHECK(ddp::host::exp_f32(-100.0f) == doctest::Approx(std::exp(-100.0)).epsilon(1e-3));  // subnormal
+  CHECK(ddp::host::exp_f32(-INFINITY) == 0.0f);
+  CHECK(ddp::host::exp_f32(89.0f) == INFINITY);
+  CHECK(std::isnan(ddp::host::exp_f32(NAN)));
+  CHECK(ddp::host::exp_f32(0.0f) == 1.0f);
+  CHECK(ddp::host::normal_cdf_f32(-20.0f) == 0.0f);
+  CHECK(ddp::host::normal_cdf_f32(20.0f) == 1.0f);
+  // Fixed lanes: the same sum whatever the row's length splits into.
+  std::vector<float> row(37);
+  for (auto& v : row) v = rng.uniform(-1.0f, 1.0f);
+  float by_lanes[ddp::host::sum_lanes] = {};
+  for (std::size_t j = 0; j < row.size(); ++j) by_lanes[j % ddp::host::sum_lanes] += row[j];
+  ddp::host::lane_sums lanes;
+  std::copy(by_lanes, by_lanes + ddp::host::sum_lanes, lanes.lane);
+  CHECK(ddp::host::lane_sum(row.size(), [&](std::size_t j) { return row[j]; }) == lanes.total());
+  CHECK(ddp::host::lane_max(row.size(), [&](std::size_t j) { return row[j]; }) ==
+        *std::max_element(row.begin(), row.end()));
+}
+
+TEST_CASE("a layer's saved entries come back last in, first out, and their storage serves the next forward") {
+  ddp::nn::saved_stack<ddp::nn::matrix> saved;
+  const auto a = random_matrix(4, 3, 1), b = random_matrix(2, 5, 2);
+  saved.push_copy(a);
+  saved.push_copy(b);
+  const float* storage = nullptr;
+  {
+    const auto top = saved.pop("test");
+    CHECK(top->data == b.data);
+    storage = top->data.data();
+  }
+  {
+    const auto next = saved.pop("test");
+    CHECK(next->data == a.data);
+    CHECK(next->rows == 4);
+  }
+  CHECK_THROWS_WITH_AS((void)saved.pop("test layer"), doctest::Contains("test layer backward without a matching training forward"),
+                       std::logic_error);
+  saved.push_copy(random_matrix(2, 2, 3));  // into a's storage, the last to come back
+  const auto c = random_matrix(2, 5, 4);
+  saved.push_copy(c);  // into b's: as large
+  CHECK(saved.size() == 2);
+  CHECK(saved.back().data.data() == storage);
+  CHECK(saved.back().data == c.data);
+  ddp::nn::saved_stack<ddp::nn::matrix> copy = saved;
+  CHECK(copy.size() == saved.size());
 }
 
 TEST_CASE("embedding looks rows up by index, adds repeated indices' gradients in order, names a bad index") {

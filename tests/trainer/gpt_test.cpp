@@ -201,14 +201,17 @@ sequences copy_task(std::size_t count, std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("ddp::nn::gpt learns a copy task in 100 steps on 2 ranks, to a validation loss that only a working "
+TEST_CASE("ddp::nn::gpt learns a copy task in 200 steps on 2 ranks, to a validation loss that only a working "
           "causal attention reaches") {
   const ddp::nn::gpt_config config{.vocab = 8, .context = 16, .layers = 2, .heads = 2, .width = 32, .seed = 3};
   const auto losses = ddp::inproc::launch(2, [&](communicator& comm) {
     ddp::nn::gpt model(config);
     ddp::host::device dev;
     gpt_trainer<ddp::update::replicated> trainer(model, comm, dev, ddp::optim::adamw{.lr = 1e-2f, .weight_decay = 0.0f});
-    for (std::uint64_t s = 0; s < 100; ++s) {
+    // 200 steps: the loss falls steeply from about 2 to about 1 somewhere between steps 50 and 150,
+    // where exactly depends on the kernels' rounding (at step 100 one build stood at 0.99, another
+    // at 1.30); by step 200 a working model is past it.
+    for (std::uint64_t s = 0; s < 200; ++s) {
       const auto b = copy_task(16, 1000 + 2 * s + static_cast<std::uint64_t>(comm.rank()));
       trainer.step(step_on(b));
     }

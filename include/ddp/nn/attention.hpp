@@ -8,9 +8,11 @@
 // The input's rows are B sequences of T positions each, row b*T + t; the layer is told T with
 // set_sequence_length(T) (ddp::nn::transformer_block and ddp::nn::gpt tell it on each forward).
 // The softmax is computed in f32 with the row's maximum subtracted; masked probabilities are
-// exactly 0, so no gradient reaches a position from the outputs before it. Matrix products go
+// exactly 0, so no gradient reaches a position from the outputs before it (the host device's
+// attention_softmax contract, ddp/host/softmax_rows.hpp's vectorised loops). Matrix products go
 // through CBLAS, per sequence and head. A training forward keeps its input, the projections
-// (B*T x 3C), the merged heads (B*T x C) and the B*H*T*T probabilities for backward.
+// (B*T x 3C), the merged heads (B*T x C) and the B*H*T*T probabilities for backward; their
+// storage, and the step's scratch, is kept for the next step's (ddp/nn/saved_stack.hpp).
 //
 // Weights start N(0, 0.02) and biases 0, as nanoGPT initialises them, from a seed.
 #include <algorithm>
@@ -21,10 +23,12 @@
 #include <vector>
 
 #include "ddp/core/error.hpp"
+#include "ddp/host/softmax_rows.hpp"
 #include "ddp/nn/blas.hpp"
 #include "ddp/nn/embedding.hpp"
 #include "ddp/nn/linear.hpp"
 #include "ddp/nn/residual.hpp"
+#include "ddp/nn/saved_stack.hpp"
 #include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
@@ -83,14 +87,16 @@ class attention {
   };
   // The rows' sequence length, or an error naming the fix.
   std::size_t checked_length(std::size_t rows) const;
-  // Row i of a T x T score block to probabilities, positions past i zeroed under the mask.
-  void softmax_rows(float* s, std::size_t t) const;
 
   std::size_t width_, heads_;
   bool causal_;
   std::size_t length_ = 0;
   linear c_attn_, c_proj_;
-  std::vector<saved> saved_;
+  saved_stack<saved> saved_;
+  // Scratch of one call, kept for the next: the merged heads (forward), the projections'
+  // gradient (backward), a head's scores or their gradient.
+  matrix merged_, dqkv_;
+  std::vector<float> scores_;
 };
 
 #if DDP_RUNTIME_DEFINITIONS
@@ -118,69 +124,54 @@ DDP_RUNTIME_INLINE std::size_t attention::checked_length(std::size_t rows) const
   return checked_sequence_length(length_, rows, "attention");
 }
 
-DDP_RUNTIME_INLINE void attention::softmax_rows(float* s, std::size_t t) const {
-  for (std::size_t i = 0; i < t; ++i) {
-    float* row = s + i * t;
-    const std::size_t seen = causal_ ? i + 1 : t;
-    const float top = *std::max_element(row, row + seen);
-    float sum = 0.0f;
-    for (std::size_t j = 0; j < seen; ++j) sum += row[j] = std::exp(row[j] - top);
-    const float inv = 1.0f / sum;
-    for (std::size_t j = 0; j < seen; ++j) row[j] *= inv;
-    std::fill(row + seen, row + t, 0.0f);
-  }
-}
-
 DDP_RUNTIME_INLINE matrix attention::forward(const matrix& x, bool training) {
   require_cols(x, width_, "attention");
   const std::size_t t = checked_length(x.rows), b_count = x.rows / t, c = width_, d = c / heads_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   matrix qkv = c_attn_.forward(x, training);
-  matrix y(x.rows, c);
-  std::vector<float> probabilities(training ? b_count * heads_ * t * t : t * t);
+  reshape(merged_, x.rows, c);
+  std::vector<float>* probabilities = &scores_;
+  if (training) {
+    saved& st = saved_.push();
+    st.length = t;
+    probabilities = &st.probabilities;
+  }
+  probabilities->resize(training ? b_count * heads_ * t * t : t * t);
   for (std::size_t b = 0; b < b_count; ++b)
     for (std::size_t h = 0; h < heads_; ++h) {
       const float* q = qkv.row(b * t) + h * d;
-      float* s = probabilities.data() + (training ? (b * heads_ + h) * t * t : 0);
-      blas::gemm(false, true, t, t, d, scale, q, 3 * c, q + c, 3 * c, 0.0f, s, t);
-      softmax_rows(s, t);
-      blas::gemm(false, false, t, d, t, 1.0f, s, t, q + 2 * c, 3 * c, 0.0f, y.row(b * t) + h * d, c);
+      float* s = probabilities->data() + (training ? (b * heads_ + h) * t * t : 0);
+      blas::gemm(false, true, t, t, d, 1.0f, q, 3 * c, q + c, 3 * c, 0.0f, s, t);
+      host::softmax_rows(s, s, 1, t, t, scale, causal_);
+      blas::gemm(false, false, t, d, t, 1.0f, s, t, q + 2 * c, 3 * c, 0.0f, merged_.row(b * t) + h * d, c);
     }
-  matrix out = c_proj_.forward(y, training);
-  if (training) saved_.push_back({std::move(qkv), std::move(probabilities), t});
-  return out;
+  if (training) saved_.back().qkv = std::move(qkv);
+  return c_proj_.forward(merged_, training);
 }
 
 // With P a head's probabilities and dY its part of d loss / d y: dV = Pᵀ dY, dP = dY Vᵀ,
-// dS = P ∘ (dP − rowsum(P ∘ dP)), dQ = dS K / √D, dK = dSᵀ Q / √D.
+// dS = P ∘ (dP − rowsum(P ∘ dP)) / √D, dQ = dS K, dK = dSᵀ Q.
 DDP_RUNTIME_INLINE matrix attention::backward(const matrix& dy, bool need_dx) {
-  const saved st = pop_saved(saved_, "attention");
-  const std::size_t t = st.length, c = width_, d = c / heads_, b_count = st.qkv.rows / t;
+  const auto st = saved_.pop("attention");
+  const std::size_t t = st->length, c = width_, d = c / heads_, b_count = st->qkv.rows / t;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const matrix dheads = c_proj_.backward(dy, true);
-  matrix dqkv(st.qkv.rows, 3 * c);
-  std::vector<float> ds(t * t);
+  reshape(dqkv_, st->qkv.rows, 3 * c);
+  scores_.resize(t * t);
+  float* ds = scores_.data();
   for (std::size_t b = 0; b < b_count; ++b)
     for (std::size_t h = 0; h < heads_; ++h) {
-      const float* q = st.qkv.row(b * t) + h * d;
-      const float* p = st.probabilities.data() + (b * heads_ + h) * t * t;
+      const float* q = st->qkv.row(b * t) + h * d;
+      const float* p = st->probabilities.data() + (b * heads_ + h) * t * t;
       const float* g = dheads.row(b * t) + h * d;
-      float* dq = dqkv.row(b * t) + h * d;
+      float* dq = dqkv_.row(b * t) + h * d;
       blas::gemm(true, false, t, d, t, 1.0f, p, t, g, c, 0.0f, dq + 2 * c, 3 * c);
-      blas::gemm(false, true, t, t, d, 1.0f, g, c, q + 2 * c, 3 * c, 0.0f, ds.data(), t);
-      for (std::size_t i = 0; i < t; ++i) {
-        const float* pr = p + i * t;
-        float* row = ds.data() + i * t;
-        const std::size_t seen = causal_ ? i + 1 : t;
-        float dot = 0.0f;
-        for (std::size_t j = 0; j < seen; ++j) dot += pr[j] * row[j];
-        for (std::size_t j = 0; j < seen; ++j) row[j] = pr[j] * (row[j] - dot);
-        std::fill(row + seen, row + t, 0.0f);
-      }
-      blas::gemm(false, false, t, d, t, scale, ds.data(), t, q + c, 3 * c, 0.0f, dq, 3 * c);
-      blas::gemm(true, false, t, d, t, scale, ds.data(), t, q, 3 * c, 0.0f, dq + c, 3 * c);
+      blas::gemm(false, true, t, t, d, 1.0f, g, c, q + 2 * c, 3 * c, 0.0f, ds, t);
+      host::softmax_rows_backward(p, ds, ds, 1, t, t, scale, causal_);
+      blas::gemm(false, false, t, d, t, 1.0f, ds, t, q + c, 3 * c, 0.0f, dq, 3 * c);
+      blas::gemm(true, false, t, d, t, 1.0f, ds, t, q, 3 * c, 0.0f, dq + c, 3 * c);
     }
-  return c_attn_.backward(dqkv, need_dx);
+  return c_attn_.backward(dqkv_, need_dx);
 }
 
 #endif  // DDP_RUNTIME_DEFINITIONS

@@ -13,6 +13,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "ddp/core/sample_weights.hpp"
 #include "ddp/nn/matrix.hpp"
@@ -62,6 +63,7 @@ DDP_RUNTIME_INLINE cross_entropy_result softmax_cross_entropy(const matrix& logi
   check_cross_entropy_arguments(who, logits.rows, labels.size(), weights.size(), divisor);
   cross_entropy_result out{0.0, matrix(logits.rows, logits.cols), 0, 0.0, 0.0};
   const double inv_divisor = 1.0 / divisor;
+  std::vector<double> e(logits.cols);  // a row's exp(z - max z)
   for (std::size_t r = 0; r < logits.rows; ++r) {
     const float* z = logits.row(r);
     const auto label = static_cast<std::size_t>(labels[r]);
@@ -72,15 +74,15 @@ DDP_RUNTIME_INLINE cross_entropy_result softmax_cross_entropy(const matrix& logi
     const double scale = weight * inv_divisor;
     const float zmax = *std::max_element(z, z + logits.cols);
     double sum = 0.0;
-    for (std::size_t c = 0; c < logits.cols; ++c) sum += std::exp(static_cast<double>(z[c] - zmax));
-    const double log_sum = std::log(sum);
+    for (std::size_t c = 0; c < logits.cols; ++c) sum += e[c] = std::exp(static_cast<double>(z[c] - zmax));
+    const double log_sum = std::log(sum), inv_sum = 1.0 / sum;
     const double loss = log_sum - static_cast<double>(z[label] - zmax);
     out.loss += loss * scale;
     out.loss_sum += loss * weight;
     out.samples += weight;
     float* g = out.grad.row(r);
     for (std::size_t c = 0; c < logits.cols; ++c)
-      g[c] = static_cast<float>((std::exp(static_cast<double>(z[c] - zmax) - log_sum) - (c == label)) * scale);
+      g[c] = static_cast<float>((e[c] * inv_sum - (c == label)) * scale);
     if (weight > 0 && static_cast<std::size_t>(std::max_element(z, z + logits.cols) - z) == label) ++out.correct;
   }
   return out;

@@ -1,26 +1,21 @@
 #pragma once
 // GELU, exact: y = x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)), PyTorch's nn.GELU() (its default,
 // approximate='none'; not the tanh approximation). dy/dx = Phi(x) + x * phi(x), phi the normal
-// density.
-#include <cmath>
+// density. Computed in f32 by vectorised loops (ddp/host/vector_math.hpp's normal_cdf_f32 and
+// normal_pdf_f32). A training forward keeps the derivative at its input, as many floats as the
+// input, for the backward to multiply by.
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "ddp/core/vectorize.hpp"
+#include "ddp/host/vector_math.hpp"
 #include "ddp/nn/layer.hpp"
+#include "ddp/nn/saved_stack.hpp"
 #include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
-
-namespace detail {
-inline float gelu(float x) noexcept {
-  return static_cast<float>(0.5 * x * (1.0 + std::erf(x * 0.70710678118654752440)));
-}
-inline float gelu_derivative(float x) noexcept {
-  const double cdf = 0.5 * (1.0 + std::erf(x * 0.70710678118654752440));
-  const double pdf = 0.39894228040143267794 * std::exp(-0.5 * static_cast<double>(x) * x);
-  return static_cast<float>(cdf + x * pdf);
-}
-}  // namespace detail
 
 class gelu {
  public:
@@ -31,23 +26,60 @@ class gelu {
   std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
 
  private:
-  std::vector<matrix> saved_;
+  saved_stack<matrix> saved_;  // per training forward: the derivative at its input
 };
+
+namespace detail {
+#if DDP_RUNTIME_DEFINITIONS
+// y = x Φ(x) over n elements.
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_EXACT_FLOATS DDP_RUNTIME_INLINE void gelu_forward(const float* DDP_RESTRICT x,
+                                                                                     float* DDP_RESTRICT y,
+                                                                                     std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * host::normal_cdf_f32(x[i]);
+}
+
+// y = x Φ(x) (the same bits as gelu_forward) and the derivative d = Φ(x) + x φ(x), which the
+// backward multiplies dy by.
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_EXACT_FLOATS DDP_RUNTIME_INLINE void gelu_forward_derivative(
+    const float* DDP_RESTRICT x, float* DDP_RESTRICT y, float* DDP_RESTRICT d, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float cdf = host::normal_cdf_f32(x[i]);
+    y[i] = x[i] * cdf;
+    d[i] = cdf + x[i] * host::normal_pdf_f32(x[i]);
+  }
+}
+#else  // compiled in libddp_runtime (ddp/core/compiled_runtime.hpp)
+void gelu_forward(const float* x, float* y, std::size_t n) noexcept;
+void gelu_forward_derivative(const float* x, float* y, float* d, std::size_t n) noexcept;
+#endif
+}  // namespace detail
 
 #if DDP_RUNTIME_DEFINITIONS
 
 DDP_RUNTIME_INLINE matrix gelu::forward(const matrix& x, bool training) {
-  matrix y = x;
-  for (auto& v : y.data) v = detail::gelu(v);
-  if (training) saved_.push_back(x);
+  matrix y(x.rows, x.cols);
+  if (training) {
+    matrix& d = saved_.push();
+    reshape(d, x.rows, x.cols);
+    detail::gelu_forward_derivative(x.data.data(), y.data.data(), d.data.data(), x.size());
+  } else {
+    detail::gelu_forward(x.data.data(), y.data.data(), x.size());
+  }
   return y;
 }
 
 DDP_RUNTIME_INLINE matrix gelu::backward(const matrix& dy, bool need_dx) {
-  const matrix x = pop_saved(saved_, "gelu");
+  const auto d = saved_.pop("gelu");
   if (!need_dx) return {};
-  matrix dx = dy;
-  for (std::size_t i = 0; i < dx.size(); ++i) dx.data[i] *= detail::gelu_derivative(x.data[i]);
+  if (dy.rows != d->rows || dy.cols != d->cols)
+    throw std::invalid_argument("ddp::nn: gelu backward expects a gradient of " + std::to_string(d->rows) + " x " +
+                                std::to_string(d->cols) + " (its forward's shape), got " + std::to_string(dy.rows) +
+                                " x " + std::to_string(dy.cols));
+  matrix dx(dy.rows, dy.cols);
+  const float* DDP_RESTRICT dd = d->data.data();
+  const float* DDP_RESTRICT g = dy.data.data();
+  float* DDP_RESTRICT out = dx.data.data();
+  for (std::size_t i = 0; i < dx.size(); ++i) out[i] = g[i] * dd[i];
   return dx;
 }
 

@@ -3,11 +3,14 @@
 // (uniform in +-1/sqrt(in)), from a seed so every rank can start from the same weights.
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "ddp/core/random.hpp"
 #include "ddp/nn/blas.hpp"
 #include "ddp/nn/layer.hpp"
+#include "ddp/nn/saved_stack.hpp"
 #include "ddp/core/compiled_runtime.hpp"
 
 namespace ddp::nn {
@@ -38,7 +41,7 @@ class linear {
  private:
   std::size_t in_, out_;
   std::vector<parameter> params_;
-  std::vector<matrix> saved_;
+  saved_stack<matrix> saved_;  // the inputs of training forwards
 };
 
 #if DDP_RUNTIME_DEFINITIONS
@@ -57,13 +60,17 @@ DDP_RUNTIME_INLINE matrix linear::forward(const matrix& x, bool training) {
   for (std::size_t r = 0; r < y.rows; ++r) std::copy(b, b + out_, y.row(r));
   blas::gemm(false, true, x.rows, out_, in_, 1.0f, x.data.data(), in_, params_[0].value().data(), in_,
              1.0f, y.data.data(), out_);
-  if (training) saved_.push_back(x);
+  if (training) saved_.push_copy(x);
   return y;
 }
 
 DDP_RUNTIME_INLINE matrix linear::backward(const matrix& dy, bool need_dx) {
-  const matrix x = pop_saved(saved_, "linear");
+  const auto saved = saved_.pop("linear");
+  const matrix& x = *saved;
   require_cols(dy, out_, "linear backward");
+  if (dy.rows != x.rows)
+    throw std::invalid_argument("ddp::nn: linear backward expects " + std::to_string(x.rows) +
+                                " rows of gradient (its forward's), got " + std::to_string(dy.rows));
   // dW += dy^T x ; db += column sums of dy ; dx = dy W
   blas::gemm(true, false, out_, in_, x.rows, 1.0f, dy.data.data(), out_, x.data.data(), in_, 1.0f,
              params_[0].grad().data(), in_);
