@@ -214,7 +214,7 @@ TEST_CASE("flight recorder: a rank asleep inside a step is named by the others' 
   fs::remove_all(dir);
 }
 
-TEST_CASE("ddp-why: a missing dump is named with its last collective as the others saw it; a cut dump is unreadable") {
+TEST_CASE("ddp-why: a missing dump is named with its last collective as the others saw it, and a cut dump is unreadable") {
   const auto dir = fresh_dir("missing");
   for (int r : {0, 2}) {
     dc::flight_recorder rec("mpi", r, 3, dc::recorder_options{.entries = 16, .dump_dir = dir.string(), .dump_on_signal = false});
