@@ -304,7 +304,9 @@ void check_elastic() {
   REQUIRE(taken.size() == epochs);
   for (const auto& [epoch, samples] : taken) CHECK(samples == all);
   bool after_join = false;
-  for (const auto& [steps, by_rank] : after_sync) {
+  for (const auto& entry : after_sync) {
+    const std::uint64_t steps = entry.first;
+    const auto& by_rank = entry.second;
     CAPTURE(steps);
     for (const auto& [rank, p] : by_rank) CHECK(p == by_rank.begin()->second);
     after_join = after_join || (steps > 10 && by_rank.size() == 3);
