@@ -157,7 +157,7 @@ class checkpoint_file {
     std::size_t at = 0;
     auto take = [&](void* p, std::size_t n) {
       if (at + n > body.size()) fail("is corrupt: a section runs past the end");
-      std::memcpy(p, body.data() + at, n);
+      if (n) std::memcpy(p, body.data() + at, n);  // an empty section has no storage to copy into
       at += n;
     };
     auto fits = [&](std::uint64_t n) {  // checked before anything of that size is allocated
