@@ -350,6 +350,7 @@ TEST_CASE("policy agreement: trainers of different policy lists (forbid against 
 }
 
 TEST_CASE("checking mode: a rank that agrees on its policies where the others reduce gradients is said to have selected alone") {
+  const auto dir = fresh_dir("policy_agreement");
   std::mutex m;
   std::vector<std::string> errors(3);
   CHECK_THROWS(ddp::inproc::launch(3, [&](ddp::inproc::communicator& inner) {
@@ -373,14 +374,22 @@ TEST_CASE("checking mode: a rank that agrees on its policies where the others re
       errors[static_cast<std::size_t>(inner.rank())] = e.what();
       throw;
     }
-  }, recorded({})));
+  }, recorded(dir)));
+  const std::string hint = "rank 1 agrees on the trainer's policies, as a trainer does at the first step after a "
+                           "one_of's select(), where the others do not";
   for (const auto& e : errors) {
     CAPTURE(e);
     CHECK(contains(e, "ranks disagree on collective #2"));
     CHECK(contains(e, "rank 1 issued all_gather #2 (count 1, i64; step 1, policy_agreement)"));
-    CHECK(contains(e, "rank 1 agrees on the trainer's policies, as a trainer does at the first step after a one_of's "
-                      "select(), where the others do not"));
+    CHECK(contains(e, hint));
   }
+  // ddp-why says the same from the dumps.
+  const auto v = ddp::why::judge_folder(dir, "inproc");
+  INFO(v.text);
+  CHECK(v.sequence == std::optional<std::uint64_t>(2));
+  CHECK(v.odd == std::vector<int>{1});
+  CHECK(contains(v.text, "\n  " + hint));
+  fs::remove_all(dir);
 }
 
 }  // namespace flight_recorder_test

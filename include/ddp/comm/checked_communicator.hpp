@@ -167,8 +167,8 @@ class checked_communicator {
     throw error("checked", fingerprint::ops[op], rank(), what);
   }
 
-  // Ranks that agree on the trainer's policies where the others issue something else chose a
-  // one_of's policy (select) where the others did not.
+  // A trainer agrees on its policies at the first step after a one_of's select(): ranks that
+  // agree where the others issue something else selected where the others did not.
   std::string policy_hint() const {
     std::string agreeing;
     int count = 0;
