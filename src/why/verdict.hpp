@@ -278,6 +278,15 @@ inline verdict judge(std::vector<dump> dumps, std::vector<std::string> bad = {})
       out << "  " << detail::ranks_text(s.ranks) << ": "
           << (s.call ? s.call->describe() : std::string("never issued it (its record ends before)")) << "\n";
     if (!v.odd.empty()) out << "  odd one out: " << detail::ranks_text(v.odd) << "\n";
+    // A trainer agrees on its policies at the first step after a one_of's select(): ranks that
+    // agree where the others do something else selected where the others did not.
+    std::vector<int> agreeing;
+    for (const auto& s : v.sides)
+      if (s.call && s.call->purpose == "policy_agreement") agreeing.insert(agreeing.end(), s.ranks.begin(), s.ranks.end());
+    if (!agreeing.empty() && agreeing.size() < dumps.size())
+      out << "  " << detail::ranks_text(agreeing) << (agreeing.size() == 1 ? " agrees" : " agree")
+          << " on the trainer's policies, as a trainer does at the first step after a one_of's select(), where the "
+             "others do not: select alike on every rank, before the same step\n";
   } else if (v.missing.empty() && v.unreadable.empty()) {
     out << "consistent: every rank issued the same collectives\n";
   }

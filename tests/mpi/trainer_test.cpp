@@ -8,6 +8,7 @@
 #include "ddp/policy/powersgd.hpp"
 #include "support/constant_gradient.hpp"
 #include "support/fixed_gradient.hpp"
+#include "support/on_ranks.hpp"
 #include "trainer/equivalence.hpp"
 #include "trainer/hook_bound.hpp"
 #include "trainer/invariance.hpp"
@@ -140,6 +141,54 @@ TEST_CASE("mpi: a parameter skipped on one rank is one error on every rank (P2)"
   CHECK_THROWS_WITH_AS(
       trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); }),
       doctest::Contains("'aux.weight' (no gradient on rank(s) 1)"), ddp::collective_error);
+}
+
+// Every rank's policies agree (trainer/policy_agreement.hpp): a one_of that selected static_graph on
+// rank 1 and forbid elsewhere (the same collectives: unseen without the agreement), and a trainer of
+// another policy list on rank 1, are the same error on every process, and the communicator goes on.
+TEST_CASE("mpi: policies that differ on one rank are one error on every rank, naming the slot and both sides") {
+  auto& comm = mpi_test::comm();
+  using communicator = ddp::use_communicator<ddp::mpi::communicator>;
+  const auto b = test::make_batch(6, 20 + static_cast<std::uint64_t>(comm.rank()));
+  auto step = [&](auto& trainer) {
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  };
+  std::string others;  // "ranks 0, 2, 3" of a world of 4
+  for (int r = 0; r < comm.size(); ++r)
+    if (r != 1) others += (others.empty() ? "" : ", ") + std::to_string(r);
+  others = (comm.size() > 2 ? "ranks " : "rank ") + others + (comm.size() > 2 ? " run" : " runs");
+  const std::string expected = "ranks run different policies in slot unused_params: " + others +
+                               " 'forbid'; rank 1 runs 'static_graph'";
+  {
+    using unused_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::static_graph>;
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy, communicator, unused_choice> trainer(model, comm, dev, sgd);
+    trainer.policy<ddp::unused_params::slot>().select(comm.rank() == 1 ? "static_graph" : "forbid");
+    try {
+      step(trainer);
+      FAIL("the step ran with policies that differ");
+    } catch (const ddp::collective_error& e) {
+      CHECK(test::first_line(e.detail()) == expected);
+      CHECK(e.operation() == "step");
+    }
+  }
+  ddp::comm::barrier(comm);
+  auto build = [&]<class Unused>() {
+    test::branchy model(5);
+    ddp::host::device dev;
+    ddp::trainer<test::branchy, communicator, Unused> trainer(model, comm, dev, sgd);
+    step(trainer);
+  };
+  try {
+    if (comm.rank() == 1) build.template operator()<ddp::unused_params::static_graph>();
+    else build.template operator()<ddp::unused_params::forbid>();
+    FAIL("trainers of different policy lists were built");
+  } catch (const ddp::collective_error& e) {
+    CHECK(test::first_line(e.detail()) == expected);
+    CHECK(e.operation() == "construct");
+  }
+  ddp::comm::barrier(comm);  // nothing mismatched reached MPI
 }
 
 TEST_CASE("mpi: Join: processes with unequal numbers of batches finish together, equal to one process over the union") {

@@ -156,7 +156,8 @@ class checked_communicator {
     const std::string what = "ranks disagree on collective #" + std::to_string(mine.sequence) + ": " + sides +
                              " (differs from the others: rank " + odd +
                              "); every rank must issue the same collectives in the same order: look for a "
-                             "rank-dependent branch or a policy chosen differently per rank";
+                             "rank-dependent branch or a policy chosen differently per rank" +
+                             policy_hint();
     // The flight recorder notes what this rank issued (never started), so that ddp-why's verdict on
     // the dumps names the same collective.
     if constexpr (requires { inner_->recorder().dump_once(what); }) {
@@ -164,6 +165,20 @@ class checked_communicator {
       inner_->recorder().dump_once(what);
     }
     throw error("checked", fingerprint::ops[op], rank(), what);
+  }
+
+  // A trainer agrees on its policies at the first step after a one_of's select(): ranks that
+  // agree where the others issue something else selected where the others did not.
+  std::string policy_hint() const {
+    std::string agreeing;
+    int count = 0;
+    for (int r = 0; r < size(); ++r)
+      if (all_[r].what == static_cast<std::uint8_t>(purpose::policy_agreement))
+        agreeing += (agreeing.empty() ? "" : ", ") + std::to_string(r), ++count;
+    if (count == 0 || count == size()) return {};
+    return std::string("; ") + (count == 1 ? "rank " : "ranks ") + agreeing + (count == 1 ? " agrees" : " agree") +
+           " on the trainer's policies, as a trainer does at the first step after a one_of's select(), where the "
+           "others do not: select alike on every rank, before the same step";
   }
 
   Comm* inner_;

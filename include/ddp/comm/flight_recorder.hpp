@@ -50,6 +50,7 @@ enum class purpose : std::uint8_t {
   handover,              // elastic training's hand-over to a new membership
   fingerprint,           // the checking mode's agreement on the next collective
   sync,                  // a sync schedule's sync: parameters or pseudo-gradients averaged
+  policy_agreement,      // the ranks agree on the trainer's policies (one_of choices included)
 };
 
 constexpr std::string_view name_of(purpose p) noexcept {
@@ -63,6 +64,7 @@ constexpr std::string_view name_of(purpose p) noexcept {
     case purpose::handover: return "handover";
     case purpose::fingerprint: return "fingerprint";
     case purpose::sync: return "sync";
+    case purpose::policy_agreement: return "policy_agreement";
   }
   return "?";
 }

@@ -9,8 +9,11 @@
 // A program whose flags pick among N policies of a slot then compiles one trainer type, not N.
 // The first policy listed is the initial choice. Every rank must select the same one (it decides
 // which collectives a step issues). Checkpoints record the choice, so a resumed run must select
-// what it was saved with.
+// what it was saved with. The trainer agrees on every rank's choice at its first step and at the
+// first step after a select(): a choice that differs between ranks is an error naming the slot and
+// each rank's policy (trainer/policy_agreement.hpp).
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -37,7 +40,10 @@ class run_time_choice {
     if (!found)
       throw std::invalid_argument("ddp: " + std::string(Slot::name) + "::one_of has no policy named '" +
                                   std::string(name) + "'; choose one of " + names());
+    ++selections_;
   }
+  // How many times select() chose, whatever it chose (the trainer agrees again after a select).
+  std::uint64_t selections() const noexcept { return selections_; }
   std::string_view selected() const {
     return std::visit([](const auto& p) -> std::string_view { return std::remove_cvref_t<decltype(p)>::name; }, chosen);
   }
@@ -58,6 +64,9 @@ class run_time_choice {
   decltype(auto) visit(F&& f) const {
     return std::visit(std::forward<F>(f), chosen);
   }
+
+ private:
+  std::uint64_t selections_ = 0;
 };
 
 }  // namespace ddp::policy

@@ -35,9 +35,15 @@ class step_observer {
 
   // `f(steps)` runs as each step begins (its first micro-batch, or a shadow step), `steps`
   // completed before it; it may throw, and the step does not begin (elastic training ends a
-  // membership there for ranks to join).
-  // `shadow`: a round of join(), in which this rank has nothing of its own to train.
-  void on_step_begin(std::function<void(std::uint64_t steps, bool shadow)> f) { step_begins_ = std::move(f); }
+  // membership there for ranks to join). Several run in the order they were given. `shadow`: a
+  // round of join(), in which this rank has nothing of its own to train.
+  void on_step_begin(std::function<void(std::uint64_t steps, bool shadow)> f) {
+    if (step_begins_)
+      f = [first = std::move(step_begins_), then = std::move(f)](std::uint64_t steps, bool shadow) {
+        first(steps, shadow), then(steps, shadow);
+      };
+    step_begins_ = std::move(f);
+  }
   void step_begins(std::uint64_t steps, bool shadow = false) const {
     if (step_begins_) [[unlikely]]
       step_begins_(steps, shadow);

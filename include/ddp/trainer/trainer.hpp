@@ -80,6 +80,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
           trainer_options options = {})
       : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), options_(options) {
+    detail::agree_on_policies(this->communicator(), this->device(), core().observer(), static_cast<holder&>(*this));
     const ddp::comm::tag_scope tag(ddp::comm::purpose::handover);
     resume_handed_over();
   }

@@ -4,6 +4,7 @@
 // slots; the objects the trainer keeps for its policies, and their descriptions. The core is
 // instantiated only for a valid list.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -19,6 +20,7 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/policy_agreement.hpp"
 #include "ddp/trainer/slots.hpp"
 #include "ddp/trainer/trainer_core.hpp"
 
@@ -193,6 +195,16 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
         if (d::in_checkpoint || !checkpoint) return {Slot::name, d::template describe<get<Slot>>(of<Slot>())};
       return {Slot::name, std::string()};
     }
+    // What the ranks agree on (trainer/policy_agreement.hpp): every slot's policy as held now,
+    // and how many times the slots' run-time choices (a one_of's select) chose.
+    slot_descriptions descriptions() const { return {describe_slot<Slots>(false)...}; }
+    std::uint64_t selections() const { return (selections_in<Slots>() + ... + std::uint64_t{0}); }
+    template <class Slot>
+    std::uint64_t selections_in() const {
+      if constexpr (requires { of<Slot>().policy.selections(); }) return of<Slot>().policy.selections();
+      else return 0;
+    }
+    static constexpr bool chooses_at_run_time = (holds_run_time_choice<holder_type<Slots>> || ...);
     // The same of the policy types, without building them.
     static std::string describe_types() {
       return describe_policies({std::pair<std::string_view, std::string>{Slots::name, [] {
