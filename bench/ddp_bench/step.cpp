@@ -215,7 +215,7 @@ figures measure(int world, const Workload& w, const step_params& p, bool breakdo
         (Trainer::reduction_policy::virtual_shards ? 8.0 * elements + 4.0 * std::ceil(elements / 64.0)
                                                    : gradient_bytes<typename Trainer::comm_hook_policy>(m, elements, hook)) +
         (ddp::update::shards_parameters<typename Trainer::update_policy>() ? 8.0 * elements  // forward, backward
-         : Trainer::update_policy::gathers_parameters                     ? 4.0 * elements
+         : ddp::update::gathers_parameters<typename Trainer::update_policy>() ? 4.0 * elements
                                                                           : 0.0);
     double buffers = 0;
     for (const auto& buf : m.buffers()) buffers += static_cast<double>(buf.value.bytes());

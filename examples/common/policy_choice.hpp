@@ -182,7 +182,7 @@ void with_trainer_type(const policy_flags& c, F f) {
                                              decltype(sampler)>;
         with_optimizer(c.optimizer, [&](auto optimizer) {
           using update_t = std::remove_cvref_t<decltype(update)>;
-          constexpr bool schedulable = reduction_t::virtual_shards == 0 && !update_t::gathers_parameters &&
+          constexpr bool schedulable = reduction_t::virtual_shards == 0 && !ddp::update::gathers_parameters<update_t>() &&
                                        std::is_same_v<sampler_t, ddp::sampler::distributed<true, ddp::sampler::tail::pad>>;
           if constexpr (schedulable)
             if (c.sync != "every_step")

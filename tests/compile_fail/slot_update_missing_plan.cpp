@@ -7,9 +7,6 @@
 struct no_plan {
   using slot = ddp::update::slot;
   static constexpr std::string_view name = "no_plan";
-  static constexpr bool gathers_parameters = false;
-  void reduce(ddp::update::bucket_ops& b) { b.all_reduce_gradients(); }
-  void after_update(ddp::update::bucket_ops&) {}
-  void finish(ddp::update::bucket_ops&) {}
+  static constexpr ddp::update::memory_plan memory{};
 };
 int main() { test::build_and_step<ddp::trainer<test::minimal_module, no_plan>>(); }

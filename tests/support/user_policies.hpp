@@ -79,8 +79,9 @@ struct small_first_bucket {
 struct page_sharded {
   using slot = ddp::update::slot;
   static constexpr std::string_view name = "page_sharded";
-  // The buckets keep a gathered copy of the parameters (all_gather_parameters needs it).
-  static constexpr bool gathers_parameters = true;
+  // Every rank keeps every parameter, in a gathered copy per bucket, and every gradient: it
+  // reduce_scatters the gradients, updates its shard, and the ranks all_gather the shards.
+  static constexpr ddp::update::memory_plan memory{.parameters = ddp::update::parameters_kept::gathered};
   // This rank's part of a bucket of `numel` floats: equal shards, rank r's at r * shard, and
   // padded = shard * ranks, as the all_gather lays them out (the trainer checks it).
   ddp::update::layout plan(std::size_t numel, int rank, int ranks) const {
@@ -89,9 +90,6 @@ struct page_sharded {
     const std::size_t shard = (numel + n * page - 1) / (n * page) * page;
     return {shard, static_cast<std::size_t>(rank) * shard, shard * n};
   }
-  void reduce(ddp::update::bucket_ops& b) { b.reduce_scatter_gradients(); }  // gradients ready
-  void after_update(ddp::update::bucket_ops& b) { b.all_gather_parameters(); }  // this shard updated
-  void finish(ddp::update::bucket_ops& b) { b.finish_parameters(); }  // before step() returns
 };
 // [end doc]
 

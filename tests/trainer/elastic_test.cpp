@@ -388,6 +388,46 @@ TEST_CASE("launch_elastic: ranks due to join when a rank fails join the survivor
                        ddp::inproc::launch_error);
 }
 
+TEST_CASE("launch_elastic: a request for ranks made in the last step of a run that ends in join() ends no "
+          "membership (every rank only shadows the boundary), and one made earlier still regroups at its step") {
+  // Rank 1 has 3 batches, rank 0 has 4 and asks for a rank in its last step (step 3): the request
+  // is due at step 4, which every rank reaches inside join() with nothing to train.
+  auto run = [](int ask_in_step) {
+    ddp::inproc::elastic_control control;
+    std::atomic<int> runs{0};
+    const auto report = ddp::inproc::launch_elastic(
+        2,
+        [&](ddp::inproc::communicator& c) {
+          ++runs;
+          auto model = test::make_mlp(3);
+          ddp::host::device dev;
+          ddp::trainer<test::mlp> trainer(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+          const auto batches = static_cast<std::uint64_t>(c.rank() == 0 ? 4 : 3);
+          while (trainer.steps() < batches) {
+            const auto b = test::make_batch(4, 10 + trainer.steps() + 100 * static_cast<std::uint64_t>(c.rank()));
+            trainer.step([&](auto& r) {
+              if (c.rank() == 0 && membership_of(c) == 0 && trainer.steps() == static_cast<std::uint64_t>(ask_in_step))
+                control.grow(1);
+              r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad);
+            });
+          }
+          trainer.join();
+        },
+        {.control = &control});
+    return std::pair{report, runs.load()};
+  };
+  const auto [in_last, runs_last] = run(3);
+  CHECK(in_last.changes.empty());
+  CHECK(in_last.world_size == 2);
+  CHECK(runs_last == 2);
+  // Asked in step 1, the rank joins at step 2, which rank 0 and rank 1 both train.
+  const auto [earlier, runs_earlier] = run(1);
+  REQUIRE(earlier.changes.size() == 1);
+  CHECK(earlier.changes[0].joined == 1);
+  CHECK(earlier.changes[0].steps == 2);
+  CHECK(earlier.world_size == 3);
+}
+
 TEST_CASE("launch_elastic: a program that destroyed an earlier trainer normally hands over after a failure, and "
           "the earlier trainer starts afresh in the next membership") {
   const indexed_rows data(rows);

@@ -112,7 +112,7 @@ void check_trace(int world) {
     CHECK(count["backward"] == steps);
     CHECK(count["update"] == steps);
     CHECK(count["wait for reductions"] == steps);
-    CHECK(count["gather parameters"] == (Update::gathers_parameters ? steps : 0));
+    CHECK(count["gather parameters"] == (ddp::update::gathers_parameters<Update>() ? steps : 0));
     CHECK(count["bucket 0 pack, launch"] == steps);
     int launches = 0;
     for (const auto& [name, n] : count)

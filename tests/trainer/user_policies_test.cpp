@@ -453,4 +453,38 @@ TEST_CASE("a hook that declares itself plain, and one_of<none>, are taken where 
   check_same(train<user_plain_hook>(3, 3), train<>(3, 3));
 }
 
+namespace {
+// A hook that says it is plain but reduces the gradients itself: the control floats that were
+// routed into the plain all_reduce would go nowhere.
+struct false_plain_hook {
+  using slot = ddp::comm_hook::slot;
+  static constexpr std::string_view name = "false_plain";
+  static constexpr bool plain = true;
+  void reduce(ddp::comm_hook::bucket_io& b) {
+    b.reduce_like_gradients({b.gradients(), b.size(), ddp::dtype::f32}, ddp::reduce_op::avg);
+  }
+  void finish(ddp::comm_hook::bucket_io&) {}
+};
+}  // namespace
+
+TEST_CASE("a hook that declares plain but does not call reduce_gradients is an error naming it, on every rank") {
+  const auto messages = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(11);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, false_plain_hook> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
+    const auto b = test::make_batch(8, 300 + static_cast<std::uint64_t>(comm.rank()));
+    try {
+      trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  });
+  for (const auto& m : messages) {
+    CAPTURE(m);
+    CHECK(m.find("comm hook 'false_plain' declares `plain`") != std::string::npos);
+    CHECK(m.find("reduce_gradients()") != std::string::npos);
+  }
+}
+
 }  // namespace trainer_user_policies_test

@@ -241,7 +241,7 @@ TEST_CASE("bytes per step: update::sharded_gradients moves update::sharded's byt
 TEST_CASE("update::sharded_gradients holds this rank's shard of the gradients, and the full gradients of a few "
           "buckets only while they reduce, in memory it keeps for the next step") {
   constexpr int world = 4;
-  constexpr std::size_t in_flight = ddp::update::sharded_gradients::gradient_buckets_in_flight;
+  constexpr std::size_t in_flight = ddp::update::sharded_gradients::memory.gradient_buckets_in_flight;
   struct measured {
     ddp::memory_held held, after_steps;
     std::size_t device_in_use = 0, step_peak = 0, parameter_floats = 0;

@@ -156,19 +156,28 @@ class handoff {
     std::lock_guard lock(mutex_);
     if (!limit_ || most < limit_->most) limit_ = world_limit{most, std::move(why)};
   }
-  // A trainer begins a step with `steps` completed: it throws regroup where the membership ends
-  // for ranks to join (every trainer of every rank at the same step), and otherwise notes how far
-  // the run has gone, so that a request made now ends it at a boundary no rank has passed.
-  void step_begins(std::uint64_t steps) {
+  // A trainer begins a step with `steps` completed: how many ranks are due to join there, where
+  // the membership ends for them (every trainer of every rank at the same step: regroup_at); when
+  // none, notes how far the run has gone, so that a request made now ends it at a boundary no rank
+  // has passed.
+  int joining_at(std::uint64_t steps) {
     std::lock_guard lock(mutex_);
     int joining = 0;
     for (const auto& j : joins_)
       if (j.at <= steps) joining += j.ranks;
-    if (joining > 0) {
+    if (joining == 0) begun_ = std::max(begun_.value_or(0), steps);
+    return joining;
+  }
+  [[noreturn]] void regroup_at(std::uint64_t steps, int joining) {
+    {
+      std::lock_guard lock(mutex_);
       if (!regrouped_at_) regrouped_at_ = std::chrono::steady_clock::now();
-      throw regroup(steps, joining);
     }
-    begun_ = std::max(begun_.value_or(0), steps);
+    throw regroup(steps, joining);
+  }
+  // Throws regroup where the membership ends for ranks to join.
+  void step_begins(std::uint64_t steps) {
+    if (const int joining = joining_at(steps)) regroup_at(steps, joining);
   }
   // When the first trainer reached the boundary where the membership ended for ranks to join.
   std::optional<std::chrono::steady_clock::time_point> regrouped_at() const {

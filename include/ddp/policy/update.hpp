@@ -38,22 +38,19 @@
 //
 // A policy of this slot is a type with
 //   using slot = ddp::update::slot;  static constexpr std::string_view name;
-//   static constexpr bool gathers_parameters;  // the buckets keep a gathered copy of the
-//                                              // parameters (all_gather_parameters needs it)
+//   static constexpr ddp::update::memory_plan memory;  // which parameters and gradients a rank
+//        // keeps, and when (below); the trainer builds the memory of every bucket from it
 //   ddp::update::layout plan(std::size_t numel, int rank, int ranks) const;
 //        // the part of a bucket of numel floats that `rank` updates
-//   void reduce(ddp::update::bucket_ops&);        // the bucket's gradients are ready
-//   void after_update(ddp::update::bucket_ops&);  // this rank updated its part of the bucket
-//   void finish(ddp::update::bucket_ops&);        // every bucket is updated; before step() returns
-// and, optionally,
-//   static constexpr std::size_t gradient_buckets_in_flight;  // > 0: keep only this rank's shard
-//        // of the gradients, at most this many buckets' full gradients reducing at once
-//   static constexpr bool shards_parameters;  // keep only this rank's shard of the parameters,
-//        // gathered layer by layer in forward and backward (needs gradient_buckets_in_flight > 0)
-// Collectives are issued in bucket order on every rank; each operation of bucket_ops is one.
+// The collectives follow from the memory plan, in bucket order on every rank: a rank that keeps
+// every parameter whole all_reduces the gradients; one that gathers them reduce_scatters the
+// gradients (its shard of the average) and, when it keeps a gathered copy, all_gathers the
+// updated shards after the update; one that keeps only its shard gathers a bucket while its
+// layers run.
 #include <concepts>
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 #include "ddp/policy/slots.hpp"
 
@@ -69,94 +66,100 @@ struct layout {
   std::size_t padded = 0;
 };
 
-// One bucket's collectives, offered by the trainer. Each starts asynchronously; the trainer
-// waits for the gradients before the optimizer runs.
-class bucket_ops {
- public:
-  // The bucket's gradients (and control floats) averaged over the ranks, everywhere.
-  virtual void all_reduce_gradients() = 0;
-  // This rank's shard of the averaged gradients (the control floats averaged beside it).
-  virtual void reduce_scatter_gradients() = 0;
-  // Every rank's updated shard of the parameters to every rank.
-  virtual void all_gather_parameters() = 0;
-  // Waits for all_gather_parameters and leaves the parameters where the module reads them.
-  virtual void finish_parameters() = 0;
+// Where a rank keeps a bucket's parameters.
+enum class parameters_kept {
+  whole,     // every parameter, where the module holds it; every rank updates all of them
+  gathered,  // every parameter, in a copy per bucket that the ranks all_gather once each rank
+             // updated its shard
+  shard,     // only this rank's shard; a bucket is gathered while its layers run forward or
+             // backward, and its memory goes back after
+};
+// Where a rank keeps a bucket's gradients.
+enum class gradients_kept {
+  whole,  // every gradient, the whole step
+  shard,  // only this rank's reduced shard: a bucket's full gradients are held from the backward
+          // of its first layer until its reduce_scatter completed
+};
 
- protected:
-  ~bucket_ops() = default;
+// An update policy's memory plan: which parameters and gradients a rank keeps, and when.
+struct memory_plan {
+  parameters_kept parameters = parameters_kept::whole;
+  gradients_kept gradients = gradients_kept::whole;
+  // gradients_kept::shard: at most this many buckets' full gradients reducing at once (on every
+  // rank alike, the oldest completes when one more launches); 0 otherwise.
+  std::size_t gradient_buckets_in_flight = 0;
+
+  constexpr bool gathers_parameters() const noexcept { return parameters != parameters_kept::whole; }
+  constexpr bool shards_parameters() const noexcept { return parameters == parameters_kept::shard; }
+  constexpr bool shards_gradients() const noexcept { return gradients == gradients_kept::shard; }
+  // The gradients' collective: this rank's shard of the average (reduce_scatter) when it updates
+  // only its shard of the parameters, else the whole average (all_reduce).
+  constexpr bool scatters_gradients() const noexcept { return gathers_parameters(); }
+  // The updated shards go to every rank after the update (all_gather into the gathered copy).
+  constexpr bool gathers_after_update() const noexcept { return parameters == parameters_kept::gathered; }
+  // A rank can keep memory so: a bucket in flight at least when only the shard of the gradients is
+  // kept (none otherwise); a rank that updates only its shard gathers the parameters; a rank that
+  // keeps only its shard of the parameters keeps only its shard of the gradients.
+  constexpr bool keepable() const noexcept {
+    return (shards_gradients() == (gradient_buckets_in_flight > 0)) && (!shards_gradients() || gathers_parameters()) &&
+           (!shards_parameters() || shards_gradients());
+  }
+  constexpr bool operator==(const memory_plan&) const = default;
 };
 
 template <class P>
-concept policy = requires(P& p, const P& cp, bucket_ops& b, std::size_t n, int r) {
+concept policy = requires(const P& cp, std::size_t n, int r) {
   requires std::same_as<typename P::slot, slot>;
   { P::name } -> std::convertible_to<std::string_view>;
-  { P::gathers_parameters } -> std::convertible_to<bool>;
+  { P::memory } -> std::convertible_to<memory_plan>;
   { cp.plan(n, r, r) } -> std::same_as<layout>;
-  p.reduce(b);
-  p.after_update(b);
-  p.finish(b);
 };
 
 struct replicated {
   using slot = update::slot;
   static constexpr std::string_view name = "replicated";
-  static constexpr bool gathers_parameters = false;
+  static constexpr memory_plan memory{};
   layout plan(std::size_t numel, int, int) const { return {numel, 0, numel}; }
-  void reduce(bucket_ops& b) { b.all_reduce_gradients(); }
-  void after_update(bucket_ops&) {}
-  void finish(bucket_ops&) {}
 };
 
 struct sharded {
   using slot = update::slot;
   static constexpr std::string_view name = "sharded";
-  static constexpr bool gathers_parameters = true;
+  static constexpr memory_plan memory{.parameters = parameters_kept::gathered};
   static constexpr std::size_t alignment = 16;  // floats: every shard starts on a cache line
   layout plan(std::size_t numel, int rank, int ranks) const {
     const auto n = static_cast<std::size_t>(ranks);
     const std::size_t shard = (numel + n * alignment - 1) / (n * alignment) * alignment;
     return {shard, static_cast<std::size_t>(rank) * shard, shard * n};
   }
-  void reduce(bucket_ops& b) { b.reduce_scatter_gradients(); }
-  void after_update(bucket_ops& b) { b.all_gather_parameters(); }
-  void finish(bucket_ops& b) { b.finish_parameters(); }
 };
 
 struct sharded_gradients : sharded {
   static constexpr std::string_view name = "sharded_gradients";
-  static constexpr std::size_t gradient_buckets_in_flight = 2;
+  static constexpr memory_plan memory{
+      .parameters = parameters_kept::gathered, .gradients = gradients_kept::shard, .gradient_buckets_in_flight = 2};
 };
 
 // ZeRO stage 3: the parameters are gathered when a layer needs them, not after the update.
 struct fully_sharded : sharded_gradients {
   static constexpr std::string_view name = "fully_sharded";
-  static constexpr bool shards_parameters = true;
-  void after_update(bucket_ops&) {}
-  void finish(bucket_ops&) {}
+  static constexpr memory_plan memory{
+      .parameters = parameters_kept::shard, .gradients = gradients_kept::shard, .gradient_buckets_in_flight = 2};
 };
 
-// 0 unless the policy keeps only its shard of the gradients.
+// The policy's memory plan; the default plan when it lacks the member, which its own message
+// reports (so that the rules reading the plan add no second error).
 template <class P>
-consteval std::size_t gradient_buckets_in_flight() {
-  if constexpr (requires { { P::gradient_buckets_in_flight } -> std::convertible_to<std::size_t>; })
-    return P::gradient_buckets_in_flight;
-  else return 0;
+consteval memory_plan memory_of() {
+  if constexpr (requires { { P::memory } -> std::convertible_to<memory_plan>; }) return P::memory;
+  else return {};
 }
-
-// Whether the policy keeps only its shard of the parameters.
 template <class P>
-consteval bool shards_parameters() {
-  if constexpr (requires { { P::shards_parameters } -> std::convertible_to<bool>; })
-    return P::shards_parameters;
-  else return false;
-}
-
-// The policy's gathers_parameters; true when it lacks the member, which its own message reports.
+consteval bool gathers_parameters() { return memory_of<P>().gathers_parameters(); }
 template <class P>
-consteval bool gathers_parameters_or_unknown() {
-  if constexpr (requires { { P::gathers_parameters } -> std::convertible_to<bool>; }) return P::gathers_parameters;
-  else return true;
-}
+consteval bool shards_parameters() { return memory_of<P>().shards_parameters(); }
+template <class P>
+consteval std::size_t gradient_buckets_in_flight() { return memory_of<P>().gradient_buckets_in_flight; }
 
 struct slot {
   static constexpr std::string_view name = "update";
@@ -167,27 +170,29 @@ template <class P>
 consteval bool diagnose() {
   static_assert(requires { { P::name } -> std::convertible_to<std::string_view>; },
                 "ddp: a policy in the update slot lacks `static constexpr std::string_view name`");
-  static_assert(requires { { P::gathers_parameters } -> std::convertible_to<bool>; },
-                "ddp: a policy in the update slot lacks `static constexpr bool gathers_parameters`");
+  static_assert(requires { { P::memory } -> std::convertible_to<memory_plan>; },
+                "ddp: a policy in the update slot lacks `static constexpr ddp::update::memory_plan memory` (which "
+                "parameters and gradients a rank keeps: ddp/policy/update.hpp); `memory{}` keeps them whole, as "
+                "update::replicated");
   static_assert(requires(const P& p, std::size_t n, int r) { { p.plan(n, r, r) } -> std::same_as<layout>; },
                 "ddp: a policy in the update slot lacks `ddp::update::layout plan(std::size_t numel, int rank, "
                 "int ranks) const` (see ddp/policy/update.hpp)");
-  static_assert(requires(P& p, bucket_ops& b) {
-                  p.reduce(b);
-                  p.after_update(b);
-                  p.finish(b);
-                },
-                "ddp: a policy in the update slot lacks one of `reduce`, `after_update`, `finish` "
-                "(each taking ddp::update::bucket_ops&; see ddp/policy/update.hpp)");
-  static_assert(gradient_buckets_in_flight<P>() == 0 || gathers_parameters_or_unknown<P>(),
-                "ddp: a policy in the update slot that keeps only its shard of the gradients "
-                "(gradient_buckets_in_flight) updates only its shard of the parameters, so it must gather them: "
-                "`gathers_parameters = true` with an equal-shards plan, as update::sharded");
-  static_assert(!shards_parameters<P>() || gradient_buckets_in_flight<P>() > 0,
-                "ddp: a policy in the update slot that keeps only its shard of the parameters (shards_parameters) "
-                "must keep only its shard of the gradients too: give it gradient_buckets_in_flight > 0, as "
+  constexpr memory_plan m = memory_of<P>();
+  static_assert(!m.shards_gradients() || m.gradient_buckets_in_flight > 0,
+                "ddp: a policy in the update slot keeps only its shard of the gradients (gradients_kept::shard) with "
+                "gradient_buckets_in_flight 0 in its memory plan: allow at least one bucket in flight");
+  static_assert(m.shards_gradients() || m.gradient_buckets_in_flight == 0,
+                "ddp: a policy in the update slot keeps every gradient (gradients_kept::whole) but sets "
+                "gradient_buckets_in_flight in its memory plan: leave it 0, or keep only the shard (gradients_kept::shard)");
+  static_assert(!m.shards_gradients() || m.gathers_parameters(),
+                "ddp: a policy in the update slot that keeps only its shard of the gradients (gradients_kept::shard) "
+                "updates only its shard of the parameters, so it must gather them: parameters_kept::gathered in its "
+                "memory plan, with an equal-shards plan, as update::sharded_gradients");
+  static_assert(!m.shards_parameters() || m.shards_gradients(),
+                "ddp: a policy in the update slot that keeps only its shard of the parameters (parameters_kept::shard) "
+                "must keep only its shard of the gradients too: gradients_kept::shard in its memory plan, as "
                 "update::fully_sharded");
-  return policy<P>;
+  return policy<P> && m.keepable();
 }
 
 }  // namespace ddp::policy::update

@@ -1,12 +1,13 @@
 #pragma once
-// One gradient bucket: its memory, its layout (which part this rank updates, from the update
-// policy), and the collectives in flight on it. The gradient reducer (gradient_reducer.hpp)
-// builds and owns the buckets; each other client sees one narrow face of a bucket:
+// One gradient bucket: its memory and its layout (which part this rank updates, from the update
+// policy); the collectives in flight on it are a part of their own (bucket_collectives.hpp). The
+// gradient reducer (gradient_reducer.hpp) builds and owns the buckets and launches them; the
+// update policy's memory plan says which collective reduces the gradients (all_reduce, or
+// reduce_scatter when a rank updates only its shard). Each other client sees one face of a bucket:
 //
-//   the update policy      update::bucket_ops (all_reduce / reduce_scatter the gradients,
-//                          all_gather the parameters)
 //   the communication hook comm_hook::bucket_io_on<Device> (bucket_hook_io.hpp, one per call)
-//   the update stage       the averaged shard of the gradients, and where parameters lie in it
+//   the update stage       the averaged shard of the gradients, where parameters lie in it, and
+//                          the all_gather of the updated shards
 //
 // Memory of grads (and of values, when the update policy gathers parameters): the parameters'
 // slots in [0, numel), zero padding up to `padded`, then `control` floats (the reducer's control
@@ -37,14 +38,16 @@
 #include "ddp/policy/comm_hook.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/trainer/bucket_hook_io.hpp"
+#include "ddp/trainer/bucket_collectives.hpp"
 #include "ddp/trainer/bucket_layout.hpp"
+#include "ddp/trainer/control_route.hpp"
 #include "ddp/trainer/exact_sum.hpp"
 #include "ddp/trainer/parts.hpp"
 
 namespace ddp::detail {
 
 template <communicator Comm, device Device>
-class bucket final : public update::bucket_ops {
+class bucket final {
  public:
   using work_type = decltype(std::declval<Comm&>().all_reduce(const_buffer{}, mutable_buffer{}, reduce_op::avg));
 
@@ -52,11 +55,11 @@ class bucket final : public update::bucket_ops {
   bucket(Comm& comm, Device& dev, comm_hook_part<Device>& hook, const std::uint64_t& steps, const bucket_shape& shape,
          std::vector<std::size_t> params)
       : comm_(&comm), device_(&dev), hook_(&hook), steps_(&steps), shape_(shape), params_(std::move(params)),
-        grads_(shape.releases_gradients ? device_array<Device, float>() : zeroed(shape.layout.padded + shape.control)),
-        values_(shape.gathers ? zeroed(shape.layout.padded) : device_array<Device, float>()),
-        kept_shard_(shape.releases_gradients ? zeroed(shape.layout.shard) : device_array<Device, float>()),
-        kept_control_(shape.releases_gradients ? zeroed(shape.control) : device_array<Device, float>()),
-        kept_values_(shape.shards_parameters ? zeroed(shape.layout.shard) : device_array<Device, float>()) {
+        grads_(shape.memory.shards_gradients() ? device_array<Device, float>() : zeroed(shape.layout.padded + shape.control)),
+        values_(shape.memory.gathers_parameters() ? zeroed(shape.layout.padded) : device_array<Device, float>()),
+        kept_shard_(shape.memory.shards_gradients() ? zeroed(shape.layout.shard) : device_array<Device, float>()),
+        kept_control_(shape.memory.shards_gradients() ? zeroed(shape.control) : device_array<Device, float>()),
+        kept_values_(shape.memory.shards_parameters() ? zeroed(shape.layout.shard) : device_array<Device, float>()) {
     if (shape.virtual_shards) exact_.emplace(comm, dev, shape.layout.padded, shape.virtual_shards);
   }
 
@@ -66,7 +69,7 @@ class bucket final : public update::bucket_ops {
   // gradient there when it binds gradient storage; nullptr while the bucket holds no gradients).
   float* add_gradient(float* module_grad, std::size_t offset, std::size_t count) {
     float* in_bucket = held() ? grads_.data() + offset : nullptr;
-    segments_.push_back({shape_.binds_gradients ? in_bucket : module_grad, offset, count});
+    segments_.push_back({shape_.gradients_in_bucket() ? in_bucket : module_grad, offset, count});
     return in_bucket;
   }
   // A 16-bit parameter's gradient, widened into the bucket when it launches.
@@ -76,7 +79,7 @@ class bucket final : public update::bucket_ops {
   // The f32 value the optimizer updates; returns where it lives when the module binds its
   // parameters into the gathered copy, else `value` itself.
   float* add_value(float* value, std::size_t offset, std::size_t count, std::size_t rows) {
-    float* v = shape_.binds_values ? values_.data() + offset : value;
+    float* v = shape_.bound.values ? values_.data() + offset : value;
     value_segments_.push_back({v, offset, count});
     tensors_.push_back({offset, rows, count / rows});
     return v;
@@ -97,8 +100,8 @@ class bucket final : public update::bucket_ops {
 
   // ---- the full gradients, when the update policy keeps only its shard --------------------
 
-  bool releases_gradients() const noexcept { return shape_.releases_gradients; }
-  bool held() const noexcept { return !shape_.releases_gradients || held_; }
+  bool releases_gradients() const noexcept { return shape_.memory.shards_gradients(); }
+  bool held() const noexcept { return !shape_.memory.shards_gradients() || held_; }
   std::size_t held_floats() const noexcept { return padded() + shape_.control; }
   // Holds the full gradients in `memory` (at least held_floats(), zeroed here); the module's
   // gradients of this bucket are then to be placed at gradient_memory() + offset.
@@ -126,7 +129,7 @@ class bucket final : public update::bucket_ops {
   }
   // ---- the gathered parameters, when the update policy keeps only its shard of them ----------
 
-  bool shards_parameters() const noexcept { return shape_.shards_parameters; }
+  bool shards_parameters() const noexcept { return shape_.memory.shards_parameters(); }
   // The gathered parameters have memory (their all_gather may still be in flight).
   bool values_held() const noexcept { return values_.size() != 0; }
   float* value_memory() noexcept { return values_.data(); }
@@ -137,18 +140,11 @@ class bucket final : public update::bucket_ops {
     values_ = std::move(memory);
     const comm::tag_scope tag(comm::purpose::gather, static_cast<std::int32_t>(index()));
     if (gather)
-      gathering_.emplace(comm_->all_gather(const_buffer{kept_values_.data(), shard(), dtype::f32},
-                                           mutable_buffer{values_.data(), padded(), dtype::f32}));
+      works_.start_layer_gather(comm_->all_gather(const_buffer{kept_values_.data(), shard(), dtype::f32},
+                                                  mutable_buffer{values_.data(), padded(), dtype::f32}));
   }
-  // Waits for the parameters' all_gather, if one is in flight (kept until clear_works, so that a
-  // stream backend's failure of it is still read after the step).
-  void wait_values() {
-    if (!gathering_) return;
-    auto w = std::move(*gathering_);
-    gathering_.reset();
-    gathered_.push_back(std::move(w));
-    gathered_.back().wait();
-  }
+  // Waits for the parameters' all_gather, if one is in flight.
+  void wait_values() { works_.wait_layer_gather(); }
   // The gathered values into this rank's kept shard (after the module's values were written there).
   void keep_value_shard() {
     device_->copy(kept_values_.data(), values_.data() + shard_begin(), shard() * sizeof(float));
@@ -163,15 +159,15 @@ class bucket final : public update::bucket_ops {
   // The step's reduction of this bucket completed (until clear_works).
   bool completed() const noexcept { return completed_; }
 
-  // Gradients into bucket memory, the control floats after them, then the update policy's
-  // collective; without `carries_control` the control floats stay out of it (the reducer sends
-  // them on their own).
-  void launch(update_part& update, std::span<const float> control, bool carries_control) {
-    carries_control_ = carries_control;
+  // Gradients into bucket memory, the control floats after them, then their reduction as the
+  // memory plan says; the control floats (the last bucket's) go as `route` says, decided by the
+  // reducer's control channel before the hook runs.
+  void launch(std::span<const float> control, control_route route) {
+    control_route_ = route;
     gather_gradients(grads_.data());
     if (!control.empty())
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
-    update.reduce(*this);
+    start_reduction(shape_.memory.scatters_gradients());
   }
   // A sync schedule's local step: gradients and control floats into bucket memory, no collective.
   void launch_local(std::span<const float> control) {
@@ -185,7 +181,7 @@ class bucket final : public update::bucket_ops {
   // in f32 by the communicator itself.
   void reduce_outside_step(bool through_hook) {
     local_ = false;
-    carries_control_ = false;
+    control_route_ = control_route::none;
     plain_sync_ = !through_hook;
     if (through_hook) return start_reduction(false, comm::purpose::sync);
     const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
@@ -203,7 +199,7 @@ class bucket final : public update::bucket_ops {
     if (local_) return;
     hook_view io(*this);
     io.wait();
-    if (control_work_) control_work_->wait();
+    works_.wait_control();
     if (plain_sync_) return;
     hook_->finish(io);
     if (exact_) exact_->finish(grads_.data(), io.shard_begin(), io.shard());
@@ -221,42 +217,24 @@ class bucket final : public update::bucket_ops {
     rethrow_failures();
   }
   // The gradients' reduction (the hook's first collective), when one went out.
-  const std::optional<work_type>& reduction() const noexcept { return work_; }
+  const std::optional<work_type>& reduction() const noexcept { return works_.reduction(); }
   // A stream backend's failure that aborted this bucket's collectives (ddp::rethrow_failure):
   // after the host has synchronised with the device.
-  void rethrow_failures() const {
-    for (const auto* w : {&work_, &control_work_, &gather_, &gathering_})
-      if (*w) rethrow_failure(**w);
-    for (const auto& w : more_) rethrow_failure(w);
-    for (const auto& w : gathered_) rethrow_failure(w);
-  }
+  void rethrow_failures() const { works_.rethrow_failures(); }
 
   void zero_gradients() {
-    if (shape_.releases_gradients) device_->fill_zero(kept_shard_.data(), shard() * sizeof(float));
-    if (held() && shape_.binds_gradients)
+    if (shape_.memory.shards_gradients()) device_->fill_zero(kept_shard_.data(), shard() * sizeof(float));
+    if (held() && shape_.gradients_in_bucket())
       device_->fill_zero(grads_.data(), numel() * sizeof(float));
     else if (held())
       for (const auto& s : segments_) device_->fill_zero(s.tensor, s.count * sizeof(float));
     for (const auto& h : half_grads_) device_->fill_zero(h.tensor, h.count * size_of(h.type));
   }
 
-  // Waits for every collective in flight, ignoring failures (a step that failed half-way). A
-  // stream backend's wait() only orders the compute stream: the device's deallocate then waits
-  // for the GPU before the memory goes.
-  void drain() noexcept {
-    auto quietly = [](work_type& w) {
-      try {
-        w.wait();
-      } catch (...) {
-      }
-    };
-    for (auto* w : {&work_, &control_work_, &gather_, &gathering_})
-      if (*w) quietly(**w);
-    for (auto& w : more_) quietly(w);
-  }
+  // Waits for every collective in flight, ignoring failures (a step that failed half-way).
+  void drain() noexcept { works_.drain(); }
   void clear_works() {
-    work_.reset(), more_.clear(), control_work_.reset(), gather_.reset();
-    gathered_.clear();  // a gather in flight stays: the reducer waits for it when it releases the values
+    works_.clear();
     completed_ = false;
     local_ = false;
     plain_sync_ = false;
@@ -276,11 +254,11 @@ class bucket final : public update::bucket_ops {
   bool sharded() const noexcept { return shard() < padded(); }
   // This rank's shard of the averaged gradients.
   float* gradient_shard() noexcept {
-    return shape_.releases_gradients && !held_ ? kept_shard_.data() : grads_.data() + shard_begin();
+    return shape_.memory.shards_gradients() && !held_ ? kept_shard_.data() : grads_.data() + shard_begin();
   }
   // The averaged gradients back into the module's own gradient tensors (optim::external).
   void unpack_gradients() {
-    if (!shape_.binds_gradients) device_->unpack(segments_, grads_.data());
+    if (!shape_.gradients_in_bucket()) device_->unpack(segments_, grads_.data());
   }
   // The part of a parameter's value (offset in the bucket) inside this rank's shard: where its
   // values start, its offset from the shard's start, its count (0 when none of it is there).
@@ -289,37 +267,35 @@ class bucket final : public update::bucket_ops {
     const std::size_t begin = std::max(s.offset, shard_begin());
     const std::size_t end = std::min(s.offset + s.count, shard_begin() + shard());
     if (end <= begin) return {s.tensor, 0, 0};
-    if (shape_.shards_parameters) return {kept_values_.data() + (begin - shard_begin()), begin - shard_begin(), end - begin};
+    if (shape_.memory.shards_parameters()) return {kept_values_.data() + (begin - shard_begin()), begin - shard_begin(), end - begin};
     return {s.tensor + (begin - s.offset), begin - shard_begin(), end - begin};
   }
 
-  // ---- the update policy's face (update::bucket_ops) -------------------------------------
-
-  void all_reduce_gradients() override { start_reduction(false); }
-  void reduce_scatter_gradients() override { start_reduction(true); }
-  void all_gather_parameters() override {
+  // After this rank updated its shard, when the plan keeps a gathered copy: every rank's updated
+  // shard of the parameters to every rank.
+  void all_gather_parameters() {
     const comm::tag_scope tag(comm::purpose::gather, static_cast<std::int32_t>(index()));
     float* v = values_.data();
-    if (!shape_.binds_values) {  // this rank's shard of the module's parameters, copied in first
+    if (!shape_.bound.values) {  // this rank's shard of the module's parameters, copied in first
       std::vector<segment> mine;
       for (const auto& s : value_segments_)
         if (const segment part = shard_part(s); part.count) mine.push_back(part);
       device_->pack(mine, v + shard_begin());
     }
-    gather_.emplace(comm_->all_gather(const_buffer{v + shard_begin(), shard(), dtype::f32},
-                                      mutable_buffer{v, padded(), dtype::f32}));
+    works_.start_update_gather(comm_->all_gather(const_buffer{v + shard_begin(), shard(), dtype::f32},
+                                                 mutable_buffer{v, padded(), dtype::f32}));
   }
-  void finish_parameters() override {
-    if (!gather_) return;
-    gather_->wait();
-    if (!shape_.binds_values) device_->unpack(value_segments_, values_.data());
+  // Waits for all_gather_parameters and leaves the parameters where the module reads them.
+  void finish_parameters() {
+    if (!works_.wait_update_gather()) return;
+    if (!shape_.bound.values) device_->unpack(value_segments_, values_.data());
   }
 
  private:
   // The module's gradients in bucket layout at `into` (f32 ones copied unless they live there,
   // 16-bit ones widened).
   void gather_gradients(float* into) {
-    if (!shape_.binds_gradients || into != grads_.data()) device_->pack(segments_, into);
+    if (!shape_.gradients_in_bucket() || into != grads_.data()) device_->pack(segments_, into);
     for (const auto& h : half_grads_)
       device_->cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{into + h.offset, h.count, dtype::f32});
   }
@@ -330,25 +306,28 @@ class bucket final : public update::bucket_ops {
     return a;
   }
 
-  // The update policy asked for the gradients' reduction: all of them (all_reduce) or this
-  // rank's shard (reduce_scatter). The hook carries it; the control floats go in f32 beside,
-  // unless the hook chose the plain reduction, which carries them in its own collective.
+  // The gradients' reduction: all of them (all_reduce) or this rank's shard (reduce_scatter),
+  // through the hook; then the control floats in f32 when they go after the gradients. When they
+  // go with them, the plain hook's reduce_gradients carried them.
   void start_reduction(bool scatter, comm::purpose what = comm::purpose::gradients) {
     const comm::tag_scope tag(what, static_cast<std::int32_t>(index()));
     scatters_ = scatter;
     hook_view io(*this);
     hook_->reduce(io);
-    if (shape_.control && carries_control_ && !io.carried_control) {
+    if (!shape_.control) return;
+    if (control_route_ == control_route::with_gradients && !io.carried_control)
+      throw collective_error("comm_hook", "reduce", comm_->rank(),  // on every rank alike
+                  "comm hook '" + std::string(hook_->name()) + "' declares `plain` (it leaves the gradients to "
+                  "the plain all_reduce), but did not call bucket_io::reduce_gradients() for bucket " +
+                      std::to_string(index()) + ": call it, or drop `plain` from the hook");
+    if (control_route_ == control_route::after_gradients) {
       float* c = grads_.data() + padded();
-      control_work_.emplace(comm_->all_reduce(const_buffer{c, shape_.control, dtype::f32},
-                                              mutable_buffer{c, shape_.control, dtype::f32}, reduce_op::avg));
+      works_.start_control(comm_->all_reduce(const_buffer{c, shape_.control, dtype::f32},
+                                             mutable_buffer{c, shape_.control, dtype::f32}, reduce_op::avg));
     }
   }
 
-  void track(work_type w) {
-    if (!work_) work_.emplace(std::move(w));
-    else more_.push_back(std::move(w));
-  }
+  void track(work_type w) { works_.add_reduction(std::move(w)); }
 
   friend class bucket_hook_io<Comm, Device>;
   using hook_view = bucket_hook_io<Comm, Device>;
@@ -373,18 +352,13 @@ class bucket final : public update::bucket_ops {
   std::vector<device_array<Device, float>> hook_state_;    // the hook's, saved in checkpoints
   std::optional<exact_sum<Comm, Device>> exact_;           // reduction::invariant's (before the works too)
   std::size_t pending_ = 0;                       // parameters still to report ready in this backward
-  std::optional<work_type> work_;                 // the gradients' reduction (the hook's first collective)
-  std::vector<work_type> more_;                   // the hook's further collectives in this step
-  std::optional<work_type> control_work_;         // the control floats', when not part of work_
-  std::optional<work_type> gather_;               // the updated parameters' all_gather
-  std::optional<work_type> gathering_;            // sharding parameters: their all_gather in flight
-  std::vector<work_type> gathered_;               // ... and those waited for in this step
+  bucket_collectives<work_type> works_;           // in flight on this bucket
   bool held_ = false;                  // releasing: grads_ holds pool memory
   bool completed_ = false;             // this step's reduction completed
   bool local_ = false;                 // this step's gradients stay this rank's own (no collective)
   bool plain_sync_ = false;            // a sync reduced in f32 without the hook
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
-  bool carries_control_ = true;        // this step's control floats go with this bucket
+  control_route control_route_ = control_route::with_gradients;  // this step's control floats (the last bucket)
 };
 
 }  // namespace ddp::detail

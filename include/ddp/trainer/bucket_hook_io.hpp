@@ -1,8 +1,8 @@
 #pragma once
 // A bucket as its communication hook sees it (comm_hook::bucket_io_on<Device>), for one call of
 // the hook: the gradients, the bucket's shape and tensors, scratch and kept state, and the
-// collectives, which the bucket tracks as its own. Whether the gradients' all_reduce carried the
-// control floats is read back from it (carried_control).
+// collectives, which the bucket tracks as its own. The gradients' all_reduce carries the control
+// floats when the control channel routed them there (control_route::with_gradients).
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -16,6 +16,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/core/reduce_op.hpp"
 #include "ddp/policy/comm_hook.hpp"
+#include "ddp/trainer/control_route.hpp"
 
 namespace ddp::detail {
 
@@ -26,7 +27,7 @@ template <communicator Comm, device Device>
 class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
  public:
   explicit bucket_hook_io(bucket<Comm, Device>& owner) : b(owner) {}
-  bool carried_control = false;  // the gradients' all_reduce carried the control floats
+  bool carried_control = false;  // the gradients' all_reduce carried them, as routed
 
   Device& device() noexcept override { return *b.device_; }
   std::size_t index() const noexcept override { return b.index(); }
@@ -52,10 +53,11 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
     if (b.exact_) return reduce_like_gradients(b.exact_->start(b.grads_.data()), reduce_op::sum);
     float* g = b.grads_.data();
     if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
-    // The all_reduce carries the control floats too: one collective, as without a hook.
-    const std::size_t n = b.padded() + (b.carries_control_ ? b.shape_.control : 0);
+    // Routed with the gradients, the control floats ride in this all_reduce: one collective.
+    const bool carries = b.control_route_ == control_route::with_gradients;
+    const std::size_t n = b.padded() + (carries ? b.shape_.control : 0);
     b.track(b.comm_->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
-    carried_control = b.carries_control_;
+    carried_control = carries;
   }
   void reduce_like_gradients(mutable_buffer x, reduce_op op) override {
     if (x.count != b.padded())
@@ -76,8 +78,7 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   }
   void all_gather(const_buffer send, mutable_buffer recv) override { b.track(b.comm_->all_gather(send, recv)); }
   void wait() override {
-    if (b.work_) b.work_->wait();
-    for (auto& w : b.more_) w.wait();
+    b.works_.wait_reduction();
   }
 
  private:

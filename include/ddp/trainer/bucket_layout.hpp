@@ -29,18 +29,25 @@ struct half_segment {
   std::size_t count = 0;
 };
 
-// What a bucket is made from: the plan's size for it and the update policy's layout.
+// What of its own memory the module keeps in the trainer's buckets.
+struct module_binding {
+  bool values = false;     // its parameters, in the gathered copy (`values`)
+  bool gradients = false;  // its gradients (`grads`)
+};
+
+// What a bucket is made from: the plan's size for it, the update policy's layout and memory plan.
 struct bucket_shape {
   std::size_t index = 0;
   std::size_t numel = 0;
   update::layout layout;
-  std::size_t control = 0;      // control floats after the padding (the last bucket's)
-  bool gathers = false;         // the update policy gathers parameters: keep `values`
-  bool binds_values = false;    // the module keeps its parameters in `values`
-  bool binds_gradients = false; // the module's gradients live in `grads`
-  bool releases_gradients = false;  // `grads` is held only while needed; the shard is kept
-  bool shards_parameters = false;   // `values` too, gathered from the kept shards when needed
+  std::size_t control = 0;     // control floats after the padding (the last bucket's)
+  update::memory_plan memory;  // which of `values` and `grads` the bucket keeps, and when
+  module_binding bound;
   std::size_t virtual_shards = 0;  // reduction::invariant<V>: the exact sum over V micro-batches
+
+  // The module's gradients live in `grads`: bound there, or placed layer by layer while the
+  // bucket holds its full gradients (only the shard is kept between).
+  bool gradients_in_bucket() const noexcept { return bound.gradients || memory.shards_gradients(); }
 };
 
 // A bucket's row in a checkpoint's layout: numel, padded, shard begin, shard.
@@ -105,7 +112,7 @@ inline std::optional<std::string> layout_problem(const bucket_shape& s, std::str
                             std::to_string(l.padded) + ": ";
   if (l.padded < s.numel) return (where + "`padded` must hold the bucket's elements");
   if (l.begin + l.shard > l.padded) return (where + "this rank's shard runs past `padded`");
-  if (s.gathers && (l.padded != l.shard * static_cast<std::size_t>(ranks) ||
+  if (s.memory.gathers_parameters() && (l.padded != l.shard * static_cast<std::size_t>(ranks) ||
                     l.begin != static_cast<std::size_t>(rank) * l.shard))
     return (where + "a policy that gathers parameters must cut each bucket into equal shards, one per rank, rank r's "
          "starting at r x shard, with padded = shard x ranks (where all_gather puts them)");
@@ -120,12 +127,12 @@ inline std::optional<std::string> world_problem(const bucket_shape& s, std::stri
     return "a world of " + std::to_string(ranks) + " ranks cannot hold " + std::to_string(s.virtual_shards) +
            " virtual shards, one at least per rank: run at most " + std::to_string(s.virtual_shards) +
            " ranks, or choose more shards (reduction::invariant<V>)";
-  if (s.shards_parameters && !s.binds_values)
+  if (s.memory.shards_parameters() && !s.bound.values)
     return "update::" + std::string(update) + " keeps only this rank's shard of the parameters, so "
            "the module's values must live in the trainer's memory, which holds f32 parameters only; this "
            "module has " + std::to_string(half_floats) + " 16-bit parameter value(s): keep the "
            "parameters in f32, or use update::sharded_gradients";
-  if (s.shards_parameters && s.virtual_shards % world != 0)
+  if (s.memory.shards_parameters() && s.virtual_shards % world != 0)
     return "update::" + std::string(update) + " gathers the parameters in every micro-batch's forward "
            "and backward, so every rank must run as many micro-batches per step; under reduction::invariant<" +
            std::to_string(s.virtual_shards) + "> the " + std::to_string(ranks) + " ranks would run " +
@@ -136,9 +143,8 @@ inline std::optional<std::string> world_problem(const bucket_shape& s, std::stri
 
 // What the trainer keeps in bucket memory, beside the update policy's layout.
 struct bucket_memory {
-  std::size_t control = 0;       // the last bucket's control floats
-  bool binds_values = false;     // the module keeps its parameters in the gathered copy
-  bool binds_gradients = false;  // it keeps its gradients in bucket memory
+  std::size_t control = 0;  // the last bucket's control floats
+  module_binding bound;
   std::size_t virtual_shards = 0;
 };
 
@@ -149,13 +155,13 @@ inline std::optional<std::string> shape_buckets(const bucket_plan& plan, const p
                                                 int ranks, std::vector<bucket_shape>& shapes) {
   std::optional<std::string> problem = plan_problem(plan, params);
   for (std::size_t b = 0; !problem && b < plan.buckets.size(); ++b) {
-    bucket_shape shape{b, plan.sizes[b], update.plan(plan.sizes[b], rank, ranks)};
+    bucket_shape shape;
+    shape.index = b;
+    shape.numel = plan.sizes[b];
+    shape.layout = update.plan(plan.sizes[b], rank, ranks);
     if (b + 1 == plan.buckets.size()) shape.control = memory.control;
-    shape.gathers = update.gathers_parameters();
-    shape.binds_values = memory.binds_values;
-    shape.releases_gradients = update.gradient_buckets_in_flight() > 0;
-    shape.shards_parameters = update.shards_parameters();
-    shape.binds_gradients = memory.binds_gradients || shape.releases_gradients;  // placed, layer by layer
+    shape.memory = update.memory();
+    shape.bound = memory.bound;
     shape.virtual_shards = memory.virtual_shards;
     problem = layout_problem(shape, update.name(), rank, ranks);
     if (!problem) problem = world_problem(shape, update.name(), ranks, params.half_floats());

@@ -1,10 +1,12 @@
 #pragma once
 // The control floats of a step: this rank's micro-batch count, then the unused-parameter policy's
-// floats, averaged over the ranks so that every rank reads the same and decides alike. They go
-// in the last bucket, averaged with its gradients, unless the update overlaps the reductions and
-// there are buckets to update while the last reduces: then they go in a collective of their own,
-// issued just before the last bucket's gradients, so that the step's verdict is known while that
-// bucket still reduces.
+// floats, averaged over the ranks so that every rank reads the same and decides alike. How they
+// travel is decided here, before the last bucket's hook runs (control_route): in the last
+// bucket's gradient all_reduce when the hook is plain and the gradients are all-reduced in f32
+// (one collective), else in an all_reduce of their own after the bucket's; and when the update
+// overlaps the reductions and there are buckets to update while the last reduces, in a
+// collective of their own issued just before the last bucket's gradients, so that the step's
+// verdict is known while that bucket still reduces.
 #include <cmath>
 #include <cstddef>
 #include <optional>
@@ -21,7 +23,7 @@
 #include "ddp/core/dtype.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/core/reduce_op.hpp"
-#include "ddp/trainer/step_verdict.hpp"
+#include "ddp/trainer/control_route.hpp"
 
 namespace ddp::detail {
 
@@ -35,9 +37,14 @@ class control_channel {
   control_channel(const control_channel&) = delete;
   control_channel& operator=(const control_channel&) = delete;
 
-  // Whether the control floats go on their own: the update overlaps the reductions, and there are
-  // buckets before the last to update while it reduces.
-  static bool separate(bool overlaps_update, std::size_t buckets) noexcept { return overlaps_update && buckets > 1; }
+  // How the control floats go: on their own first when the update overlaps the reductions and
+  // there are buckets before the last to update while it reduces (and there are floats to send:
+  // a captured step sends none); with the gradients when a plain hook all-reduces them in f32
+  // (`plain_all_reduce`: no reduce_scatter, no exact sum); else after them.
+  static control_route route(bool sends, bool overlaps_update, std::size_t buckets, bool plain_all_reduce) noexcept {
+    if (sends && overlaps_update && buckets > 1) return control_route::own_first;
+    return plain_all_reduce ? control_route::with_gradients : control_route::after_gradients;
+  }
 
   // The control floats averaged in a collective of their own, ahead of the last bucket's.
   void send(std::span<const float> control) {
@@ -64,11 +71,11 @@ class control_channel {
   }
   void end_step() noexcept { work_.reset(); }
 
-  // The verdict from the averaged micro-batch count. Under an exact sum over `virtual_shards`
-  // the gradients already are the average over the step's micro-batches: the mean is 1 (or 0),
-  // after checking that the ranks ran as many in all.
-  step_verdict verdict(float mean_micro_batches, std::size_t virtual_shards) const {
-    if (!virtual_shards || mean_micro_batches == 0.0f) return {mean_micro_batches};
+  // The verdict's mean micro-batch count from the averaged one. Under an exact sum over
+  // `virtual_shards` the gradients already are the average over the step's micro-batches: the
+  // mean is 1 (or 0), after checking that the ranks ran as many in all.
+  float mean_micro_batches(float mean_micro_batches, std::size_t virtual_shards) const {
+    if (!virtual_shards || mean_micro_batches == 0.0f) return mean_micro_batches;
     const auto total = static_cast<std::size_t>(std::lround(mean_micro_batches * static_cast<float>(comm_.size())));
     if (total != virtual_shards)
       throw collective_error("trainer", "step", comm_.rank(),
@@ -77,7 +84,7 @@ class control_channel {
                                  "shard), but the ranks ran " + std::to_string(total) + " in this one: deal the "
                                  "shards with ddp::sampler::virtual_shards and run each once, with accumulate() and "
                                  "a last step()");
-    return {1.0f};
+    return 1.0f;
   }
 
  private:

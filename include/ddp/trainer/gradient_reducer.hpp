@@ -11,7 +11,8 @@
 //   step modes       join's shadow steps, a captured step (their rules: step_modes.hpp), the
 //                    update overlapping the reductions
 //
-// Its parts own the rest: the control floats (control_channel.hpp), the memory of buckets held
+// Its parts own the rest: which parameters were used and the unused-parameter policy's ruling
+// (parameter_usage.hpp), the control floats (control_channel.hpp), the memory of buckets held
 // only while needed (memory_pool.hpp, gradient_residency.hpp, parameter_residency.hpp, and the
 // module's layer hooks forwarding to them, residency_hooks.hpp), the plan and layout checks
 // (bucket_layout.hpp) and the buckets' checkpoint sections (bucket_sections.hpp).
@@ -24,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
 #include "ddp/core/error.hpp"
@@ -41,9 +41,11 @@
 #include "ddp/trainer/memory_pool.hpp"
 #include "ddp/trainer/parameter_residency.hpp"
 #include "ddp/trainer/parameter_table.hpp"
+#include "ddp/trainer/parameter_usage.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/residency_hooks.hpp"
 #include "ddp/trainer/step_modes.hpp"
+#include "ddp/trainer/step_verdict.hpp"
 #include "ddp/trainer/step_observer.hpp"
 
 namespace ddp::detail {
@@ -61,23 +63,22 @@ class gradient_reducer final : bucket_completion {
     const reduction_part& reduction;
     step_observer& observer;
     const std::uint64_t& steps;  // the trainer's step count
-    bool reports = false;          // the module reports ready gradients
-    bool binds_gradients = false;  // it keeps its gradients in bucket memory
-    bool binds_values = false;     // it keeps its parameters in the gathered copy
+    bool reports = false;   // the module reports ready gradients
+    module_binding bound;   // what of its memory it keeps in the buckets
   };
 
   // Places every parameter of `params` in its bucket (its grad, and value when bound, now point
   // into bucket memory).
   gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w)
-      : comm_(comm), device_(dev), params_(params), w_(w), pool_(dev), control_(comm, dev),
+      : comm_(comm), device_(dev), params_(params), w_(w), usage_(comm, dev, params, w.unused_params), pool_(dev),
+        control_(comm, dev),
         gradients_(params, pool_, w.update, comm.rank()),
         parameters_(dev, params, buckets_, pool_, w.update, comm.rank()),
         hooks_(params, buckets_, gradients_, parameters_) {
     // Checked on every rank before any bucket is made; a fault on one rank is an error on all.
     std::vector<bucket_shape> shapes;
-    const bucket_memory memory{.control = 1 + (w.reports ? w.unused_params.control_floats(params.size()) : 0),
-                               .binds_values = w.binds_values,
-                               .binds_gradients = w.binds_gradients,
+    const bucket_memory memory{.control = 1 + (w.reports ? usage_.control_floats() : 0),
+                               .bound = w.bound,
                                .virtual_shards = w.reduction.virtual_shards()};
     const auto problem = shape_buckets(plan, params, w.update, memory, comm.rank(), comm.size(), shapes);
     agree_or_throw(comm, dev, problem, "construct",
@@ -90,14 +91,12 @@ class gradient_reducer final : bucket_completion {
       auto& bk = buckets_[p.slot.bucket];
       if (p.type == dtype::f32) {
         float* in_bucket = bk.add_gradient(p.grad, p.slot.offset, p.numel);
-        if (w.binds_gradients || bk.releases_gradients()) p.grad = in_bucket;  // nullptr until held
+        if (w.bound.gradients || bk.releases_gradients()) p.grad = in_bucket;  // nullptr until held
       } else {
         bk.add_half_gradient(p.module_grad, p.type, p.slot.offset, p.numel);
       }
       p.value = bk.add_value(p.value, p.slot.offset, p.numel, p.rows);
     }
-    used_.assign(params.size(), 0);
-    reported_.assign(params.size(), 0);
   }
   gradient_reducer(const gradient_reducer&) = delete;
   gradient_reducer& operator=(const gradient_reducer&) = delete;
@@ -124,6 +123,8 @@ class gradient_reducer final : bucket_completion {
   parameter_residency<Comm, Device>& parameters() noexcept { return parameters_; }
   const parameter_residency<Comm, Device>& parameters() const noexcept { return parameters_; }
   layer_hooks& hooks() noexcept { return hooks_; }
+  // Which parameters were used, and which the optimizer updates (parameter_usage.hpp).
+  const parameter_usage<Comm, Device>& usage() const noexcept { return usage_; }
 
   // The buckets' gradients and gathered parameters, and what the module keeps itself: values not
   // bound into the gathered copy, gradients neither bound nor placed (trainer/memory_held.hpp).
@@ -134,8 +135,8 @@ class gradient_reducer final : bucket_completion {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const auto& p = params_[i];
       const std::size_t bytes = p.numel * size_of(p.type);
-      if (!w_.binds_values || p.type != dtype::f32) m.parameters += bytes;
-      if (p.type != dtype::f32 || !(w_.binds_gradients || gradients_.active())) m.gradients += bytes;
+      if (!w_.bound.values || p.type != dtype::f32) m.parameters += bytes;
+      if (p.type != dtype::f32 || !(w_.bound.gradients || gradients_.active())) m.gradients += bytes;
     }
     return m;
   }
@@ -161,7 +162,10 @@ class gradient_reducer final : bucket_completion {
   void set_shadowing(bool on) noexcept { shadowing_ = on; }
   // A sync schedule's local step (sync_stage.hpp): no collective; the unused-parameter policy sees
   // a world of this rank alone. Until end_step.
-  void set_local(bool on) noexcept { local_ = on; }
+  void set_local(bool on) noexcept {
+    local_ = on;
+    usage_.set_local(on);
+  }
   // Inside a captured step: nothing goes to or comes from the host (no control floats).
   void set_capturing(bool on) noexcept { capturing_ = on; }
   bool capturing() const noexcept { return capturing_; }
@@ -172,39 +176,26 @@ class gradient_reducer final : bucket_completion {
     collecting_ = final;
     if (!final) return;
     for (auto& bk : buckets_) bk.expect(bk.parameters().size());
-    std::fill(reported_.begin(), reported_.end(), 0);
+    usage_.begin_final_backward();
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (!w_.unused_params.expects_gradient(i)) unexpected(i);
+      if (!usage_.expects_gradient(i)) unexpected(i);
     if (w_.reports) launch_ready();
   }
   void end_backward() noexcept { collecting_ = false; }
 
   // The module's ready sink: parameter i's gradient is final for this backward.
   void on_ready(std::size_t i) {
-    if (i >= params_.size())
-      throw error("trainer", "backward", comm_.rank(),
-                  "the module reported parameter index " + std::to_string(i) + " ready, but it has " +
-                      std::to_string(params_.size()) + " parameters");
-    used_[i] = 1;
-    if (!collecting_) return;
-    if (reported_[i])
-      throw error("trainer", "backward", comm_.rank(),
-                  "parameter '" + params_.name(i) + "' was reported ready twice in one backward; "
-                  "report each parameter once, when its gradient is final");
-    reported_[i] = 1;
-    if (!w_.unused_params.expects_gradient(i)) return w_.unused_params.on_unexpected_gradient(view_, i);
-    if (buckets_[params_[i].slot.bucket].ready_one()) launch_ready();
+    if (usage_.report(i, collecting_) && buckets_[params_[i].slot.bucket].ready_one()) launch_ready();
   }
 
   // A module that cannot report counts every parameter as used.
-  void mark_all_used() { std::fill(used_.begin(), used_.end(), 1); }
+  void mark_all_used() { usage_.mark_all_used(); }
 
   // Launches the buckets backward has not, then waits for every bucket's reduction; when the
   // update overlaps them, it waits for none (complete_through, bucket by bucket).
   void reduce_all() {
     // A rank whose step function ran no backward (no data of its own) contributes zeros, as before.
-    if (w_.reports && backward_ran_ && !shadowing_ && params_.size() != 0 &&
-        std::find(used_.begin(), used_.end(), 1) == used_.end())
+    if (w_.reports && backward_ran_ && !shadowing_ && params_.size() != 0 && !usage_.any_used())
       throw error("trainer", "step", comm_.rank(),
                   "the module reported no parameter ready in this step's backward, though it declares "
                   "reports_gradient_ready: its backward must call ready(i) (the ddp::ready_sink it is given) for "
@@ -248,9 +239,9 @@ class gradient_reducer final : bucket_completion {
   }
 
   // The averaged control floats are equal on every rank, so every rank decides alike: lets the
-  // unused-parameter policy rule on what was used (into `update`: the optimizer updates
-  // parameter i), and returns the step's verdict (control_channel.hpp).
-  step_verdict read_control(std::span<char> update) {
+  // unused-parameter policy rule on what was used, and returns the step's verdict: the mean
+  // micro-batch count (control_channel.hpp) and the parameters the optimizer updates.
+  step_verdict read_control() {
     auto& last = buckets_.back();
     std::vector<float> control(last.control_floats());
     if (control_.sent()) {  // sent on their own (overlap_update)
@@ -260,7 +251,7 @@ class gradient_reducer final : bucket_completion {
       last.read_control(control);
     }
     if (w_.reports && control[0] > 0.0f) try {
-        w_.unused_params.after_reduction(view_, std::span<const float>(control).subspan(1), update);
+        usage_.rule(std::span<const float>(control).subspan(1));
       } catch (const collective_error& e) {  // a local step's is this rank's alone: the abort tells the peers
         drain();
         if (local_) throw error(e.backend(), e.operation(), e.rank(), e.detail());
@@ -269,7 +260,7 @@ class gradient_reducer final : bucket_completion {
         drain();  // overlapped: the buckets still reducing write into gradients the module holds
         throw;
       }
-    return control_.verdict(control[0], w_.reduction.virtual_shards());
+    return {control_.mean_micro_batches(control[0], w_.reduction.virtual_shards()), usage_.updated()};
   }
 
   void end_step() {
@@ -279,7 +270,7 @@ class gradient_reducer final : bucket_completion {
     next_launch_ = 0;
     next_complete_ = 0;
     micro_batches_ = 0;
-    std::fill(used_.begin(), used_.end(), 0);
+    usage_.end_step();
     backward_ran_ = false;
     local_ = false;
     parameters_.release_stale();
@@ -294,7 +285,7 @@ class gradient_reducer final : bucket_completion {
   // the gathered copy, which goes (the module's values are placed nowhere).
   void stage_values() {
     if (parameters_.active()) return parameters_.keep_shards();
-    if (w_.update.gathers_parameters() && !w_.binds_values)
+    if (w_.update.memory().gathers_parameters() && !w_.bound.values)
       for (auto& bk : buckets_) bk.stage_values();
   }
 
@@ -303,9 +294,11 @@ class gradient_reducer final : bucket_completion {
   void require_joinable() const { detail::require_joinable(facts()); }
   std::optional<std::string> capture_refusal() const { return detail::capture_refusal(facts()); }
   // A captured step: each replay is this one micro-batch on every rank, updating every parameter.
-  void reduce_captured_step() {
-    require_replayable_step(facts(), used_, params_);
+  step_verdict reduce_captured_step() {
+    require_replayable_step(facts(), usage_.used_flags(), params_);
     reduce_all();
+    usage_.update_every_parameter();
+    return {1.0f, usage_.updated()};
   }
 
   // ---- checkpoint sections (bucket_sections.hpp) --------------------------------------------
@@ -341,17 +334,20 @@ class gradient_reducer final : bucket_completion {
       control.assign(bk.control_floats(), 0.0f);
       control[0] = static_cast<float>(micro_batches_);
       // A shadowing rank used nothing and broke no rule: its policy floats stay 0.
-      if (w_.reports && !shadowing_) w_.unused_params.write_control(view_, std::span(control).subspan(1));
+      if (w_.reports && !shadowing_) usage_.write_control(std::span(control).subspan(1));
     }
     if (local_) {
       bk.launch_local(control);
-    } else if (!control.empty() && control_channel<Comm, Device>::separate(overlaps_update_, buckets_.size())) {
-      control_.send(control);
-      bk.launch(w_.update, {}, /*carries_control=*/false);
     } else {  // with one bucket nothing could be updated while it reduces: the control floats stay in it
-      bk.launch(w_.update, control, /*carries_control=*/true);
+      const bool plain_all_reduce =
+          w_.hook.plain() && !w_.update.memory().scatters_gradients() && !w_.reduction.virtual_shards();
+      const auto route = control_channel<Comm, Device>::route(!control.empty(), overlaps_update_, buckets_.size(),
+                                                              plain_all_reduce);
+      if (route == control_route::own_first) control_.send(control);
+      bk.launch(route == control_route::own_first ? std::span<const float>() : control, route);
     }
     w_.observer.launched(b, buckets_.size(), began, w_.steps);
+    if (b + 1 == buckets_.size()) usage_.set_all_buckets_sent(true);
     // Every rank launches in bucket order, so every rank completes the oldest at the same point.
     if (const std::size_t bound = gradients_.in_flight())
       for (; next_complete_ + bound <= b; ++next_complete_) complete(buckets_[next_complete_]);
@@ -362,34 +358,17 @@ class gradient_reducer final : bucket_completion {
             w_.hook.name(), w_.hook.capturable(), micro_batches_, comm_.rank()};
   }
 
-  // The step as the unused-parameter policy sees it.
-  struct unused_view final : unused_params::step_view {
-    explicit unused_view(gradient_reducer& r) : r(r) {}
-    gradient_reducer& r;
-    std::size_t parameter_count() const noexcept override { return r.params_.size(); }
-    const std::string& parameter_name(std::size_t i) const override { return r.params_.name(i); }
-    bool used(std::size_t i) const noexcept override { return r.used_[i] != 0; }
-    bool all_buckets_sent() const noexcept override { return r.next_launch_ == r.buckets_.size(); }
-    int rank() const noexcept override { return r.comm_.rank(); }
-    int size() const noexcept override { return r.local_ ? 1 : r.comm_.size(); }
-    std::vector<std::uint8_t> all_gather(std::span<const std::uint8_t> mine) override {
-      if (r.local_) return {mine.begin(), mine.end()};
-      return comm::host_all_gather(r.comm_, r.device_, mine);
-    }
-  };
-
   Comm& comm_;
   Device& device_;
   parameter_table& params_;
   wiring w_;
+  parameter_usage<Comm, Device> usage_;
   std::vector<bucket_type> buckets_;
   memory_pool<Device> pool_;  // gradient and parameter memory held by no bucket now
   control_channel<Comm, Device> control_;
   gradient_residency<Comm, Device> gradients_;
   parameter_residency<Comm, Device> parameters_;
   residency_hooks<Comm, Device> hooks_;
-  std::vector<char> used_;      // reported in any backward of this step
-  std::vector<char> reported_;  // reported in the final backward
   bool backward_ran_ = false;   // in this step, on this rank
   std::size_t next_launch_ = 0;
   std::size_t next_complete_ = 0;  // buckets [0, next_complete_) completed their reduction in this step
@@ -399,7 +378,6 @@ class gradient_reducer final : bucket_completion {
   bool capturing_ = false;
   bool local_ = false;
   bool overlaps_update_ = false;
-  unused_view view_{*this};
 };
 
 }  // namespace ddp::detail

@@ -32,9 +32,9 @@ class gradient_residency {
   gradient_residency& operator=(const gradient_residency&) = delete;
 
   // Only this rank's shard of the gradients is kept between a bucket's completion and the update.
-  bool active() const noexcept { return update_.gradient_buckets_in_flight() > 0; }
+  bool active() const noexcept { return update_.memory().shards_gradients(); }
   // At most this many buckets hold their full gradients after their launch (0: no bound).
-  std::size_t in_flight() const noexcept { return update_.gradient_buckets_in_flight(); }
+  std::size_t in_flight() const noexcept { return update_.memory().gradient_buckets_in_flight; }
 
   // How the module's gradient of parameter i is pointed at memory (nullptr: nowhere); set by the
   // component that knows the module (trainer/storage_return.hpp), empty to stop.

@@ -10,10 +10,16 @@
 #include <string>
 #include <exception>
 #include <optional>
+#include <span>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/handoff.hpp"
+#include "ddp/comm/host_collectives.hpp"
+#include "ddp/concepts/communicator.hpp"
+#include "ddp/concepts/device.hpp"
 #include "ddp/core/error.hpp"
+#include "ddp/core/reduce_op.hpp"
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/step_observer.hpp"
 
@@ -67,14 +73,25 @@ class trainer_handoff {
   // step it begins.
   // `virtual_shards`: reduction::invariant<V>'s V (0: none), the most ranks this trainer can hold,
   // so that a request to grow past it is refused when asked.
-  void watch_steps(step_observer& observer, std::size_t virtual_shards = 0) {
+  // Where ranks are due to join, the ranks agree (one collective) whether any of them trains the
+  // step: after the last, every rank shadows it in join(), and a regroup would end the membership
+  // for no step; the ranks then go on, and the request is served at the next step trained.
+  template <communicator C, device D>
+  void watch_steps(step_observer& observer, C& comm, D& dev, std::size_t virtual_shards = 0) {
     if (!handoff_) return;
     if (virtual_shards)
       handoff_.shared().limit_world(static_cast<int>(virtual_shards),
                                     "reduction::invariant<" + std::to_string(virtual_shards) + "> holds one virtual "
                                     "shard at least per rank, so at most " + std::to_string(virtual_shards) + " ranks");
     // Where the membership ends for ranks to join, this trainer's next step throws regroup.
-    observer.on_step_begin([h = handoff_](std::uint64_t steps) { h.shared().step_begins(steps); });
+    observer.on_step_begin([h = handoff_, &comm, &dev](std::uint64_t steps, bool shadow) {
+      const int joining = h.shared().joining_at(steps);
+      if (joining == 0) return;
+      const comm::tag_scope tag(comm::purpose::handover);
+      float trains[1] = {shadow ? 0.0f : 1.0f};
+      comm::host_all_reduce(comm, dev, std::span<float>(trains), reduce_op::max);
+      if (trains[0] > 0.0f) h.shared().regroup_at(steps, joining);
+    });
     observer.on_next_update([h = handoff_](std::uint64_t steps) {
       try {
         h.shared().first_step(h.rank(), steps);

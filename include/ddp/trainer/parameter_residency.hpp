@@ -39,7 +39,7 @@ class parameter_residency {
   parameter_residency& operator=(const parameter_residency&) = delete;
 
   // Only this rank's shard of the parameters is kept; they are gathered layer by layer.
-  bool active() const noexcept { return update_.shards_parameters(); }
+  bool active() const noexcept { return update_.memory().shards_parameters(); }
 
   // How the module's value of parameter i is pointed at memory (nullptr: nowhere); empty to stop.
   void set_placement(std::function<void(std::size_t, float*)> place) { place_ = std::move(place); }

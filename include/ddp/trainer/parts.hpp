@@ -88,15 +88,9 @@ struct unused_params_adapter final : unused_params_part {
 
 struct update_part {
   virtual std::string_view name() const noexcept = 0;
-  virtual bool gathers_parameters() const noexcept = 0;
-  // > 0: only this rank's shard of the gradients is kept, at most this many buckets in flight.
-  virtual std::size_t gradient_buckets_in_flight() const noexcept = 0;
-  // Only this rank's shard of the parameters is kept; they are gathered layer by layer.
-  virtual bool shards_parameters() const noexcept = 0;
+  // Which parameters and gradients a rank keeps, and when (ddp/policy/update.hpp).
+  virtual update::memory_plan memory() const noexcept = 0;
   virtual update::layout plan(std::size_t numel, int rank, int ranks) const = 0;
-  virtual void reduce(update::bucket_ops&) = 0;
-  virtual void after_update(update::bucket_ops&) = 0;
-  virtual void finish(update::bucket_ops&) = 0;
 
  protected:
   ~update_part() = default;
@@ -106,13 +100,8 @@ template <update::policy P>
 struct update_adapter final : update_part {
   P policy;
   std::string_view name() const noexcept override { return policy_name(policy); }
-  bool gathers_parameters() const noexcept override { return P::gathers_parameters; }
-  std::size_t gradient_buckets_in_flight() const noexcept override { return update::gradient_buckets_in_flight<P>(); }
-  bool shards_parameters() const noexcept override { return update::shards_parameters<P>(); }
+  update::memory_plan memory() const noexcept override { return P::memory; }
   update::layout plan(std::size_t numel, int rank, int ranks) const override { return policy.plan(numel, rank, ranks); }
-  void reduce(update::bucket_ops& b) override { policy.reduce(b); }
-  void after_update(update::bucket_ops& b) override { policy.after_update(b); }
-  void finish(update::bucket_ops& b) override { policy.finish(b); }
 };
 
 // Over the device, so that a hook may use it (comm_hook::bucket_io_on<Device>).

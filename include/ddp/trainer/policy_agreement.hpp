@@ -76,7 +76,7 @@ void agree_on_policies(C& comm, D& dev, step_observer& observer, const Holders& 
   agree_on_policies(comm, dev, policies_text(holders.descriptions()), "construct");
   if constexpr (Holders::chooses_at_run_time) {
     // Selections counted at the last agreement (none yet: the first step agrees whatever they are).
-    observer.on_step_begin([&comm, &dev, &holders, agreed = ~std::uint64_t{0}](std::uint64_t) mutable {
+    observer.on_step_begin([&comm, &dev, &holders, agreed = ~std::uint64_t{0}](std::uint64_t, bool) mutable {
       const std::uint64_t now = holders.selections();
       if (now == agreed) [[likely]]
         return;

@@ -35,15 +35,18 @@ class step_observer {
 
   // `f(steps)` runs as each step begins (its first micro-batch, or a shadow step), `steps`
   // completed before it; it may throw, and the step does not begin (elastic training ends a
-  // membership there for ranks to join). Several run in the order they were given.
-  void on_step_begin(std::function<void(std::uint64_t steps)> f) {
+  // membership there for ranks to join). Several run in the order they were given. `shadow`: a
+  // round of join(), in which this rank has nothing of its own to train.
+  void on_step_begin(std::function<void(std::uint64_t steps, bool shadow)> f) {
     if (step_begins_)
-      f = [first = std::move(step_begins_), then = std::move(f)](std::uint64_t steps) { first(steps), then(steps); };
+      f = [first = std::move(step_begins_), then = std::move(f)](std::uint64_t steps, bool shadow) {
+        first(steps, shadow), then(steps, shadow);
+      };
     step_begins_ = std::move(f);
   }
-  void step_begins(std::uint64_t steps) const {
+  void step_begins(std::uint64_t steps, bool shadow = false) const {
     if (step_begins_) [[unlikely]]
-      step_begins_(steps);
+      step_begins_(steps, shadow);
   }
 
   // Records every following step's phases into `t` (nullptr stops); `t` must outlive it.
@@ -109,7 +112,7 @@ class step_observer {
  private:
   timeline* timeline_ = nullptr;
   mutable std::function<void(std::uint64_t)> next_update_;  // one-shot: updated() is called on a const observer
-  std::function<void(std::uint64_t)> step_begins_;
+  std::function<void(std::uint64_t, bool)> step_begins_;
   std::vector<clock::time_point> launched_;  // per bucket, while a timeline records
   clock::time_point backward_done_{};
   overlap_timing overlap_;

@@ -38,8 +38,8 @@
 #include "ddp/policy/unused_params.hpp"
 #include "ddp/policy/update.hpp"
 #include "ddp/sampler/sampler.hpp"
-#include "ddp/trainer/handoff.hpp"
 #include "ddp/sampler/virtual_shards.hpp"
+#include "ddp/trainer/handoff.hpp"
 #include "ddp/trainer/checkpoint.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/trainer_core.hpp"
@@ -53,7 +53,6 @@ struct trainer_options {
 };
 
 using detail::trainer_slots;
-
 
 template <class Module, class... Policies>
 class trainer : private detail::trainer_policies<Module, Policies...>::holder_base,
@@ -264,7 +263,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
 
   void resume_handed_over() {
-    handoff_.watch_steps(core().observer(), reduction_policy::virtual_shards);
+    handoff_.watch_steps(core().observer(), this->communicator(), this->device(), reduction_policy::virtual_shards);
     if (const auto c = handoff_.resume_checkpoint()) return load_at(c->dir, c->steps);  // a sharded update
     const auto* handed = handoff_.resume_files();
     if (!handed) return;
@@ -291,7 +290,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     } catch (...) {
     }
     try {
-      handoff_.leave(std::move(state), !update_policy::gathers_parameters, this->steps(), last_checkpoint_);
+      handoff_.leave(std::move(state), !update::gathers_parameters<update_policy>(), this->steps(), last_checkpoint_);
     } catch (...) {  // nothing handed over: the launcher says the state of this rank is unknown
     }
   }

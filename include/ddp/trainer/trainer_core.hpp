@@ -73,8 +73,8 @@ class trainer_core {
         buffers_(comm, dev, params_.buffers()),
         reducer_(comm, dev, params_, bucket_part().plan(params_.numels()),
                  {unused_part(), update_part(), hook_part(), reduction_part(), observer_, steps_, reports,
-                  binds_gradient_storage<Module>, binds_values()}),
-        update_(comm, dev, optimizer_part(), update_part(), params_, reducer_.buckets(),
+                  {.values = binds_values(), .gradients = binds_gradient_storage<Module>}}),
+        update_(comm, dev, optimizer_part(), update_part().memory(), params_, reducer_.buckets(),
                 /*exact_norm=*/reduction_part().virtual_shards() != 0),
         sync_(comm, dev, schedule_part(), reducer_.buckets()),
         storage_(module, params_, binds_values(), reducer_),
@@ -177,7 +177,7 @@ class trainer_core {
   void record_timeline(timeline* t) noexcept { observer_.record_into(t); }
   detail::step_observer& observer() noexcept { return observer_; }
   // Parameters the last step left to the optimizer unchanged because no rank used them.
-  std::vector<std::string> skipped_parameters() const { return update_.skipped_parameters(); }
+  std::vector<std::string> skipped_parameters() const { return reducer_.usage().skipped_parameters(); }
   // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch; those
   // of the steps that completed.
   std::uint64_t micro_batches_run() const noexcept { return micro_batches_run_; }
@@ -239,7 +239,7 @@ class trainer_core {
 
  private:
   friend replica;
-  bool binds_values() const { return detail::binds_values<Module>(params_, update_part().gathers_parameters()); }
+  bool binds_values() const { return detail::binds_values<Module>(params_, update_part().memory().gathers_parameters()); }
 
   detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
   void set_counts(detail::step_counts c) {
@@ -325,13 +325,10 @@ class trainer_core {
   void end_micro_batch() {
     if (!tape_.end_micro_batch()) return reducer_.end_accumulated_micro_batch();
     if (!reports) reducer_.mark_all_used();
-    if (reducer_.capturing()) {  // nothing read on the host: each replay is this step, updating every parameter
-      reducer_.reduce_captured_step();
-      update_.update_every_parameter();
-      return finish_update({1.0f});
-    }
+    if (reducer_.capturing())  // nothing read on the host: each replay is this step, updating every parameter
+      return finish_update(reducer_.reduce_captured_step());
     reducer_.reduce_all();
-    const detail::step_verdict verdict = reducer_.read_control(update_.update_mask());
+    const detail::step_verdict verdict = reducer_.read_control();
     shard_buffers_.step_ended();
     finish_update(verdict);
   }
@@ -340,13 +337,13 @@ class trainer_core {
   // and no update, when no rank was active.
   bool shadow_step() {
     const comm::step_scope tag_step(static_cast<std::int64_t>(steps_));
-    observer_.step_begins(steps_);
+    observer_.step_begins(steps_, /*shadow=*/true);
     return guard_.run("join", [&] {
       auto span = observer_.phase("shadow step (join)", steps_);
       reducer_.set_shadowing(true);
       sync_part().before_forward(sync_context_);  // as the active ranks' first forward
       reducer_.reduce_all();
-      const detail::step_verdict verdict = reducer_.read_control(update_.update_mask());
+      const detail::step_verdict verdict = reducer_.read_control();
       const bool active = verdict.mean_micro_batches > 0.0f;
       if (active) finish_update(verdict);
       else end_step();

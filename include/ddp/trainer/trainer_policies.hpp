@@ -81,7 +81,7 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "true;` and call ready(i) in backward for every parameter that got a gradient; or, for a module "
                 "that cannot report, list ddp::unused_params::unchecked (every parameter counts as used).");
   static constexpr bool external_fits_update() {
-    if constexpr (valid) return optim::applies_update<get<optim::slot>>() || !get<update::slot>::gathers_parameters;
+    if constexpr (valid) return optim::applies_update<get<optim::slot>>() || !update::gathers_parameters<get<update::slot>>();
     else return true;
   }
   static_assert(external_fits_update(),
@@ -94,7 +94,7 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
     else return true;
   }
   static_assert(module_places_gradients(),
-                "ddp: this update policy (update::sharded_gradients, or one that declares gradient_buckets_in_flight) "
+                "ddp: this update policy (update::sharded_gradients, or one whose memory plan keeps gradients_kept::shard) "
                 "keeps only this rank's shard of the gradients, so it places the module's gradients layer by layer "
                 "in backward: the module needs `void set_layer_hooks(ddp::layer_hooks*)` (calling before_backward "
                 "before each layer's backward) and `void place_gradient(std::size_t i, float* storage)` "
@@ -107,7 +107,7 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
     else return true;
   }
   static_assert(module_places_parameters(),
-                "ddp: this update policy (update::fully_sharded, or one that declares shards_parameters) keeps only "
+                "ddp: this update policy (update::fully_sharded, or one whose memory plan keeps parameters_kept::shard) keeps only "
                 "this rank's shard of the parameters, so it places the module's values layer by layer in forward and "
                 "backward: the module needs `void place_parameter(std::size_t i, float* storage)` and layer hooks "
                 "that it calls around every layer's forward and backward (before_forward, after_forward, "
@@ -148,7 +148,7 @@ struct sorted_policies<Module, policy::slot_list<Slots...>, Policies...> {
                 "with reduction::invariant, or reduction::plain with this schedule");
   static constexpr bool schedule_fits_update() {
     if constexpr (valid)
-      return !get<update::slot>::gathers_parameters || sync_schedule::syncs_every_step<get<sync_schedule::slot>>();
+      return !update::gathers_parameters<get<update::slot>>() || sync_schedule::syncs_every_step<get<sync_schedule::slot>>();
     else return true;
   }
   static_assert(schedule_fits_update(),

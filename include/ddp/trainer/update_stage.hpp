@@ -1,12 +1,13 @@
 #pragma once
 // The update stage: from the averaged gradients to updated parameters. It owns what the update
 // keeps across steps: the optimizer's state (per bucket, this rank's shard of it), each
-// parameter's update count (AdamW's bias correction), which parameters the last step updated
-// (the unused-parameter rule's say), the parameter groups and the clipping norm.
+// parameter's update count (AdamW's bias correction), the parameter groups and the clipping norm.
+// Which parameters a step updates comes with its verdict (the unused-parameter rule's say).
 //
 //   run(): gradients / mean micro-batch count -> [clip by global norm] -> optimizer on this
-//          rank's shard of every bucket -> zero the gradients -> update policy's after_update
-//          (all_gather) -> finish (the parameters where the module reads them)
+//          rank's shard of every bucket -> zero the gradients -> [all_gather the updated shards,
+//          when the update policy's memory plan keeps a gathered copy] -> the parameters where
+//          the module reads them
 //
 // When the update overlaps the reductions (trainer.overlap_optimizer), each bucket goes through
 // those stages as soon as its own reduction completed, while later buckets still reduce. Clipping
@@ -48,27 +49,16 @@ class update_stage {
   using bucket_type = bucket<Comm, Device>;
 
   // `exact_norm`: the gradient norm is summed exactly (under reduction::invariant).
-  update_stage(Comm& comm, Device& dev, optimizer_part<Device>& optimizer, update_part& update,
+  update_stage(Comm& comm, Device& dev, optimizer_part<Device>& optimizer, update::memory_plan memory,
                const parameter_table& params, std::span<const bucket_type> buckets, bool exact_norm)
-      : comm_(comm), device_(dev), optimizer_(optimizer), update_(update), params_(params), exact_norm_(exact_norm) {
+      : comm_(comm), device_(dev), optimizer_(optimizer), memory_(memory), params_(params), exact_norm_(exact_norm) {
     const auto slots = static_cast<std::size_t>(optimizer.state_slots());
     for (const auto& bk : buckets) {
       device_array<Device, float> s(dev, bk.shard() * slots);
       dev.fill_zero(s.data(), s.size() * sizeof(float));
       state_.push_back(std::move(s));
     }
-    update_mask_.assign(params.size(), 1);
     update_counts_.assign(params.size(), 0);
-  }
-
-  // Which parameters this step updates (the unused-parameter rule writes it).
-  std::span<char> update_mask() noexcept { return update_mask_; }
-  void update_every_parameter() { std::fill(update_mask_.begin(), update_mask_.end(), 1); }
-  std::vector<std::string> skipped_parameters() const {
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      if (!update_mask_[i]) names.push_back(params_.name(i));
-    return names;
   }
 
   // The buckets come completed (completed_buckets.hpp): one by one as the stage reaches them when
@@ -90,16 +80,17 @@ class update_stage {
       if (bucket_by_bucket && scales) device_.scale(bk.gradient_shard(), bk.shard(), inverse);
       if (optimizer_.applies_update()) {
         torn_ = true;  // from the first bucket updated until every one is
-        apply_optimizer(bk, state_[it.index()]);
+        apply_optimizer(bk, state_[it.index()], verdict.updated);
         bk.zero_gradients();
       } else {  // the caller's optimizer steps, and zeroes, from the averaged gradients
         bk.unpack_gradients();
       }
-      update_.after_update(bk);
+      if (memory_.gathers_after_update()) bk.all_gather_parameters();
     }
     {
-      auto gather = observer.phase_if(update_.gathers_parameters(), "gather parameters", step);
-      for (auto& bk : completed.all()) update_.finish(bk);
+      auto gather = observer.phase_if(memory_.gathers_parameters(), "gather parameters", step);
+      if (memory_.gathers_after_update())
+        for (auto& bk : completed.all()) bk.finish_parameters();
     }
     if (bucket_by_bucket) completed.confirm_collectives();
     torn_ = false;
@@ -231,12 +222,12 @@ class update_stage {
   // Updates this rank's shard of the bucket (all of it when replicated); segment offsets, and
   // the gradient and state pointers, count from the shard's start. One update call per run of
   // parameters with the same update count and parameter group.
-  void apply_optimizer(bucket_type& bk, device_array<Device, float>& state) {
+  void apply_optimizer(bucket_type& bk, device_array<Device, float>& state, std::span<const char> updated) {
     std::vector<segment> segs;
     std::vector<std::int64_t> counts;
     std::vector<std::size_t> groups;
     for (const auto i : bk.parameters()) {
-      if (!update_mask_[i]) continue;
+      if (!updated[i]) continue;
       const auto count = ++update_counts_[i];
       const auto& p = params_[i];
       const segment part = bk.shard_part({p.value, p.slot.offset, p.numel});
@@ -296,10 +287,9 @@ class update_stage {
   Comm& comm_;
   Device& device_;
   optimizer_part<Device>& optimizer_;
-  update_part& update_;
+  update::memory_plan memory_;  // the update policy's
   const parameter_table& params_;
   std::vector<device_array<Device, float>> state_;  // per bucket: state_slots x shard floats
-  std::vector<char> update_mask_;                   // the optimizer updates parameter i
   std::vector<std::int64_t> update_counts_;
   std::vector<optim::parameter_group> groups_;  // set_parameter_group's, in order
   std::vector<std::size_t> group_of_;           // per parameter: 0, or 1 + its index in groups_
