@@ -582,6 +582,7 @@ def renderers(figs):
         "step_gpt": one("step_gpt", render_step),
         "scaling_gpt": one("scaling_gpt", render_scaling),
         "scaling_gpt10m": one("scaling_gpt10m", render_scaling),
+        "step_gpt10m": one("step_gpt10m", render_step),
         "invariance": lambda: render_invariance(figs, "invariance",
                                                 [f"invariance_mpi_np{n}" for n in range(1, 9)]),
         "invariance_plain": one("invariance_plain", render_plain),

@@ -143,6 +143,14 @@ if [ $quick = 1 ]; then  # the same code as --model gpt, at 13 times the paramet
 else
   measure scaling_gpt10m bench -- "$bench" scaling --model gpt-10m "${gpt10m_scaling[@]}" --out "$figs/scaling_gpt10m.json"
 fi
+# reduction::invariant at that size in shards of 32 sequences (2 ranks of 32), beside the plain
+# reduction over the same two micro-batches: about 7 s a step on 2 idle cores, 7 minutes in all.
+if [ $quick = 1 ]; then
+  skip step_gpt10m "--quick leaves it out (the same code as --model gpt, at 13 times the parameters)"
+else
+  measure step_gpt10m bench -- "$bench" step --model gpt-10m --ranks 2 --batch 32 --steps 1 --repeats 2 \
+    --vary reduction --out "$figs/step_gpt10m.json"
+fi
 
 echo "== the same bits at any world size, losing a rank"
 measure invariance bench -- "$bench" invariance "${invariance[@]}" --ranks $invariance_ranks "${data[@]}" \

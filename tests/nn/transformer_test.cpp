@@ -1,6 +1,7 @@
 // The transformer's layers against finite differences of their forwards (ddp::nn::check_gradients):
-// attention (causal and not), position embedding, the pre-LN block and the whole GPT; the mask
-// (no gradient reaches a position from the outputs before it); the tied head (wte's gradient is
+// attention (causal and not, within one block of rows and past it), position embedding, the
+// pre-LN block and the whole GPT; the mask (no gradient reaches a position from the outputs
+// before it); the tied head (wte's gradient is
 // the head's part plus the embedding's); the sequence cross-entropy's weights.
 #include <doctest/doctest.h>
 
@@ -129,6 +130,19 @@ TEST_CASE("attention is causal: no gradient reaches a position from the outputs 
   CHECK(y(t - 1, 0) != y_later(t - 1, 0));
   const auto o = open.forward(x, false), o_later = open.forward(later, false);
   CHECK(o(0, 0) != o_later(0, 0));
+}
+
+TEST_CASE("causal attention past one block of rows (70 positions: blocks of 32, 32 and 6) matches finite "
+          "differences and keeps the mask") {
+  constexpr std::size_t t = 70, last = 40;
+  ddp::nn::attention a(4, 2, 3, true);
+  draw_large(a.params(), 4);
+  a.set_sequence_length(t);
+  const auto x = random_matrix(t, 4, 5);
+  require_gradients(a, x);
+  const auto dx = input_gradient_up_to(a, x, t, last);
+  CHECK(rows_zero(dx, t, last));  // exactly 0.0f, in the blocks after the one of `last` and within it
+  CHECK(rows_nonzero(dx, t, last));
 }
 
 TEST_CASE("attention names its parameters as nanoGPT, starts N(0, 0.02), and names a wrong sequence length") {

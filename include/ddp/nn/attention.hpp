@@ -10,7 +10,8 @@
 // The softmax is computed in f32 with the row's maximum subtracted; masked probabilities are
 // exactly 0, so no gradient reaches a position from the outputs before it (the host device's
 // attention_softmax contract, ddp/host/softmax_rows.hpp's vectorised loops). Matrix products go
-// through CBLAS, per sequence and head. A training forward keeps its input, the projections
+// through CBLAS, per sequence and head, and under the mask per block of rows, each reading the
+// columns it can see only. A training forward keeps its input, the projections
 // (B*T x 3C), the merged heads (B*T x C) and the B*H*T*T probabilities for backward; their
 // storage, and the step's scratch, is kept for the next step's (ddp/nn/saved_stack.hpp).
 //
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/error.hpp"
@@ -67,6 +69,8 @@ class attention {
   std::size_t sequence_length() const noexcept { return length_; }
 
   matrix forward(const matrix& x, bool training);
+  // The same, c_attn keeping x's own storage for backward instead of a copy.
+  matrix forward(matrix&& x, bool training);
   matrix backward(const matrix& dy, bool need_dx);
 
   // "c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias".
@@ -87,6 +91,11 @@ class attention {
   };
   // The rows' sequence length, or an error naming the fix.
   std::size_t checked_length(std::size_t rows) const;
+  // The heads over the projections of x (c_attn's output), then c_proj.
+  matrix attend(matrix qkv, bool training);
+  // Rows per block of the score products: under the causal mask a block skips the columns after
+  // its end (about half the products' work for many blocks, at more calls of fewer rows each).
+  std::size_t causal_block_rows(std::size_t t) const noexcept { return causal_ ? (t <= 128 ? 32 : 64) : t; }
 
   std::size_t width_, heads_;
   bool causal_;
@@ -126,10 +135,20 @@ DDP_RUNTIME_INLINE std::size_t attention::checked_length(std::size_t rows) const
 
 DDP_RUNTIME_INLINE matrix attention::forward(const matrix& x, bool training) {
   require_cols(x, width_, "attention");
-  const std::size_t t = checked_length(x.rows), b_count = x.rows / t, c = width_, d = c / heads_;
+  checked_length(x.rows);
+  return attend(c_attn_.forward(x, training), training);
+}
+
+DDP_RUNTIME_INLINE matrix attention::forward(matrix&& x, bool training) {
+  require_cols(x, width_, "attention");
+  checked_length(x.rows);
+  return attend(c_attn_.forward(std::move(x), training), training);
+}
+
+DDP_RUNTIME_INLINE matrix attention::attend(matrix qkv, bool training) {
+  const std::size_t rows = qkv.rows, t = checked_length(rows), b_count = rows / t, c = width_, d = c / heads_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  matrix qkv = c_attn_.forward(x, training);
-  reshape(merged_, x.rows, c);
+  reshape(merged_, rows, c);
   std::vector<float>* probabilities = &scores_;
   if (training) {
     saved& st = saved_.push();
@@ -137,16 +156,27 @@ DDP_RUNTIME_INLINE matrix attention::forward(const matrix& x, bool training) {
     probabilities = &st.probabilities;
   }
   probabilities->resize(training ? b_count * heads_ * t * t : t * t);
+  const std::size_t block = causal_block_rows(t);
   for (std::size_t b = 0; b < b_count; ++b)
     for (std::size_t h = 0; h < heads_; ++h) {
       const float* q = qkv.row(b * t) + h * d;
       float* s = probabilities->data() + (training ? (b * heads_ + h) * t * t : 0);
-      blas::gemm(false, true, t, t, d, 1.0f, q, 3 * c, q + c, 3 * c, 0.0f, s, t);
+      float* y = merged_.row(b * t) + h * d;
+      // Under the mask, the rows of a block see the columns before the block's end only: the
+      // scores beyond are not computed (the softmax writes their probabilities as 0).
+      for (std::size_t r0 = 0; r0 < t; r0 += block) {
+        const std::size_t rows = std::min(block, t - r0), seen = causal_ ? r0 + rows : t;
+        blas::gemm(false, true, rows, seen, d, 1.0f, q + r0 * 3 * c, 3 * c, q + c, 3 * c, 0.0f, s + r0 * t, t);
+      }
       host::softmax_rows(s, s, 1, t, t, scale, causal_);
-      blas::gemm(false, false, t, d, t, 1.0f, s, t, q + 2 * c, 3 * c, 0.0f, merged_.row(b * t) + h * d, c);
+      for (std::size_t r0 = 0; r0 < t; r0 += block) {
+        const std::size_t rows = std::min(block, t - r0), seen = causal_ ? r0 + rows : t;
+        blas::gemm(false, false, rows, d, seen, 1.0f, s + r0 * t, t, q + 2 * c, 3 * c, 0.0f, y + r0 * c, c);
+      }
     }
   if (training) saved_.back().qkv = std::move(qkv);
-  return c_proj_.forward(merged_, training);
+  // c_proj keeps merged_'s storage for backward, leaving merged_ its spare storage for the next call.
+  return c_proj_.forward(std::move(merged_), training);
 }
 
 // With P a head's probabilities and dY its part of d loss / d y: dV = Pᵀ dY, dP = dY Vᵀ,
@@ -159,17 +189,37 @@ DDP_RUNTIME_INLINE matrix attention::backward(const matrix& dy, bool need_dx) {
   reshape(dqkv_, st->qkv.rows, 3 * c);
   scores_.resize(t * t);
   float* ds = scores_.data();
+  const std::size_t block = causal_block_rows(t);
+  // Under the mask P and dS are 0 above the diagonal: a block of rows reads the columns before
+  // its end only, a block of columns the rows from its start on.
+  auto seen = [&](std::size_t r0, std::size_t rows) { return causal_ ? r0 + rows : t; };
+  auto first_row = [&](std::size_t c0) { return causal_ ? c0 : std::size_t{0}; };
   for (std::size_t b = 0; b < b_count; ++b)
     for (std::size_t h = 0; h < heads_; ++h) {
       const float* q = st->qkv.row(b * t) + h * d;
       const float* p = st->probabilities.data() + (b * heads_ + h) * t * t;
       const float* g = dheads.row(b * t) + h * d;
       float* dq = dqkv_.row(b * t) + h * d;
-      blas::gemm(true, false, t, d, t, 1.0f, p, t, g, c, 0.0f, dq + 2 * c, 3 * c);
-      blas::gemm(false, true, t, t, d, 1.0f, g, c, q + 2 * c, 3 * c, 0.0f, ds, t);
+      for (std::size_t c0 = 0; c0 < t; c0 += block) {  // dV = Pᵀ dY
+        const std::size_t cols = std::min(block, t - c0), r0 = first_row(c0);
+        blas::gemm(true, false, cols, d, t - r0, 1.0f, p + r0 * t + c0, t, g + r0 * c, c, 0.0f,
+                   dq + 2 * c + c0 * 3 * c, 3 * c);
+      }
+      for (std::size_t r0 = 0; r0 < t; r0 += block) {  // dP = dY Vᵀ
+        const std::size_t rows = std::min(block, t - r0);
+        blas::gemm(false, true, rows, seen(r0, rows), d, 1.0f, g + r0 * c, c, q + 2 * c, 3 * c, 0.0f, ds + r0 * t, t);
+      }
       host::softmax_rows_backward(p, ds, ds, 1, t, t, scale, causal_);
-      blas::gemm(false, false, t, d, t, 1.0f, ds, t, q + c, 3 * c, 0.0f, dq, 3 * c);
-      blas::gemm(true, false, t, d, t, 1.0f, ds, t, q, 3 * c, 0.0f, dq + c, 3 * c);
+      for (std::size_t r0 = 0; r0 < t; r0 += block) {  // dQ = dS K
+        const std::size_t rows = std::min(block, t - r0);
+        blas::gemm(false, false, rows, d, seen(r0, rows), 1.0f, ds + r0 * t, t, q + c, 3 * c, 0.0f, dq + r0 * 3 * c,
+                   3 * c);
+      }
+      for (std::size_t c0 = 0; c0 < t; c0 += block) {  // dK = dSᵀ Q
+        const std::size_t cols = std::min(block, t - c0), r0 = first_row(c0);
+        blas::gemm(true, false, cols, d, t - r0, 1.0f, ds + r0 * t + c0, t, q + r0 * 3 * c, 3 * c, 0.0f,
+                   dq + c + c0 * 3 * c, 3 * c);
+      }
     }
   return c_attn_.backward(dqkv_, need_dx);
 }

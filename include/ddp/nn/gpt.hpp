@@ -83,8 +83,9 @@ class gpt {
   void bind_parameter(std::size_t index, float* storage) {
     with_parameter(index, [&](auto& p) { p.bind_value(storage); });
   }
-  // Layer by layer (update::sharded_gradients, update::fully_sharded): the embeddings, each block
-  // and ln_f are the layers the hooks hear of (ddp/concepts/module.hpp).
+  // Layer by layer (update::sharded_gradients, update::fully_sharded): the embeddings, each
+  // block's attention half and MLP half, and ln_f are the layers the hooks hear of
+  // (ddp/concepts/module.hpp).
   void set_layer_hooks(layer_hooks* hooks) noexcept { hooks_ = hooks; }
   void place_gradient(std::size_t index, float* storage) {
     with_parameter(index, [&](auto& p) { p.place_gradient(storage); });
@@ -205,12 +206,22 @@ DDP_RUNTIME_INLINE matrix gpt::forward(const token_batch& x) {
     wpe_.set_sequence_length(x.length);
     h = wpe_.forward(wte_.forward(x.tokens, training_), training_);
   });
-  for (std::size_t k = 0; k < blocks_.size(); ++k)
-    hooked_forward(first_of_block(k), transformer_block::parameter_tensors, [&] {
-      for (auto& p : blocks_[k].params()) p.before_forward();
+  // Each block in its two halves (attention, MLP), each its own layer for the hooks: under
+  // update::fully_sharded a half block's parameters are gathered at a time (and the next half's).
+  constexpr std::size_t half = transformer_block::attention_tensors,
+                        rest = transformer_block::parameter_tensors - half;
+  for (std::size_t k = 0; k < blocks_.size(); ++k) {
+    auto params = blocks_[k].params();
+    hooked_forward(first_of_block(k), half, [&] {
+      for (std::size_t i = 0; i < half; ++i) params[i].before_forward();
       blocks_[k].set_sequence_length(x.length);
-      h = blocks_[k].forward(h, training_);
+      h = blocks_[k].forward_attention(h, training_);
     });
+    hooked_forward(first_of_block(k) + half, rest, [&] {
+      for (std::size_t i = half; i < half + rest; ++i) params[i].before_forward();
+      h = blocks_[k].forward_mlp(h, training_);
+    });
+  }
   hooked_forward(first_of_ln_f(), 2, [&] {
     for (auto& p : ln_f_.params()) p.before_forward();
     h = ln_f_.forward(h, training_);
@@ -248,14 +259,22 @@ DDP_RUNTIME_INLINE void gpt::backward(const matrix& grad_logits, const ready_sin
   h = {};
   head_weight = {};
   hooked_backward(first_of_ln_f(), 2, ready, [&] {
-    g = ln_f_.backward(g, true);
+    g = ln_f_.backward(std::move(g), true);
     for (auto& p : ln_f_.params()) p.after_backward();
   });
-  for (std::size_t k = blocks_.size(); k-- > 0;)
-    hooked_backward(first_of_block(k), transformer_block::parameter_tensors, ready, [&] {
-      g = blocks_[k].backward(g, true);
-      for (auto& p : blocks_[k].params()) p.after_backward();
+  constexpr std::size_t half = transformer_block::attention_tensors,
+                        rest = transformer_block::parameter_tensors - half;
+  for (std::size_t k = blocks_.size(); k-- > 0;) {
+    auto params = blocks_[k].params();
+    hooked_backward(first_of_block(k) + half, rest, ready, [&] {
+      g = blocks_[k].backward_mlp(g, true);
+      for (std::size_t i = half; i < half + rest; ++i) params[i].after_backward();
     });
+    hooked_backward(first_of_block(k), half, ready, [&] {
+      g = blocks_[k].backward_attention(g, true);
+      for (std::size_t i = 0; i < half; ++i) params[i].after_backward();
+    });
+  }
   hooked_backward(0, 2, ready, [&] {
     g = wpe_.backward(g, true);
     auto dw = wte_.params()[0].grad();

@@ -12,6 +12,9 @@
 //        before_forward() and after_backward() around the layer, which reads value() and
 //        accumulates into grad() in f32)
 //   std::vector<buffer_ref> buffer_refs(const std::string& prefix);
+// Optionally, forward(matrix_type&& x, bool) and backward(matrix_type&& dy, bool): the same, free
+// to keep or reuse the storage of an input nobody reads after (ddp::nn::residual hands the layers
+// of a branch after the first their input so).
 #include <concepts>
 #include <span>
 #include <string>

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/error.hpp"
@@ -29,6 +30,8 @@ class layer_norm {
 
   // With dh = dy * weight: dx = inv_std * (dh - mean(dh) - xhat * mean(dh * xhat)), per row.
   matrix backward(const matrix& dy, bool need_dx);
+  // The same, dx in dy's own storage: no new matrix.
+  matrix backward(matrix&& dy, bool need_dx);
 
   std::span<parameter> params() noexcept { return params_; }
   std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
@@ -42,6 +45,9 @@ class layer_norm {
   float eps_;
   std::vector<parameter> params_;
   saved_stack<saved> saved_;
+
+  // The saved forward for a gradient of dy's shape, popped; an error naming the shapes if not.
+  saved_stack<saved>::entry pop_for(const matrix& dy);
 };
 
 namespace detail {
@@ -87,11 +93,31 @@ DDP_VECTORIZE DDP_WIDE_VECTORS DDP_EXACT_FLOATS DDP_RUNTIME_INLINE void layer_no
     for (std::size_t c = 0; c < f; ++c) dxr[c] = inv_std[r] * ((dyr[c] * g[c] - mean_dh) - hr[c] * mean_dh_xhat);
   }
 }
+// The same with dx in dy's place (dx = dy on return).
+DDP_VECTORIZE DDP_WIDE_VECTORS DDP_EXACT_FLOATS DDP_RUNTIME_INLINE void layer_norm_rows_backward_in_place(
+    float* DDP_RESTRICT dy, const float* DDP_RESTRICT xhat, const float* DDP_RESTRICT inv_std,
+    const float* DDP_RESTRICT g, std::size_t rows, std::size_t f, float* DDP_RESTRICT dg,
+    float* DDP_RESTRICT db) noexcept {
+  const float inv_f = 1.0f / static_cast<float>(f);
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* dyr = dy + r * f;
+    const float* hr = xhat + r * f;
+    for (std::size_t c = 0; c < f; ++c) {
+      dg[c] += dyr[c] * hr[c];
+      db[c] += dyr[c];
+    }
+    const float mean_dh = host::lane_sum(f, [&](std::size_t c) { return dyr[c] * g[c]; }) * inv_f;
+    const float mean_dh_xhat = host::lane_sum(f, [&](std::size_t c) { return dyr[c] * g[c] * hr[c]; }) * inv_f;
+    for (std::size_t c = 0; c < f; ++c) dyr[c] = inv_std[r] * ((dyr[c] * g[c] - mean_dh) - hr[c] * mean_dh_xhat);
+  }
+}
 #else  // compiled in libddp_runtime (ddp/core/compiled_runtime.hpp)
 void layer_norm_rows(const float* x, const float* g, const float* b, std::size_t rows, std::size_t f, float eps,
                      float* xhat, float* y, float* inv_std) noexcept;
 void layer_norm_rows_backward(const float* dy, const float* xhat, const float* inv_std, const float* g,
                               std::size_t rows, std::size_t f, float* dg, float* db, float* dx) noexcept;
+void layer_norm_rows_backward_in_place(float* dy, const float* xhat, const float* inv_std, const float* g,
+                                       std::size_t rows, std::size_t f, float* dg, float* db) noexcept;
 #endif
 }  // namespace detail
 
@@ -117,17 +143,32 @@ DDP_RUNTIME_INLINE matrix layer_norm::forward(const matrix& x, bool training) {
   return y;
 }
 
+DDP_RUNTIME_INLINE saved_stack<layer_norm::saved>::entry layer_norm::pop_for(const matrix& dy) {
+  if (!saved_.empty()) {  // else pop names the missing forward
+    require_cols(dy, features_, "layer_norm backward");
+    if (dy.rows != saved_.back().xhat.rows)
+      throw std::invalid_argument("ddp::nn: layer_norm backward expects " + std::to_string(saved_.back().xhat.rows) +
+                                  " rows of gradient (its forward's), got " + std::to_string(dy.rows));
+  }
+  return saved_.pop("layer_norm");
+}
+
 DDP_RUNTIME_INLINE matrix layer_norm::backward(const matrix& dy, bool need_dx) {
-  const auto s = saved_.pop("layer_norm");
-  require_cols(dy, features_, "layer_norm backward");
-  if (dy.rows != s->xhat.rows)
-    throw std::invalid_argument("ddp::nn: layer_norm backward expects " + std::to_string(s->xhat.rows) +
-                                " rows of gradient (its forward's), got " + std::to_string(dy.rows));
+  const auto s = pop_for(dy);
   matrix dx(need_dx ? dy.rows : 0, need_dx ? features_ : 0);
   detail::layer_norm_rows_backward(dy.data.data(), s->xhat.data.data(), s->inv_std.data(), params_[0].value().data(),
                                    dy.rows, features_, params_[0].grad().data(), params_[1].grad().data(),
                                    need_dx ? dx.data.data() : nullptr);
   return dx;
+}
+
+DDP_RUNTIME_INLINE matrix layer_norm::backward(matrix&& dy, bool need_dx) {
+  if (!need_dx) return backward(static_cast<const matrix&>(dy), false);
+  const auto s = pop_for(dy);
+  detail::layer_norm_rows_backward_in_place(dy.data.data(), s->xhat.data.data(), s->inv_std.data(),
+                                            params_[0].value().data(), dy.rows, features_, params_[0].grad().data(),
+                                            params_[1].grad().data());
+  return std::move(dy);
 }
 
 #endif  // DDP_RUNTIME_DEFINITIONS

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/random.hpp"
@@ -30,6 +31,9 @@ class linear {
   using matrix_type = matrix;
 
   matrix forward(const matrix& x, bool training);
+  // The same, keeping x's own storage for backward instead of a copy of it (x is left holding
+  // storage of unspecified contents).
+  matrix forward(matrix&& x, bool training);
 
   matrix backward(const matrix& dy, bool need_dx);
 
@@ -42,6 +46,8 @@ class linear {
   std::size_t in_, out_;
   std::vector<parameter> params_;
   saved_stack<matrix> saved_;  // the inputs of training forwards
+
+  matrix affine(const matrix& x) const;
 };
 
 #if DDP_RUNTIME_DEFINITIONS
@@ -53,19 +59,34 @@ DDP_RUNTIME_INLINE linear::linear(std::size_t in, std::size_t out, std::uint64_t
   initialise_linear(in, params_[0].value(), params_[1].value(), seed);
 }
 
-DDP_RUNTIME_INLINE matrix linear::forward(const matrix& x, bool training) {
+DDP_RUNTIME_INLINE matrix linear::affine(const matrix& x) const {
   require_cols(x, in_, "linear");
-  matrix y(x.rows, out_);
+  // y starts as the bias in every row, written once (no zero fill first).
+  matrix y;
+  y.rows = x.rows;
+  y.cols = out_;
+  y.data.reserve(x.rows * out_);
   const float* b = params_[1].value().data();
-  for (std::size_t r = 0; r < y.rows; ++r) std::copy(b, b + out_, y.row(r));
+  for (std::size_t r = 0; r < y.rows; ++r) y.data.insert(y.data.end(), b, b + out_);
   blas::gemm(false, true, x.rows, out_, in_, 1.0f, x.data.data(), in_, params_[0].value().data(), in_,
              1.0f, y.data.data(), out_);
+  return y;
+}
+
+DDP_RUNTIME_INLINE matrix linear::forward(const matrix& x, bool training) {
+  matrix y = affine(x);
   if (training) saved_.push_copy(x);
   return y;
 }
 
+DDP_RUNTIME_INLINE matrix linear::forward(matrix&& x, bool training) {
+  matrix y = affine(x);
+  if (training) saved_.push_swap(x);
+  return y;
+}
+
 DDP_RUNTIME_INLINE matrix linear::backward(const matrix& dy, bool need_dx) {
-  const auto saved = saved_.pop("linear");
+  auto saved = saved_.pop("linear");
   const matrix& x = *saved;
   require_cols(dy, out_, "linear backward");
   if (dy.rows != x.rows)
@@ -80,7 +101,8 @@ DDP_RUNTIME_INLINE matrix linear::backward(const matrix& dy, bool need_dx) {
     for (std::size_t c = 0; c < out_; ++c) db[c] += d[c];
   }
   if (!need_dx) return {};
-  matrix dx(dy.rows, in_);
+  // dx has x's shape, and x is done with: dx takes its storage (the product overwrites it).
+  matrix dx = std::exchange(*saved, matrix{});
   blas::gemm(false, false, dy.rows, in_, out_, 1.0f, dy.data.data(), out_, params_[0].value().data(), in_,
              0.0f, dx.data.data(), in_);
   return dx;

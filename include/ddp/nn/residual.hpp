@@ -96,8 +96,8 @@ class residual {
   explicit residual(First first, Rest... rest) : branch_(std::move(first), std::move(rest)...) {}
 
   matrix_type forward(const matrix_type& x, bool training) {
-    matrix_type h;  // the first layer reads x itself: no copy
-    for_each_layer([&](auto& l, std::size_t k) { h = l.forward(k == 0 ? x : h, training); });
+    matrix_type h;  // the first layer reads x itself: no copy; the others are handed h to keep or reuse
+    for_each_layer([&](auto& l, std::size_t k) { h = k == 0 ? l.forward(x, training) : l.forward(std::move(h), training); });
     if (rows_of(h) != rows_of(x) || cols_of(h) != cols_of(x))
       throw error("nn", "residual forward", -1,
                   "the branch maps " + std::to_string(rows_of(x)) + " x " + std::to_string(cols_of(x)) + " to " +
@@ -111,8 +111,10 @@ class residual {
   // dx = dy + (the branch's dx): the gradient reaches the input along both paths.
   matrix_type backward(const matrix_type& dy, bool need_dx) {
     constexpr std::size_t last = sizeof...(Rest);
-    matrix_type g;  // the last layer reads dy itself: no copy
-    for_each_layer_reverse([&](auto& l, std::size_t k) { g = l.backward(k == last ? dy : g, k > 0 || need_dx); });
+    matrix_type g;  // the last layer reads dy itself: no copy; the others are handed g to reuse
+    for_each_layer_reverse([&](auto& l, std::size_t k) {
+      g = k == last ? l.backward(dy, k > 0 || need_dx) : l.backward(std::move(g), k > 0 || need_dx);
+    });
     if (!need_dx) return {};
     add_into(g, dy);
     return g;

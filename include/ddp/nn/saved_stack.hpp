@@ -6,6 +6,8 @@
 // steps (to fault it in again, page by page, in the next) stays with the layer.
 //
 //   saved_.push_copy(x);               forward: a copy of x, into spare storage when there is some
+//   saved_.push_swap(x);               forward: x's own storage (x an rvalue the layer was handed),
+//                                      x left holding the spare storage
 //   auto& s = saved_.push();           forward: a new entry to fill (a spare one, with its old
 //                                      contents and capacity, or a default one)
 //   auto x = saved_.pop("linear");     backward: the innermost entry (*x, x->...); its storage
@@ -90,6 +92,13 @@ class saved_stack {
     requires std::is_same_v<T, matrix>
   {
     assign(push(), x);
+  }
+
+  // x itself as the new entry, no copy; x gets the spare storage in its place (its contents
+  // unspecified), for the caller to reuse or let go.
+  void push_swap(T& x) {
+    using std::swap;
+    swap(push(), x);
   }
 
   entry pop(const char* layer) {

@@ -35,6 +35,15 @@ class transformer_block {
   matrix forward(const matrix& x, bool training) { return mlp_.forward(attn_.forward(x, training), training); }
   matrix backward(const matrix& dy, bool need_dx) { return attn_.backward(mlp_.backward(dy, true), need_dx); }
 
+  // The two halves on their own: x + attn(ln_1(x)), whose parameters are the first
+  // attention_tensors of params(), and x + mlp(ln_2(x)), the rest (ddp::nn::gpt gathers and
+  // releases them one at a time under update::fully_sharded).
+  static constexpr std::size_t attention_tensors = 6;
+  matrix forward_attention(const matrix& x, bool training) { return attn_.forward(x, training); }
+  matrix forward_mlp(const matrix& x, bool training) { return mlp_.forward(x, training); }
+  matrix backward_mlp(const matrix& dy, bool need_dx) { return mlp_.backward(dy, need_dx); }
+  matrix backward_attention(const matrix& dy, bool need_dx) { return attn_.backward(dy, need_dx); }
+
   std::vector<nested_parameter<parameter>> params();
   std::vector<buffer_ref> buffer_refs(const std::string&) { return {}; }
 
