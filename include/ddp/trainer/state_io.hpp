@@ -62,6 +62,13 @@ struct trainer_state {
     sync.read_state(files[own], reducer.buckets());
     device.synchronize();
   }
+  // A rank that joins an elastic run, after read(): it starts from the sync schedule's anchor, the
+  // ranks' common point, not from the peer's inner progress (sync_stage::start_from_anchor).
+  void start_from_anchor() const {
+    if (!sync.start_from_anchor(reducer.buckets())) return;
+    masters.round_into_module();
+    device.synchronize();
+  }
 };
 
 }  // namespace ddp::detail

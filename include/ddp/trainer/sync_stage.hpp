@@ -13,6 +13,11 @@
 //                 through the hook and negated: the averaged pseudo-gradient (anchor - local);
 //                 the outer optimizer steps the anchor with it, and the values become the anchor
 //
+//   sync now      the period's sync at once, whole: local SGD's average, or every fragment's
+//                 outer step without mixing (one in flight is superseded: its anchor has not
+//                 moved); nothing when the ranks hold the same parameters already
+//   joining       a rank that joins takes a peer's state, then starts from the anchor
+//
 //   fragments     streaming DiLoCo: a fragment (the buckets b with b % F == f) starts its sync
 //                 after its step: values minus anchor, reduced through the hook at once (Delay
 //                 0), or into memory of its own by the communicator, in flight while the inner
@@ -86,6 +91,7 @@ class sync_stage {
   // After the update of step `step`: the schedule's sync, if it has one now. Collective then.
   void after_update(std::uint64_t step, std::span<bucket_type> buckets) {
     before_step(buckets);  // a step captured, or replayed, without its begin
+    if (local_step(step)) synced_ = false;
     if (schedule_.fragments()) return stream(step, buckets);
     switch (schedule_.after_update(step)) {
       case sync_schedule::action::none:
@@ -95,6 +101,30 @@ class sync_stage {
       case sync_schedule::action::outer_step:
         return outer_step(buckets);
     }
+  }
+
+  // The period's sync now, whole, so that every rank holds the same parameters: local SGD's
+  // average, or (a schedule with an anchor) every fragment's outer step, without mixing. Nothing
+  // when the ranks hold the same parameters already. Collective then, between steps.
+  void sync_now(std::span<bucket_type> buckets) {
+    if (synced_ || schedule_.every_step()) return;
+    if (!keeps_anchor()) return average(buckets);
+    make_stream_memory(buckets);
+    drop_in_flight();  // their anchors have not moved: the outer step below carries their progress
+    outer_step(buckets);
+  }
+  // Whether every rank holds the same parameters: every step since the last whole sync (or the
+  // start) reduced its gradients. The same on every rank.
+  bool synced() const noexcept { return synced_; }
+
+  // A rank that joins a run (elastic hand-over), after it took a peer's state: its parameters
+  // become the anchor, the ranks' common point, so that the next sync's average holds each
+  // survivor's inner progress once, and the joiner's own. Without an anchor (local SGD, or no
+  // step taken yet) the peer's parameters stay. Returns whether the parameters changed.
+  bool start_from_anchor(std::span<bucket_type> buckets) {
+    if (!keeps_anchor() || !anchored_) return false;
+    for (std::size_t b = 0; b < anchor_.size(); ++b) buckets[b].unpack_values(anchor_[b].data());
+    return true;
   }
 
   // Waits for the fragments in flight; one whose reduction failed (a peer was lost) is dropped:
@@ -123,6 +153,8 @@ class sync_stage {
   // A fragment still in flight is waited for (every rank saves at the same step) and its averaged
   // pseudo-gradient saved, to be applied at its step after a load.
   void write_state(checkpoint_file& f, std::span<const bucket_type> buckets) {
+    if (schedule_.every_step()) return;
+    f.set_text("sync/synced", synced_ ? "1" : "0");
     if (!keeps_anchor()) return;
     f.set_array("sync/outer_steps", std::span<const std::uint64_t>(outer_steps_));
     std::vector<std::uint64_t> pending;
@@ -133,6 +165,7 @@ class sync_stage {
         f.set_array("sync/in_flight/" + std::to_string(b), std::span<const float>(host_copy(in_flight_[b], buckets[b].numel(), 1)));
     }
     f.set_array("sync/pending", std::span<const std::uint64_t>(pending));
+    if (!anchored_) return;  // no step yet: the anchor is taken at the first one, after the load
     for (std::size_t b = 0; b < anchor_.size(); ++b) {
       f.set_array("sync/anchor/" + std::to_string(b), std::span<const float>(host_copy(anchor_[b], buckets[b].numel(), 1)));
       f.set_array("sync/outer_state/" + std::to_string(b),
@@ -147,6 +180,8 @@ class sync_stage {
     return std::nullopt;
   }
   void read_state(const checkpoint_file& f, std::span<bucket_type> buckets) {
+    if (schedule_.every_step()) return;
+    synced_ = f.has("sync/synced") && f.text("sync/synced") == "1";
     if (!keeps_anchor()) return;
     outer_steps_ = f.array<std::uint64_t>("sync/outer_steps", f.section("sync/outer_steps").size() / sizeof(std::uint64_t));
     make_stream_memory(buckets);
@@ -161,6 +196,8 @@ class sync_stage {
                                n * sizeof(float));
       }
     }
+    anchored_ = f.has("sync/anchor/0");
+    if (!anchored_) return;
     for (std::size_t b = 0; b < anchor_.size(); ++b) {
       const std::size_t n = buckets[b].numel(), padded = buckets[b].padded();
       device_.copy_from_host(anchor_[b].data(), f.array<float>("sync/anchor/" + std::to_string(b), n).data(),
@@ -169,7 +206,6 @@ class sync_stage {
       for (std::size_t k = 0; k < slots(); ++k)
         device_.copy_from_host(outer_state_[b].data() + k * padded, state.data() + k * n, n * sizeof(float));
     }
-    anchored_ = true;
   }
 
  private:
@@ -222,21 +258,25 @@ class sync_stage {
       bk.unpack_values(bk.gradient_memory());
       finish(bk);
     }
+    synced_ = true;
   }
 
+  // Every bucket's outer step; under streaming each fragment counts its own (bucket b: b % F).
   void outer_step(std::span<bucket_type> buckets) {
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       values_minus_anchor(buckets[b], b, buckets[b].gradient_memory());
       buckets[b].reduce_outside_step(/*through_hook=*/true);
     }
     complete(buckets, 0, 1);
-    const std::uint64_t outer_step = ++outer_steps_[0];
+    const std::size_t counts = outer_steps_.size();
+    for (auto& count : outer_steps_) ++count;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
-      step_anchor(b, bk.gradient_memory(), bk.padded(), outer_step);
+      step_anchor(b, bk.gradient_memory(), bk.padded(), outer_steps_[b % counts]);
       bk.unpack_values(anchor_[b].data());
       finish(bk);
     }
+    synced_ = true;
   }
 
   // `averaged`: the ranks' mean of local - anchor; negated in place, it steps the anchor.
@@ -355,6 +395,7 @@ class sync_stage {
   std::vector<std::uint64_t> outer_steps_ = {0};          // outer steps taken, per fragment
   std::vector<pending_fragment> pending_;                 // fragments reducing, in launch order
   bool anchored_ = false;                                 // the anchor holds the parameters of a step
+  bool synced_ = true;                                    // every rank holds the same parameters
 };
 
 }  // namespace ddp::detail
