@@ -334,8 +334,9 @@ void check_elastic() {
   };
   bool after_join = false;
   if constexpr (!streaming) {
-    for (const auto& [steps, by_rank] : after)
-      if (steps % 4 == 0) {
+    for (const auto& entry : after)
+      if (const std::uint64_t steps = entry.first; steps % 4 == 0) {
+        const auto& by_rank = entry.second;
         CAPTURE(steps);
         for (const auto& [rank, r] : by_rank) CHECK(r.params == by_rank.begin()->second.params);
         after_join = after_join || (steps > 10 && by_rank.size() == 3);
@@ -345,7 +346,9 @@ void check_elastic() {
     // landing whose launch, a step before, was in the same membership (a hand-over drops the
     // fragments in flight) leaves that fragment's tensors, and only them, equal on every rank.
     std::map<std::uint64_t, std::vector<bool>> landed;  // by phase
-    for (const auto& [steps, by_rank] : after) {
+    for (const auto& entry : after) {
+      const std::uint64_t steps = entry.first;
+      const auto& by_rank = entry.second;
       if (steps % 2 == 0 || steps < 3) continue;
       bool launched_here = after.count(steps - 1) != 0;
       for (const auto& [rank, r] : by_rank)
