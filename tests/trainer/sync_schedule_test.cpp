@@ -210,6 +210,36 @@ TEST_CASE("streaming_diloco: fragments land in turn, each equal on every rank wh
   CHECK(std::count(second.begin(), second.end(), true) > 0);
 }
 
+// A fragment in flight across inner steps (Delay 1) goes through the comm hook, in memory of the
+// sync stage's own: under bf16 the syncs send half of f32's bytes (counted beyond what a trainer
+// sends before its first step), and land within bf16's rounding of the f32 run (the hook's finish
+// widened the averaged pseudo-gradient back).
+TEST_CASE("streaming_diloco: fragments in flight go through the comm hook (bf16 halves their bytes)") {
+  auto go = [](auto hook, int steps) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& inner) {
+      test::counting_communicator<ddp::inproc::communicator> c(inner);
+      test::mlp model = test::make_mlp(3);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::sync_schedule::streaming_diloco<4, 2, 1>, decltype(hook), ddp::bucket_cap<256>,
+                   ddp::use_communicator<decltype(c)>>
+          trainer(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+      for (int s = 0; s < steps; ++s) {
+        const auto b = batch_of(c.rank(), c.size(), s);
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      return std::pair{c.bytes().all_reduce, test::parameter_values(model)};
+    })[0];
+  };
+  const auto [f32_bytes, f32_params] = go(ddp::comm_hook::none{}, 8);
+  const auto [bf16_bytes, bf16_params] = go(ddp::comm_hook::bf16{}, 8);
+  const double f32_before = go(ddp::comm_hook::none{}, 0).first, bf16_before = go(ddp::comm_hook::bf16{}, 0).first;
+  REQUIRE(f32_bytes > f32_before);
+  CHECK(bf16_bytes - bf16_before == (f32_bytes - f32_before) / 2);
+  const double d = largest_difference(bf16_params, f32_params);
+  CHECK(d > 0.0);
+  CHECK(d < 1e-2);
+}
+
 TEST_CASE("streaming_diloco: more fragments than buckets is an error naming both counts") {
   ddp::inproc::launch(1, [](ddp::inproc::communicator& c) {
     test::mlp model = test::make_mlp(1);
@@ -352,7 +382,8 @@ void check_elastic() {
       if (steps % 2 == 0 || steps < 3) continue;
       bool launched_here = after.count(steps - 1) != 0;
       for (const auto& [rank, r] : by_rank)
-        launched_here = launched_here && after.at(steps - 1).count(rank) && after.at(steps - 1).at(rank).membership == r.membership;
+        launched_here = launched_here && after.at(steps - 1).count(rank) &&
+                        after.at(steps - 1).at(rank).membership == r.membership;
       if (!launched_here || by_rank.size() < 2) continue;
       CAPTURE(steps);
       const auto equal = equal_tensors(steps);
@@ -427,7 +458,7 @@ TEST_CASE("sync_now: a run that ends mid-period leaves every rank with the synch
   const auto local = check(ddp::sync_schedule::local_sgd<4>{}, 6);
   const auto diloco = check(ddp::sync_schedule::diloco<4>{.outer = outer_lr_1}, 6);
   const auto nesterov = check(ddp::sync_schedule::diloco<4>{}, 6);
-  const auto streaming = check(ddp::sync_schedule::streaming_diloco<4, 2, 1>{}, 6);  // fragment 1 in flight after step 6
+  const auto streaming = check(ddp::sync_schedule::streaming_diloco<4, 2, 1>{}, 6);  // fragment 1 in flight
   for (const auto* r : {&local, &diloco, &nesterov, &streaming}) {
     REQUIRE(largest_difference((*r)[0].first, (*r)[1].first) > 1e-4);  // apart before
     CHECK((*r)[0].second == (*r)[1].second);                           // equal after

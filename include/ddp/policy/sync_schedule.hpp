@@ -113,9 +113,8 @@ struct diloco {
 // (fragment f after the updates of steps t with (t + 1) % H == f H / F). A fragment's
 // pseudo-gradient is reduced after its sync step and applied Delay steps later, while the inner
 // steps go on; then its parameters become mixing * local + (1 - mixing) * the new anchor.
-// Delay 0: applied at once, through the comm hook; Delay >= 1: reduced in f32 by the
-// communicator itself, overlapped with the inner steps (not through the hook, which works on the
-// bucket's gradient memory, the inner steps' meanwhile). Needs at least F buckets (bucket_cap).
+// Delay 0: applied at once; Delay >= 1: reduced in memory of its own, overlapped with the inner
+// steps. Either way through the comm hook. Needs at least F buckets (bucket_cap).
 template <std::size_t H, std::size_t Fragments, std::size_t Delay = 0, optim::optimizer Outer = optim::sgd>
 struct streaming_diloco {
   static_assert(H >= 1 && Fragments >= 1 && Fragments <= H,

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -192,6 +193,25 @@ class bucket final : public update::bucket_ops {
     float* g = grads_.data();
     track(comm_->all_reduce(const_buffer{g, padded(), dtype::f32}, mutable_buffer{g, padded(), dtype::f32},
                             reduce_op::avg));
+  }
+  // A sync held across steps (a streaming fragment in flight): the hook over the caller's `data`
+  // as of step `step`; the caller waits for the collectives handed out, then calls finish_held.
+  std::vector<work_type> reduce_held(float* data, std::uint64_t step) {
+    const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
+    scatters_ = carries_control_ = false;
+    hook_view io(*this, typename hook_view::held_sync{data, step});
+    hook_->reduce(io);
+    std::vector<work_type> out(std::make_move_iterator(more_.begin()), std::make_move_iterator(more_.end()));
+    if (work_) out.insert(out.begin(), std::move(*work_));
+    work_.reset(), more_.clear();
+    return out;
+  }
+  void finish_held(float* data, std::uint64_t step) {
+    const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
+    hook_view io(*this, typename hook_view::held_sync{data, step});
+    hook_->finish(io);
+    io.wait();
+    work_.reset(), more_.clear();
   }
   // The f32 values the optimizer updates, to or from bucket layout (`bucket`: padded() floats).
   void pack_values(float* bucket) { device_->pack(value_segments_, bucket); }

@@ -5,6 +5,7 @@
 // control floats is read back from it (carried_control).
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,15 +26,22 @@ class bucket;
 template <communicator Comm, device Device>
 class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
  public:
-  explicit bucket_hook_io(bucket<Comm, Device>& owner) : b(owner) {}
+  // A sync's reduction held across steps (a streaming fragment in flight): the hook works on the
+  // caller's memory, and sees the step it began in when it finishes.
+  struct held_sync {
+    float* gradients;
+    std::uint64_t step;
+  };
+  explicit bucket_hook_io(bucket<Comm, Device>& owner, std::optional<held_sync> held = std::nullopt)
+      : b(owner), held_(held) {}
   bool carried_control = false;  // the gradients' all_reduce carried the control floats
 
   Device& device() noexcept override { return *b.device_; }
   std::size_t index() const noexcept override { return b.index(); }
-  std::uint64_t step() const noexcept override { return *b.steps_; }
+  std::uint64_t step() const noexcept override { return held_ ? held_->step : *b.steps_; }
   int rank() const noexcept override { return b.comm_->rank(); }
   int ranks() const noexcept override { return b.comm_->size(); }
-  float* gradients() noexcept override { return b.grads_.data(); }
+  float* gradients() noexcept override { return held_ ? held_->gradients : b.grads_.data(); }
   std::size_t size() const noexcept override { return b.padded(); }
   std::size_t shard_begin() const noexcept override { return b.scatters_ ? b.shard_begin() : 0; }
   std::size_t shard() const noexcept override { return b.scatters_ ? b.shard() : b.padded(); }
@@ -50,10 +58,10 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   }
   void reduce_gradients() override {
     if (b.exact_) return reduce_like_gradients(b.exact_->start(b.grads_.data()), reduce_op::sum);
-    float* g = b.grads_.data();
+    float* g = gradients();
     if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
     // The all_reduce carries the control floats too: one collective, as without a hook.
-    const std::size_t n = b.padded() + (b.carries_control_ ? b.shape_.control : 0);
+    const std::size_t n = b.padded() + (b.carries_control_ && !held_ ? b.shape_.control : 0);
     b.track(b.comm_->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
     carried_control = b.carries_control_;
   }
@@ -95,6 +103,7 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   }
 
   bucket<Comm, Device>& b;
+  std::optional<held_sync> held_;
 };
 
 }  // namespace ddp::detail

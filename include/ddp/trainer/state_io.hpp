@@ -33,6 +33,7 @@ struct trainer_state {
   void write(checkpoint_file& f) const {
     update.require_whole(steps);
     reducer.parameters().require_gathered();
+    sync.complete_in_flight(reducer.buckets());  // before the hook's state is written
     f.set_text("steps", std::to_string(steps));
     params.write_state(f, device);
     buffers.write_state(f);
