@@ -14,8 +14,8 @@
 //                 the outer optimizer steps the anchor with it, and the values become the anchor
 //
 //   sync now      the period's sync at once, whole: local SGD's average, or every fragment's
-//                 outer step without mixing (one in flight is superseded: its anchor has not
-//                 moved); nothing when the ranks hold the same parameters already
+//                 outer step without mixing (one in flight applied first, ahead of its step);
+//                 nothing when the ranks hold the same parameters already
 //   joining       a rank that joins takes a peer's state, then starts from the anchor
 //
 //   fragments     streaming DiLoCo: a fragment (the buckets b with b % F == f) starts its sync
@@ -104,7 +104,10 @@ class sync_stage {
     if (synced_ || schedule_.every_step()) return;
     if (!keeps_anchor()) return average(buckets);
     make_stream_memory(buckets);
-    drop_in_flight();  // their anchors have not moved: the outer step below carries their progress
+    for (; !pending_.empty(); pending_.erase(pending_.begin())) {  // the hook's finish runs (its state)
+      finish_fragment(pending_.front(), buckets);
+      apply(pending_.front(), buckets);
+    }
     outer_step(buckets);
   }
 
