@@ -48,6 +48,21 @@ void diloco(model& module, ddp::inproc::communicator& comm, ddp::host::device& d
   // [end doc]
 }
 
+void diloco_ending_mid_period(model& module, ddp::inproc::communicator& comm, ddp::host::device& dev,
+                              const loader_type& loader) {
+  ddp::trainer<model, ddp::sync_schedule::diloco<32>> trainer(module, comm, dev, ddp::optim::sgd{.lr = 0.1f});
+  // [doc: sync-schedules.md]
+  #include <ddp/ddp.hpp>
+  #include <ddp/nn/cross_entropy.hpp>
+
+  for (const auto& b : trainer.epoch(loader))  // an epoch of 1,000 steps: it ends 8 steps into a period
+    trainer.step([&](auto& replica) {
+      replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
+    });
+  trainer.sync_now();  // the outer step now: every rank holds the new anchor
+  // [end doc]
+}
+
 struct command_line {
   std::string buffer_sync = "none", unused_params = "static_graph";
 };

@@ -6,9 +6,13 @@
 //   ddp-run -n 3 -- ddp_run_worker --optimizer sgd|adamw --update replicated|sharded
 //                  [--kill RANK@STEP.MICRO] [--checkpoint DIR] [--epochs E] [--step-ms T]
 //                  [--throw-at STEP[:DELAY_MS]] [--hang RANK@STEP] [--timeout-ms T] --out DIR
+//   ddp-run -n 3 -- ddp_run_worker --sync diloco [--no-sync-now] [--kill RANK@STEP] --out DIR
 //
 // It writes DIR/samples-<membership>-<rank>: a line "<step> <epoch> <sample>" for each sample of
 // each step it begins, and, from rank 0 at the end, DIR/params: the parameters and buffers.
+// --sync diloco: the same model and data under sync_schedule::diloco<4> with AdamW (a batch of 3
+// a rank, without reduction::invariant), ending mid-period; at the end trainer.sync_now() (unless
+// --no-sync-now) and synchronize_buffers(), and every rank writes DIR/params-<rank>.
 #include <signal.h>
 
 #include <chrono>
@@ -18,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "ddp/data/loader.hpp"
 #include "ddp/mpi/communicator.hpp"
@@ -39,6 +44,8 @@ struct options {
   int hang_rank = -1;            // this rank sleeps for good in its first micro-batch of step hang_step
   std::uint64_t hang_step = 0;   // (of the first membership): it stops making progress without dying
   int timeout_ms = 0;            // the communicator's timeout (0: its default)
+  std::string sync;              // "diloco": the sync schedule's run (train_diloco)
+  bool sync_now = true;
 };
 
 options parse(int argc, char** argv) {
@@ -55,6 +62,8 @@ options parse(int argc, char** argv) {
     else if (flag == "--checkpoint") o.checkpoint = value();
     else if (flag == "--epochs") o.epochs = std::stoull(value());
     else if (flag == "--step-ms") o.step_ms = std::stoi(value());
+    else if (flag == "--sync") o.sync = value();
+    else if (flag == "--no-sync-now") o.sync_now = false;
     else if (flag == "--timeout-ms") o.timeout_ms = std::stoi(value());
     else if (flag == "--hang") {  // RANK@STEP
       const std::string v = value();
@@ -131,6 +140,49 @@ void train(ddp::mpi::communicator& comm, const options& o, Optimizer opt) {
   }
 }
 
+void write_floats(const std::filesystem::path& path, const std::vector<float>& values) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + path.string());
+  std::fwrite(values.data(), sizeof(float), values.size(), f);
+  std::fclose(f);
+}
+
+// Under sync_schedule::diloco<4>: 2 epochs of 11 steps at 3 ranks (96 rows, 3 a rank), so the
+// run ends 2 steps into a period; sync_now() then brings every rank to the same parameters.
+void train_diloco(ddp::mpi::communicator& comm, const options& o) {
+  const int membership = ddp::run::agent::current() ? ddp::run::agent::current()->membership() : 0;
+  auto model = invariance::make_bn_mlp(7);
+  ddp::host::device dev;
+  ddp::trainer<invariance::bn_mlp, ddp::sync_schedule::diloco<4>, ddp::optim::adamw, ddp::bucket_cap<512>,
+               ddp::use_communicator<ddp::mpi::communicator>>
+      trainer(model, comm, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 4});
+  const test::indexed_rows data(96);
+  ddp::data::loader loader(data, 3, &test::indexed_rows::collate);
+  std::filesystem::create_directories(o.out);
+  const auto log_path = std::filesystem::path(o.out) /
+                        ("samples-" + std::to_string(membership) + "-" + std::to_string(comm.rank()));
+  std::FILE* log = std::fopen(log_path.c_str(), "a");
+  if (!log) throw std::runtime_error("cannot write " + log_path.string());
+  while (trainer.epochs_started() < o.epochs) {
+    const std::uint64_t epoch = trainer.epochs_started();
+    for (const auto& b : trainer.epoch(loader)) {
+      for (auto s : test::real_samples(b))
+        std::fprintf(log, "%llu %llu %zu\n", static_cast<unsigned long long>(trainer.steps() + 1),
+                     static_cast<unsigned long long>(epoch), s);
+      std::fflush(log);
+      trainer.step([&](auto& replica) {
+        if (membership == 0 && comm.rank() == o.kill_rank && trainer.steps() == o.kill_step) ::raise(SIGKILL);
+        replica.backward(ddp::nn::softmax_cross_entropy(replica.forward(b.x), b.y, b.weights).grad);
+      });
+    }
+  }
+  std::fclose(log);
+  if (o.sync_now) trainer.sync_now();
+  trainer.synchronize_buffers();
+  write_floats(std::filesystem::path(o.out) / ("params-" + std::to_string(comm.rank())),
+               invariance::parameters_of(trainer.module()));
+}
+
 }  // namespace
 
 // As any program's main: an exception that nothing catches ends the process where it was thrown,
@@ -141,7 +193,11 @@ int main(int argc, char** argv) try {
   ddp::mpi::options comm_options;
   if (o.timeout_ms) comm_options.timeout = std::chrono::milliseconds(o.timeout_ms);
   ddp::mpi::communicator comm(MPI_COMM_WORLD, comm_options);
-  if (o.optimizer == "sgd" && o.update == "replicated")
+  if (o.sync == "diloco")
+    train_diloco(comm, o);
+  else if (!o.sync.empty())
+    throw std::invalid_argument("--sync " + o.sync + ": this program has --sync diloco");
+  else if (o.optimizer == "sgd" && o.update == "replicated")
     train<ddp::update::replicated>(comm, o, ddp::optim::sgd{.lr = 0.05f, .momentum = 0.9f});
   else if (o.optimizer == "adamw" && o.update == "replicated")
     train<ddp::update::replicated>(comm, o, ddp::optim::adamw{.lr = 0.01f});

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "ddp/data/loader.hpp"
@@ -209,6 +210,36 @@ TEST_CASE("streaming_diloco: fragments land in turn, each equal on every rank wh
   CHECK(std::count(second.begin(), second.end(), true) > 0);
 }
 
+// A fragment in flight across inner steps (Delay 1) goes through the comm hook, in memory of the
+// sync stage's own: under bf16 the syncs send half of f32's bytes (counted beyond what a trainer
+// sends before its first step), and land within bf16's rounding of the f32 run (the hook's finish
+// widened the averaged pseudo-gradient back).
+TEST_CASE("streaming_diloco: fragments in flight go through the comm hook (bf16 halves their bytes)") {
+  auto go = [](auto hook, int steps) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& inner) {
+      test::counting_communicator<ddp::inproc::communicator> c(inner);
+      test::mlp model = test::make_mlp(3);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::sync_schedule::streaming_diloco<4, 2, 1>, decltype(hook), ddp::bucket_cap<256>,
+                   ddp::use_communicator<decltype(c)>>
+          trainer(model, c, dev, ddp::optim::sgd{.lr = 0.1f});
+      for (int s = 0; s < steps; ++s) {
+        const auto b = batch_of(c.rank(), c.size(), s);
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      return std::pair{c.bytes().all_reduce, test::parameter_values(model)};
+    })[0];
+  };
+  const auto [f32_bytes, f32_params] = go(ddp::comm_hook::none{}, 8);
+  const auto [bf16_bytes, bf16_params] = go(ddp::comm_hook::bf16{}, 8);
+  const double f32_before = go(ddp::comm_hook::none{}, 0).first, bf16_before = go(ddp::comm_hook::bf16{}, 0).first;
+  REQUIRE(f32_bytes > f32_before);
+  CHECK(bf16_bytes - bf16_before == (f32_bytes - f32_before) / 2);
+  const double d = largest_difference(bf16_params, f32_params);
+  CHECK(d > 0.0);
+  CHECK(d < 1e-2);
+}
+
 TEST_CASE("streaming_diloco: more fragments than buckets is an error naming both counts") {
   ddp::inproc::launch(1, [](ddp::inproc::communicator& c) {
     test::mlp model = test::make_mlp(1);
@@ -258,28 +289,43 @@ TEST_CASE("diloco, local_sgd and streaming_diloco: a checkpoint saved mid-period
 }
 
 // Under launch_elastic a rank lost mid-period costs its own steps since the last sync (the
-// others keep theirs); a rank that joins mid-period starts from a peer's state, anchor and outer
-// state with it, and after the next sync every rank holds the same parameters. Every sample of
-// each epoch is taken once across the memberships.
+// others keep theirs); a rank that joins mid-period takes a peer's state, then, under a schedule
+// with an anchor, starts from the anchor (the parameters of the last sync), while the survivors
+// keep their inner progress; after the next sync every rank holds the same parameters (under
+// streaming DiLoCo without mixing: each fragment's tensors, when it lands). Every sample of each
+// epoch is taken once across the memberships, and sync_now() at the end leaves every rank equal.
 template <class Schedule>
 void check_elastic() {
   constexpr std::size_t n = 96, epochs = 2;
+  constexpr bool streaming = ddp::sync_schedule::streams_fragments<Schedule>;
+  constexpr bool anchored = ddp::sync_schedule::has_outer<Schedule>;
   const test::indexed_rows data(n);
   std::mutex mutex;
-  std::map<std::uint64_t, std::multiset<std::size_t>> taken;       // by epoch
-  std::map<std::uint64_t, std::map<int, params_t>> after_sync;     // by step count, by rank
+  std::map<std::uint64_t, std::multiset<std::size_t>> taken;  // by epoch
+  struct record {
+    int membership;
+    params_t params;
+  };
+  std::map<std::uint64_t, std::map<int, record>> after;  // every step's parameters: by step count, by rank
+  std::map<int, params_t> joined_with, at_end;           // membership 2 (after the join): at its start, at the end
+  std::uint64_t join_at = 0;
   ddp::inproc::elastic_control control;
-  control.grow(1, 10);  // mid-period: syncs after steps 4, 8, 12, ...
+  control.grow(1, 10);  // mid-period: syncs after steps 4, 8, 12, ... (fragments: 3, 5, 7, 9, 11, ...)
   const auto report = ddp::inproc::launch_elastic(
       3,
       [&](ddp::inproc::communicator& c) {
         test::mlp model = test::make_mlp(3);
         ddp::host::device dev;
-        ddp::trainer<test::mlp, Schedule, ddp::optim::adamw, ddp::bucket_cap<512>> trainer(
+        ddp::trainer<test::mlp, Schedule, ddp::optim::adamw, ddp::bucket_cap<256>> trainer(
             model, c, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 8});
         ddp::data::loader loader(data, 4, &test::indexed_rows::collate);
         const auto h = c.handoff();
         const int membership = h ? h.shared().restarts() : 0;
+        if (membership == 2) {
+          std::lock_guard lock(mutex);
+          joined_with[c.rank()] = test::parameter_values(model);
+          join_at = trainer.steps();
+        }
         while (trainer.epochs_started() < epochs) {
           const std::uint64_t epoch = trainer.epochs_started();
           for (const auto& b : trainer.epoch(loader)) {
@@ -290,9 +336,12 @@ void check_elastic() {
             std::lock_guard lock(mutex);
             const auto mine = test::real_samples(b);
             taken[epoch].insert(mine.begin(), mine.end());
-            if (trainer.steps() % 4 == 0) after_sync[trainer.steps()][c.rank()] = test::parameter_values(model);
+            after[trainer.steps()][c.rank()] = {membership, test::parameter_values(model)};
           }
         }
+        trainer.sync_now();
+        std::lock_guard lock(mutex);
+        at_end[c.rank()] = test::parameter_values(model);
       },
       {.control = &control});
   REQUIRE(report.changes.size() == 2);
@@ -303,21 +352,159 @@ void check_elastic() {
   for (std::size_t i = 0; i < n; ++i) all.insert(i);
   REQUIRE(taken.size() == epochs);
   for (const auto& [epoch, samples] : taken) CHECK(samples == all);
+
+  // Which tensors are equal on every rank that completed step `steps` (none for fewer than 2 ranks).
+  auto equal_tensors = [&](std::uint64_t steps) {
+    const auto& by_rank = after.at(steps);
+    const auto& first = by_rank.begin()->second.params;
+    std::vector<bool> equal(first.size(), by_rank.size() >= 2);
+    for (const auto& [rank, r] : by_rank)
+      for (std::size_t t = 0; t < first.size(); ++t) equal[t] = equal[t] && r.params[t] == first[t];
+    return equal;
+  };
   bool after_join = false;
-  for (const auto& entry : after_sync) {
-    const std::uint64_t steps = entry.first;
-    const auto& by_rank = entry.second;
-    CAPTURE(steps);
-    for (const auto& [rank, p] : by_rank) CHECK(p == by_rank.begin()->second);
-    after_join = after_join || (steps > 10 && by_rank.size() == 3);
+  if constexpr (!streaming) {
+    for (const auto& entry : after)
+      if (const std::uint64_t steps = entry.first; steps % 4 == 0) {
+        const auto& by_rank = entry.second;
+        CAPTURE(steps);
+        for (const auto& [rank, r] : by_rank) CHECK(r.params == by_rank.begin()->second.params);
+        after_join = after_join || (steps > 10 && by_rank.size() == 3);
+      }
+  } else {
+    // Fragment 0 lands after steps 5, 9, ... (phase 1), fragment 1 after 3, 7, 11 (phase 3): each
+    // landing whose launch, a step before, was in the same membership (a hand-over drops the
+    // fragments in flight) leaves that fragment's tensors, and only them, equal on every rank.
+    std::map<std::uint64_t, std::vector<bool>> landed;  // by phase
+    for (const auto& entry : after) {
+      const std::uint64_t steps = entry.first;
+      const auto& by_rank = entry.second;
+      if (steps % 2 == 0 || steps < 3) continue;
+      bool launched_here = after.count(steps - 1) != 0;
+      for (const auto& [rank, r] : by_rank)
+        launched_here = launched_here && after.at(steps - 1).count(rank) &&
+                        after.at(steps - 1).at(rank).membership == r.membership;
+      if (!launched_here || by_rank.size() < 2) continue;
+      CAPTURE(steps);
+      const auto equal = equal_tensors(steps);
+      const auto it = landed.emplace(steps % 4, equal).first;
+      CHECK(it->second == equal);
+      after_join = after_join || (steps > 10 && by_rank.size() == 3);
+    }
+    REQUIRE(landed.size() == 2);
+    for (std::size_t t = 0; t < landed[1].size(); ++t) CHECK(landed[1][t] != landed[3][t]);
   }
   CHECK(after_join);
+
+  // The join: the survivors (ranks 0 and 1) go on from their own parameters; the joiner from the
+  // anchor, each tensor's value where it was last equal on every rank (its last sync), or, without
+  // an anchor, from its peer's (rank 2 % 2 survivors: rank 0's).
+  REQUIRE(joined_with.size() == 3);
+  for (int r = 0; r < 2; ++r) CHECK(joined_with[r] == after.at(join_at).at(r).params);
+  const auto& joiner = joined_with[2];
+  if constexpr (!anchored) {
+    CHECK(joiner == after.at(join_at).at(0).params);
+  } else {
+    for (std::size_t t = 0; t < joiner.size(); ++t) {
+      CAPTURE(t);
+      std::optional<std::uint64_t> last_sync;
+      for (const auto& entry : after)
+        if (entry.first <= join_at && equal_tensors(entry.first)[t]) last_sync = entry.first;
+      REQUIRE(last_sync);
+      CHECK(joiner[t] == after.at(*last_sync).begin()->second.params[t]);
+      CHECK(joiner[t] != after.at(join_at).at(0).params[t]);  // not a survivor's inner progress
+    }
+  }
+  // sync_now() after the last epoch: every rank leaves with the same parameters.
+  REQUIRE(at_end.size() == 3);
+  for (const auto& [rank, p] : at_end) CHECK(p == at_end.begin()->second);
 }
+
+// Two fragments, each reduced across one inner step, landing without mixing (set before the
+// trainer is built: a hand-over's state is loaded there, and names the mixing it was saved with).
+struct streaming_unmixed : ddp::sync_schedule::streaming_diloco<4, 2, 1> {
+  streaming_unmixed() { mixing = 0.0f; }
+};
 
 TEST_CASE_TEMPLATE("sync schedules under launch_elastic: a rank lost and one joining mid-period, every sample once, "
                    "every rank equal after each sync",
-                   Schedule, ddp::sync_schedule::diloco<4>, ddp::sync_schedule::local_sgd<4>) {
+                   Schedule, ddp::sync_schedule::diloco<4>, ddp::sync_schedule::local_sgd<4>, streaming_unmixed) {
   check_elastic<Schedule>();
+}
+
+// `steps` steps, then sync_now(); returns each rank's parameters before and after it.
+template <class Schedule>
+std::pair<params_t, params_t> run_then_sync(ddp::inproc::communicator& c, int steps, Schedule schedule = {}) {
+  test::mlp model = test::make_mlp(3);
+  ddp::host::device dev;
+  ddp::trainer<test::mlp, Schedule, ddp::optim::sgd, ddp::bucket_cap<256>> trainer(model, c, dev, {.lr = 0.1f});
+  trainer.template policy<ddp::sync_schedule::slot>() = schedule;
+  for (int s = 0; s < steps; ++s) {
+    const auto b = batch_of(c.rank(), c.size(), s);
+    trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+  }
+  const auto before = test::parameter_values(model);
+  trainer.sync_now();
+  return {before, test::parameter_values(model)};
+}
+
+// A run that ends mid-period (6 steps, a period of 4) takes its pending sync at once: the ranks,
+// apart before, leave equal. diloco's outer SGD at lr 1 lands on local SGD's average; streaming
+// DiLoCo syncs every fragment, the one still in flight included.
+TEST_CASE("sync_now: a run that ends mid-period leaves every rank with the synchronised parameters") {
+  auto check = [](auto schedule, int steps) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { return run_then_sync(c, steps, schedule); });
+  };
+  const auto local = check(ddp::sync_schedule::local_sgd<4>{}, 6);
+  const auto diloco = check(ddp::sync_schedule::diloco<4>{.outer = outer_lr_1}, 6);
+  const auto nesterov = check(ddp::sync_schedule::diloco<4>{}, 6);
+  const auto streaming = check(ddp::sync_schedule::streaming_diloco<4, 2, 1>{}, 6);  // fragment 1 in flight
+  for (const auto* r : {&local, &diloco, &nesterov, &streaming}) {
+    REQUIRE(largest_difference((*r)[0].first, (*r)[1].first) > 1e-4);  // apart before
+    CHECK((*r)[0].second == (*r)[1].second);                           // equal after
+  }
+  CHECK(largest_difference(diloco[0].second, local[0].second) < 1e-6);
+}
+
+// Nothing to sync: every_step's ranks are always equal, and a run that ends on a sync (8 steps, a
+// period of 4) or before any step holds the synchronised parameters already. sync_now changes no bit
+// (an outer Nesterov step on a zero pseudo-gradient would still move them by the momentum).
+TEST_CASE("sync_now: nothing under every_step, at the end of a period, or before the first step") {
+  auto unchanged = [](auto schedule, int steps) {
+    const auto by_rank =
+        ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) { return run_then_sync(c, steps, schedule); });
+    return by_rank[0].first == by_rank[0].second && by_rank[1].first == by_rank[1].second;
+  };
+  CHECK(unchanged(ddp::sync_schedule::every_step{}, 3));
+  CHECK(unchanged(ddp::sync_schedule::diloco<4>{}, 8));
+  CHECK(unchanged(ddp::sync_schedule::local_sgd<4>{}, 8));
+  CHECK(unchanged(ddp::sync_schedule::diloco<4>{}, 0));
+  CHECK(unchanged(ddp::sync_schedule::local_sgd<4, 3>{}, 2));  // in the warm-up: every step averaged
+  CHECK_FALSE(unchanged(ddp::sync_schedule::diloco<4>{}, 7));
+}
+
+// A checkpoint saved before the first step holds no anchor yet: the loading trainer takes it at
+// its own first step, from the loaded parameters, as the saving one does.
+TEST_CASE("diloco: a checkpoint saved before the first step resumes bitwise") {
+  auto dir = fs::temp_directory_path() / ("ddp_sync_schedule_first_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto go = [&](std::uint64_t init, bool save, bool load) {
+    return ddp::inproc::launch(2, [&](ddp::inproc::communicator& c) {
+      test::mlp model = test::make_mlp(init);
+      ddp::host::device dev;
+      ddp::trainer<test::mlp, ddp::sync_schedule::diloco<2>, ddp::bucket_cap<256>> trainer(model, c, dev, {.lr = 0.1f});
+      if (save) trainer.save(dir);
+      if (load) trainer.load(dir);
+      for (int s = 0; s < 4; ++s) {
+        const auto b = batch_of(c.rank(), c.size(), s);
+        trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
+      }
+      return test::parameter_values(model);
+    });
+  };
+  const auto whole = go(3, true, false);
+  CHECK(go(77, false, true) == whole);
+  fs::remove_all(dir);
 }
 
 // Without a buffer sync nothing is collective between syncs: the survivors learn of the lost rank

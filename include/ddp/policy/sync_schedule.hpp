@@ -15,6 +15,9 @@
 //                     anchor and the outer optimizer's state: one more copy of the parameters,
 //                     plus the outer optimizer's state.
 //
+// A run that ends between syncs takes the period's sync at once with trainer.sync_now(), so that
+// every rank leaves with the same parameters (docs/sync-schedules.md).
+//
 // What goes over the network at a sync (the parameters, or the pseudo-gradient) goes through the
 // comm_hook slot in the trainer's buckets, as gradients do: bf16, fp16, PowerSGD and
 // comm_hook::int8_rows compress it.
@@ -110,8 +113,8 @@ struct diloco {
 // (fragment f after the updates of steps t with (t + 1) % H == f H / F). A fragment's
 // pseudo-gradient is reduced after its sync step and applied Delay steps later, while the inner
 // steps go on; then its parameters become mixing * local + (1 - mixing) * the new anchor.
-// Delay 0: applied at once, through the comm hook; Delay >= 1: reduced in f32 by the
-// communicator itself, overlapped with the inner steps. Needs at least F buckets (bucket_cap).
+// Delay 0: applied at once; Delay >= 1: reduced in memory of its own, overlapped with the inner
+// steps. Either way through the comm hook. Needs at least F buckets (bucket_cap).
 template <std::size_t H, std::size_t Fragments, std::size_t Delay = 0, optim::optimizer Outer = optim::sgd>
 struct streaming_diloco {
   static_assert(H >= 1 && Fragments >= 1 && Fragments <= H,

@@ -189,6 +189,23 @@ class bucket final {
     track(comm_->all_reduce(const_buffer{g, padded(), dtype::f32}, mutable_buffer{g, padded(), dtype::f32},
                             reduce_op::avg));
   }
+  // A sync held across steps (a streaming fragment in flight): the hook over the caller's `data`
+  // as of step `step`; the caller waits for the collectives handed out, then calls finish_held.
+  std::vector<work_type> reduce_held(float* data, std::uint64_t step) {
+    const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
+    scatters_ = false;
+    control_route_ = control_route::none;
+    hook_view io(*this, typename hook_view::held_sync{data, step});
+    hook_->reduce(io);
+    return works_.take_reduction();
+  }
+  void finish_held(float* data, std::uint64_t step) {
+    const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
+    hook_view io(*this, typename hook_view::held_sync{data, step});
+    hook_->finish(io);
+    io.wait();
+    works_.take_reduction();
+  }
   // The f32 values the optimizer updates, to or from bucket layout (`bucket`: padded() floats).
   void pack_values(float* bucket) { device_->pack(value_segments_, bucket); }
   void unpack_values(const float* bucket) { device_->unpack(value_segments_, bucket); }

@@ -28,6 +28,14 @@ class bucket_collectives {
     if (reduction_) reduction_->wait();
     for (auto& w : more_) w.wait();
   }
+  // Hands them over (a sync held across steps keeps its own), in the order they went out.
+  std::vector<Work> take_reduction() {
+    std::vector<Work> out;
+    if (reduction_) out.push_back(std::move(*reduction_));
+    for (auto& w : more_) out.push_back(std::move(w));
+    reduction_.reset(), more_.clear();
+    return out;
+  }
   void start_control(Work w) { control_.emplace(std::move(w)); }
   void wait_control() {
     if (control_) control_->wait();

@@ -5,6 +5,7 @@
 // floats when the control channel routed them there (control_route::with_gradients).
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,15 +27,22 @@ class bucket;
 template <communicator Comm, device Device>
 class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
  public:
-  explicit bucket_hook_io(bucket<Comm, Device>& owner) : b(owner) {}
+  // A sync's reduction held across steps (a streaming fragment in flight): the hook works on the
+  // caller's memory, and sees the step it began in when it finishes.
+  struct held_sync {
+    float* gradients;
+    std::uint64_t step;
+  };
+  explicit bucket_hook_io(bucket<Comm, Device>& owner, std::optional<held_sync> held = std::nullopt)
+      : b(owner), held_(held) {}
   bool carried_control = false;  // the gradients' all_reduce carried them, as routed
 
   Device& device() noexcept override { return *b.device_; }
   std::size_t index() const noexcept override { return b.index(); }
-  std::uint64_t step() const noexcept override { return *b.steps_; }
+  std::uint64_t step() const noexcept override { return held_ ? held_->step : *b.steps_; }
   int rank() const noexcept override { return b.comm_->rank(); }
   int ranks() const noexcept override { return b.comm_->size(); }
-  float* gradients() noexcept override { return b.grads_.data(); }
+  float* gradients() noexcept override { return held_ ? held_->gradients : b.grads_.data(); }
   std::size_t size() const noexcept override { return b.padded(); }
   std::size_t shard_begin() const noexcept override { return b.scatters_ ? b.shard_begin() : 0; }
   std::size_t shard() const noexcept override { return b.scatters_ ? b.shard() : b.padded(); }
@@ -51,10 +59,10 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   }
   void reduce_gradients() override {
     if (b.exact_) return reduce_like_gradients(b.exact_->start(b.grads_.data()), reduce_op::sum);
-    float* g = b.grads_.data();
+    float* g = gradients();
     if (b.scatters_) return reduce_like_gradients(mutable_buffer{g, b.padded(), dtype::f32}, reduce_op::avg);
     // Routed with the gradients, the control floats ride in this all_reduce: one collective.
-    const bool carries = b.control_route_ == control_route::with_gradients;
+    const bool carries = b.control_route_ == control_route::with_gradients && !held_;
     const std::size_t n = b.padded() + (carries ? b.shape_.control : 0);
     b.track(b.comm_->all_reduce(const_buffer{g, n, dtype::f32}, mutable_buffer{g, n, dtype::f32}, reduce_op::avg));
     carried_control = carries;
@@ -96,6 +104,7 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   }
 
   bucket<Comm, Device>& b;
+  std::optional<held_sync> held_;
 };
 
 }  // namespace ddp::detail

@@ -33,6 +33,7 @@ struct trainer_state {
   void write(checkpoint_file& f) const {
     update.require_whole(steps);
     reducer.parameters().require_gathered();
+    sync.complete_in_flight(reducer.buckets());  // before the hook's state is written
     f.set_text("steps", std::to_string(steps));
     params.write_state(f, device);
     buffers.write_state(f);
@@ -60,6 +61,13 @@ struct trainer_state {
     steps = files[own].number("steps");
     reducer.read_state(files);
     sync.read_state(files[own], reducer.buckets());
+    device.synchronize();
+  }
+  // A rank that joins an elastic run, after read(): it starts from the sync schedule's anchor, the
+  // ranks' common point, not from the peer's inner progress (sync_stage::start_from_anchor).
+  void start_from_anchor() const {
+    if (!sync.start_from_anchor(reducer.buckets())) return;
+    masters.round_into_module();
     device.synchronize();
   }
 };

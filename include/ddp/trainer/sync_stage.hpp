@@ -13,9 +13,14 @@
 //                 through the hook and negated: the averaged pseudo-gradient (anchor - local);
 //                 the outer optimizer steps the anchor with it, and the values become the anchor
 //
+//   sync now      the period's sync at once, whole: local SGD's average, or every fragment's
+//                 outer step without mixing (one in flight applied first, ahead of its step);
+//                 nothing when the ranks hold the same parameters already
+//   joining       a rank that joins takes a peer's state, then starts from the anchor
+//
 //   fragments     streaming DiLoCo: a fragment (the buckets b with b % F == f) starts its sync
 //                 after its step: values minus anchor, reduced through the hook at once (Delay
-//                 0), or into memory of its own by the communicator, in flight while the inner
+//                 0), or in memory of its own, the hook's collectives held while the inner
 //                 steps go on (Delay >= 1); Delay steps later the outer optimizer steps its
 //                 anchor, and its values become mixing * local + (1 - mixing) * anchor
 //
@@ -86,15 +91,33 @@ class sync_stage {
   // After the update of step `step`: the schedule's sync, if it has one now. Collective then.
   void after_update(std::uint64_t step, std::span<bucket_type> buckets) {
     before_step(buckets);  // a step captured, or replayed, without its begin
+    if (local_step(step)) synced_ = false;
     if (schedule_.fragments()) return stream(step, buckets);
-    switch (schedule_.after_update(step)) {
-      case sync_schedule::action::none:
-        return;
-      case sync_schedule::action::average_parameters:
-        return average(buckets);
-      case sync_schedule::action::outer_step:
-        return outer_step(buckets);
+    const auto action = schedule_.after_update(step);
+    if (action == sync_schedule::action::average_parameters) average(buckets);
+    else if (action == sync_schedule::action::outer_step) outer_step(buckets);
+  }
+
+  // The period's sync now, whole (local SGD's average, or every fragment's outer step without
+  // mixing), unless the ranks hold the same parameters already. Collective then, between steps.
+  void sync_now(std::span<bucket_type> buckets) {
+    if (synced_ || schedule_.every_step()) return;
+    if (!keeps_anchor()) return average(buckets);
+    make_stream_memory(buckets);
+    for (; !pending_.empty(); pending_.erase(pending_.begin())) {  // the hook's finish runs (its state)
+      finish_fragment(pending_.front(), buckets);
+      apply(pending_.front(), buckets);
     }
+    outer_step(buckets);
+  }
+
+  // A rank that joins a run, after it took a peer's state: its parameters become the anchor, so
+  // that the next sync averages each survivor's inner progress once (not the peer's twice).
+  // Without an anchor (local SGD, or no step yet) the peer's stay. Whether they changed.
+  bool start_from_anchor(std::span<bucket_type> buckets) {
+    if (!keeps_anchor() || !anchored_) return false;
+    for (std::size_t b = 0; b < anchor_.size(); ++b) buckets[b].unpack_values(anchor_[b].data());
+    return true;
   }
 
   // Waits for the fragments in flight; one whose reduction failed (a peer was lost) is dropped:
@@ -120,19 +143,26 @@ class sync_stage {
 
   // ---- checkpoint sections: equal on every rank (the anchor is the ranks' common point) ------
 
-  // A fragment still in flight is waited for (every rank saves at the same step) and its averaged
-  // pseudo-gradient saved, to be applied at its step after a load.
-  void write_state(checkpoint_file& f, std::span<const bucket_type> buckets) {
+  // A fragment still in flight is completed (every rank saves at the same step; before the hook's
+  // state is saved, which its finish may change) and its averaged pseudo-gradient saved, to be
+  // applied at its step after a load.
+  void complete_in_flight(std::span<bucket_type> buckets) {
+    for (auto& p : pending_) finish_fragment(p, buckets);
+  }
+  void write_state(checkpoint_file& f, std::span<bucket_type> buckets) {
+    if (schedule_.every_step()) return;
+    f.set_text("sync/synced", synced_ ? "1" : "0");
     if (!keeps_anchor()) return;
     f.set_array("sync/outer_steps", std::span<const std::uint64_t>(outer_steps_));
     std::vector<std::uint64_t> pending;
     for (auto& p : pending_) {
-      if (const auto failed = wait_quietly(p)) std::rethrow_exception(failed);
+      finish_fragment(p, buckets);
       pending.insert(pending.end(), {p.fragment, p.apply_at});
       for (std::size_t b = p.fragment; b < buckets.size(); b += fragments())
         f.set_array("sync/in_flight/" + std::to_string(b), std::span<const float>(host_copy(in_flight_[b], buckets[b].numel(), 1)));
     }
     f.set_array("sync/pending", std::span<const std::uint64_t>(pending));
+    if (!anchored_) return;  // no step yet: the anchor is taken at the first one, after the load
     for (std::size_t b = 0; b < anchor_.size(); ++b) {
       f.set_array("sync/anchor/" + std::to_string(b), std::span<const float>(host_copy(anchor_[b], buckets[b].numel(), 1)));
       f.set_array("sync/outer_state/" + std::to_string(b),
@@ -147,13 +177,15 @@ class sync_stage {
     return std::nullopt;
   }
   void read_state(const checkpoint_file& f, std::span<bucket_type> buckets) {
+    if (schedule_.every_step()) return;
+    synced_ = f.has("sync/synced") && f.text("sync/synced") == "1";
     if (!keeps_anchor()) return;
     outer_steps_ = f.array<std::uint64_t>("sync/outer_steps", f.section("sync/outer_steps").size() / sizeof(std::uint64_t));
     make_stream_memory(buckets);
     drop_in_flight();
     const auto entries = f.array<std::uint64_t>("sync/pending", f.section("sync/pending").size() / sizeof(std::uint64_t));
     for (std::size_t k = 0; k + 1 < entries.size(); k += 2) {
-      pending_.push_back({static_cast<std::size_t>(entries[k]), entries[k + 1], {}});
+      pending_.push_back({static_cast<std::size_t>(entries[k]), entries[k + 1], {}, true});
       for (std::size_t b = entries[k]; b < buckets.size(); b += fragments()) {
         const std::size_t n = buckets[b].numel();
         device_.fill_zero(in_flight_[b].data(), in_flight_[b].size() * sizeof(float));
@@ -161,6 +193,8 @@ class sync_stage {
                                n * sizeof(float));
       }
     }
+    anchored_ = f.has("sync/anchor/0");
+    if (!anchored_) return;
     for (std::size_t b = 0; b < anchor_.size(); ++b) {
       const std::size_t n = buckets[b].numel(), padded = buckets[b].padded();
       device_.copy_from_host(anchor_[b].data(), f.array<float>("sync/anchor/" + std::to_string(b), n).data(),
@@ -169,14 +203,14 @@ class sync_stage {
       for (std::size_t k = 0; k < slots(); ++k)
         device_.copy_from_host(outer_state_[b].data() + k * padded, state.data() + k * n, n * sizeof(float));
     }
-    anchored_ = true;
   }
 
  private:
   struct pending_fragment {
     std::size_t fragment = 0;
     std::uint64_t apply_at = 0;    // the step after whose update it is applied
-    std::vector<work_type> works;  // Delay >= 1: the reductions in flight (none after a load)
+    std::vector<work_type> works;  // Delay >= 1: the hook's collectives in flight (none after a load)
+    bool finished = false;         // the averaged pseudo-gradient is in place (the hook finished)
   };
 
   std::size_t slots() const noexcept { return static_cast<std::size_t>(std::max(schedule_.outer_state_slots(), 0)); }
@@ -222,21 +256,25 @@ class sync_stage {
       bk.unpack_values(bk.gradient_memory());
       finish(bk);
     }
+    synced_ = true;
   }
 
+  // Every bucket's outer step; under streaming each fragment counts its own (bucket b: b % F).
   void outer_step(std::span<bucket_type> buckets) {
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       values_minus_anchor(buckets[b], b, buckets[b].gradient_memory());
       buckets[b].reduce_outside_step(/*through_hook=*/true);
     }
     complete(buckets, 0, 1);
-    const std::uint64_t outer_step = ++outer_steps_[0];
+    const std::size_t counts = outer_steps_.size();
+    for (auto& count : outer_steps_) ++count;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto& bk = buckets[b];
-      step_anchor(b, bk.gradient_memory(), bk.padded(), outer_step);
+      step_anchor(b, bk.gradient_memory(), bk.padded(), outer_steps_[b % counts]);
       bk.unpack_values(anchor_[b].data());
       finish(bk);
     }
+    synced_ = true;
   }
 
   // `averaged`: the ranks' mean of local - anchor; negated in place, it steps the anchor.
@@ -262,8 +300,8 @@ class sync_stage {
     if (const auto f = schedule_.fragment_due(step)) launch(*f, step, buckets);
     while (!pending_.empty() && pending_.front().apply_at == step) {
       try {
-        if (const auto failed = wait_quietly(pending_.front())) std::rethrow_exception(failed);
         if (schedule_.delay() == 0) complete(buckets, pending_.front().fragment, fragments());
+        else finish_fragment(pending_.front(), buckets);
       } catch (...) {  // the fragment's sync is skipped; the step's update stands
         pending_.erase(pending_.begin());
         throw;
@@ -273,7 +311,7 @@ class sync_stage {
     }
   }
   void launch(std::size_t f, std::uint64_t step, std::span<bucket_type> buckets) {
-    pending_fragment p{f, step + schedule_.delay(), {}};
+    pending_fragment p{f, step + schedule_.delay(), {}, false};
     for (std::size_t b = f; b < buckets.size(); b += fragments()) {
       auto& bk = buckets[b];
       if (schedule_.delay() == 0) {  // through the hook, in the bucket's gradient memory
@@ -282,12 +320,20 @@ class sync_stage {
       } else {  // in flight across inner steps, which use the bucket's memory: in memory of its own
         float* d = in_flight_[b].data();
         values_minus_anchor(bk, b, d);
-        const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(b));
-        p.works.push_back(comm_.all_reduce(const_buffer{d, bk.padded(), dtype::f32},
-                                           mutable_buffer{d, bk.padded(), dtype::f32}, reduce_op::avg));
+        for (auto& w : bk.reduce_held(d, step)) p.works.push_back(std::move(w));
       }
     }
     pending_.push_back(std::move(p));
+  }
+  // Phase one of a fragment's sync (Delay >= 1): its collectives completed (a failure thrown),
+  // then the hook's finish over its memory, as of the step it began in.
+  void finish_fragment(pending_fragment& p, std::span<bucket_type> buckets) {
+    if (p.finished) return;
+    if (const auto failed = wait_quietly(p)) std::rethrow_exception(failed);
+    for (std::size_t b = p.fragment; b < buckets.size(); b += fragments())
+      buckets[b].finish_held(in_flight_[b].data(), p.apply_at - schedule_.delay());
+    if constexpr (stream_ordered_work<work_type>) device_.synchronize();
+    p.finished = true;
   }
   // Waits for every reduction of `p` (after a failure too, so that none is left in flight) and,
   // on a stream backend, reads their failures back; returns the first failure.
@@ -355,6 +401,7 @@ class sync_stage {
   std::vector<std::uint64_t> outer_steps_ = {0};          // outer steps taken, per fragment
   std::vector<pending_fragment> pending_;                 // fragments reducing, in launch order
   bool anchored_ = false;                                 // the anchor holds the parameters of a step
+  bool synced_ = true;  // every rank holds the same parameters (every step since the last whole sync reduced)
 };
 
 }  // namespace ddp::detail

@@ -279,6 +279,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     const std::size_t own = files.size() == 1 || rank >= files.size() ? 0 : rank;
     continue_from(detail::load_files(core(), files, own, position(), sampler_recuts, problem,
                                      "the state the ranks that remain handed over"));
+    if (rank >= handed->size()) core().checkpoint_state("join").start_from_anchor();  // a rank that joins
   }
   void leave_state() noexcept {
     std::any state;  // none when it cannot be written (a step failed after its update began): the

@@ -149,6 +149,12 @@ class trainer_core {
     sync_part().synchronize(sync_context_);
   }
 
+  // The sync schedule's pending sync now: every rank leaves with the same parameters (sync_stage.hpp).
+  void sync_now() {
+    between_steps("sync_now");
+    guard_.run("sync_now", [&] { sync_.sync_now(reducer_.buckets()); masters_.round_into_module(); });
+  }
+
   // A reduced evaluation over a whole data set, every sample counted once at any world size
   // (trainer/evaluation.hpp). Collective.
   template <class Loader, class F>
