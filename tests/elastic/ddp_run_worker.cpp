@@ -88,6 +88,15 @@ options parse(int argc, char** argv) {
   return o;
 }
 
+// The samples each step took, one file per membership and rank, appended to.
+std::FILE* open_samples_log(const std::string& out, int membership, int rank) {
+  std::filesystem::create_directories(out);
+  const auto path = std::filesystem::path(out) / ("samples-" + std::to_string(membership) + "-" + std::to_string(rank));
+  std::FILE* log = std::fopen(path.c_str(), "a");
+  if (!log) throw std::runtime_error("cannot write " + path.string());
+  return log;
+}
+
 template <class Update, class Optimizer>
 void train(ddp::mpi::communicator& comm, const options& o, Optimizer opt) {
   const int membership = ddp::run::agent::current() ? ddp::run::agent::current()->membership() : 0;
@@ -98,11 +107,7 @@ void train(ddp::mpi::communicator& comm, const options& o, Optimizer opt) {
       trainer(model, comm, dev, opt, {.seed = 4});
   const test::indexed_rows data(96);
   ddp::data::loader loader(data, 3, &test::indexed_rows::collate);  // 8 shards of 3: 24 samples, 4 steps an epoch
-  std::filesystem::create_directories(o.out);
-  const auto log_path = std::filesystem::path(o.out) /
-                        ("samples-" + std::to_string(membership) + "-" + std::to_string(comm.rank()));
-  std::FILE* log = std::fopen(log_path.c_str(), "a");
-  if (!log) throw std::runtime_error("cannot write " + log_path.string());
+  std::FILE* log = open_samples_log(o.out, membership, comm.rank());
   while (trainer.epochs_started() < o.epochs) {
     const std::uint64_t epoch = trainer.epochs_started();
     for (const auto& shards : trainer.epoch_shards(loader)) {
@@ -158,11 +163,7 @@ void train_diloco(ddp::mpi::communicator& comm, const options& o) {
       trainer(model, comm, dev, ddp::optim::adamw{.lr = 0.01f}, {.seed = 4});
   const test::indexed_rows data(96);
   ddp::data::loader loader(data, 3, &test::indexed_rows::collate);
-  std::filesystem::create_directories(o.out);
-  const auto log_path = std::filesystem::path(o.out) /
-                        ("samples-" + std::to_string(membership) + "-" + std::to_string(comm.rank()));
-  std::FILE* log = std::fopen(log_path.c_str(), "a");
-  if (!log) throw std::runtime_error("cannot write " + log_path.string());
+  std::FILE* log = open_samples_log(o.out, membership, comm.rank());
   while (trainer.epochs_started() < o.epochs) {
     const std::uint64_t epoch = trainer.epochs_started();
     for (const auto& b : trainer.epoch(loader)) {
