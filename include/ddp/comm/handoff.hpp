@@ -175,10 +175,6 @@ class handoff {
     }
     throw regroup(steps, joining);
   }
-  // Throws regroup where the membership ends for ranks to join.
-  void step_begins(std::uint64_t steps) {
-    if (const int joining = joining_at(steps)) regroup_at(steps, joining);
-  }
   // When the first trainer reached the boundary where the membership ended for ranks to join.
   std::optional<std::chrono::steady_clock::time_point> regrouped_at() const {
     std::lock_guard lock(mutex_);

@@ -24,10 +24,11 @@
 // templates over the bucket_io they are given: the trainer gives a bucket_io_on<Device>.
 // A hook that does the same device work and collectives every step, and reads nothing on the
 // host, may declare `static constexpr bool capturable = true;`: a step captured into a CUDA graph
-// (ddp::cuda::step_graph) may then hold it. A hook that leaves the gradients to the update
-// policy's own collective, unchanged (the bits of none), may declare `static constexpr bool
-// plain = true;`: it is then accepted where none is (under reduction::invariant) and goes
-// unnamed where the trainer describes itself, as none does.
+// (ddp::cuda::step_graph) may then hold it. A hook that leaves the gradients to the trainer's own
+// collective (it calls bucket_io::reduce_gradients(), which also carries the control floats:
+// the bits of none) may declare `static constexpr bool plain = true;`: it is then accepted where
+// none is (under reduction::invariant) and goes unnamed where the trainer describes itself, as
+// none does. A hook that declares plain and reduces the last bucket otherwise is an error.
 #include <concepts>
 #include <cstddef>
 #include <cstdint>

@@ -161,9 +161,11 @@ class bucket final {
 
   // Gradients into bucket memory, the control floats after them, then their reduction as the
   // memory plan says; the control floats (the last bucket's) go as `route` says, decided by the
-  // reducer's control channel before the hook runs.
-  void launch(std::span<const float> control, control_route route) {
+  // reducer's control channel before the hook runs. `plain_hook`: the hook declares plain, so it
+  // must take control floats routed with the gradients.
+  void launch(std::span<const float> control, control_route route, bool plain_hook) {
     control_route_ = route;
+    plain_hook_ = plain_hook;
     gather_gradients(grads_.data());
     if (!control.empty())
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
@@ -324,20 +326,22 @@ class bucket final {
   }
 
   // The gradients' reduction: all of them (all_reduce) or this rank's shard (reduce_scatter),
-  // through the hook; then the control floats in f32 when they go after the gradients. When they
-  // go with them, the plain hook's reduce_gradients carried them.
+  // through the hook; then the control floats in f32 when they go after the gradients, or when
+  // they were offered to the gradients' all_reduce and the hook reduced the gradients otherwise
+  // (every rank runs the same hook: it decides alike). A plain hook must take them.
   void start_reduction(bool scatter, comm::purpose what = comm::purpose::gradients) {
     const comm::tag_scope tag(what, static_cast<std::int32_t>(index()));
     scatters_ = scatter;
     hook_view io(*this);
     hook_->reduce(io);
     if (!shape_.control) return;
-    if (control_route_ == control_route::with_gradients && !io.carried_control)
+    const bool carried = control_route_ == control_route::with_gradients && io.carried_control;
+    if (control_route_ == control_route::with_gradients && !carried && plain_hook_)
       throw collective_error("comm_hook", "reduce", comm_->rank(),  // on every rank alike
                   "comm hook '" + std::string(hook_->name()) + "' declares `plain` (it leaves the gradients to "
                   "the plain all_reduce), but did not call bucket_io::reduce_gradients() for bucket " +
                       std::to_string(index()) + ": call it, or drop `plain` from the hook");
-    if (control_route_ == control_route::after_gradients) {
+    if (control_route_ == control_route::after_gradients || (control_route_ == control_route::with_gradients && !carried)) {
       float* c = grads_.data() + padded();
       works_.start_control(comm_->all_reduce(const_buffer{c, shape_.control, dtype::f32},
                                              mutable_buffer{c, shape_.control, dtype::f32}, reduce_op::avg));
@@ -376,6 +380,7 @@ class bucket final {
   bool plain_sync_ = false;            // a sync reduced in f32 without the hook
   bool scatters_ = false;              // this step's reduction is the update policy's reduce_scatter
   control_route control_route_ = control_route::with_gradients;  // this step's control floats (the last bucket)
+  bool plain_hook_ = false;            // the hook declares plain: it takes control floats routed with the gradients
 };
 
 }  // namespace ddp::detail

@@ -1,12 +1,13 @@
 #pragma once
 // The control floats of a step: this rank's micro-batch count, then the unused-parameter policy's
 // floats, averaged over the ranks so that every rank reads the same and decides alike. How they
-// travel is decided here, before the last bucket's hook runs (control_route): in the last
-// bucket's gradient all_reduce when the hook is plain and the gradients are all-reduced in f32
-// (one collective), else in an all_reduce of their own after the bucket's; and when the update
-// overlaps the reductions and there are buckets to update while the last reduces, in a
-// collective of their own issued just before the last bucket's gradients, so that the step's
-// verdict is known while that bucket still reduces.
+// travel is decided here, before the last bucket's hook runs (control_route): offered to the
+// last bucket's gradient all_reduce when the gradients are all-reduced in f32 (one collective,
+// when the hook calls bucket_io::reduce_gradients, as a plain hook must; a hook that reduces them
+// otherwise leaves them to an all_reduce of their own after its collectives), else after the
+// bucket's collectives; and when the update overlaps the reductions and there are buckets to
+// update while the last reduces, in a collective of their own issued just before the last
+// bucket's gradients, so that the step's verdict is known while that bucket still reduces.
 #include <cmath>
 #include <cstddef>
 #include <optional>
@@ -39,11 +40,11 @@ class control_channel {
 
   // How the control floats go: on their own first when the update overlaps the reductions and
   // there are buckets before the last to update while it reduces (and there are floats to send:
-  // a captured step sends none); with the gradients when a plain hook all-reduces them in f32
-  // (`plain_all_reduce`: no reduce_scatter, no exact sum); else after them.
-  static control_route route(bool sends, bool overlaps_update, std::size_t buckets, bool plain_all_reduce) noexcept {
+  // a captured step sends none); with the gradients when they are all-reduced in f32
+  // (`f32_all_reduce`: no reduce_scatter, no exact sum); else after them.
+  static control_route route(bool sends, bool overlaps_update, std::size_t buckets, bool f32_all_reduce) noexcept {
     if (sends && overlaps_update && buckets > 1) return control_route::own_first;
-    return plain_all_reduce ? control_route::with_gradients : control_route::after_gradients;
+    return f32_all_reduce ? control_route::with_gradients : control_route::after_gradients;
   }
 
   // The control floats averaged in a collective of their own, ahead of the last bucket's.

@@ -338,13 +338,17 @@ class gradient_reducer final : bucket_completion {
     }
     if (local_) {
       bk.launch_local(control);
-    } else {  // with one bucket nothing could be updated while it reduces: the control floats stay in it
-      const bool plain_all_reduce =
-          w_.hook.plain() && !w_.update.memory().scatters_gradients() && !w_.reduction.virtual_shards();
-      const auto route = control_channel<Comm, Device>::route(!control.empty(), overlaps_update_, buckets_.size(),
-                                                              plain_all_reduce);
+    } else {
+      const bool f32_all_reduce = !w_.update.memory().scatters_gradients() && !w_.reduction.virtual_shards();
+      const auto route =
+          control_channel<Comm, Device>::route(!control.empty(), overlaps_update_, buckets_.size(), f32_all_reduce);
       if (route == control_route::own_first) control_.send(control);
-      bk.launch(route == control_route::own_first ? std::span<const float>() : control, route);
+      try {
+        bk.launch(route == control_route::own_first ? std::span<const float>() : control, route, w_.hook.plain());
+      } catch (...) {
+        drain();  // the buckets before it still reduce into memory the module holds
+        throw;
+      }
     }
     w_.observer.launched(b, buckets_.size(), began, w_.steps);
     if (b + 1 == buckets_.size()) usage_.set_all_buckets_sent(true);
