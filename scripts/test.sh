@@ -55,8 +55,12 @@ if [ "${DDP_SANITIZERS:-1}" != 0 ]; then
     stage "$preset build"
     for suite in "${suites[@]}"; do
       echo "== $suite under $preset"
+      # Left out: the two GPT cases whose size is their point (the 10.8M model's peak memory at
+      # world 4, 200 steps of learning): 50 s under ThreadSanitizer. Their in-process ranks run
+      # the code that the smaller GPT, fully_sharded and equivalence cases run here.
       ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-        TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "build-$preset/tests/$suite" --minimal
+        TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" "build-$preset/tests/$suite" --minimal \
+        --test-case-exclude="ddp::nn::gpt at nanoGPT*,ddp::nn::gpt learns*"
     done
     stage "$preset run"
   done

@@ -22,11 +22,8 @@
 
 #include "ddp/comm/checked_communicator.hpp"
 #include "ddp/comm/flight_recorder.hpp"
-#include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "support/mismatch.hpp"
-#include "support/on_ranks.hpp"
-#include "trainer/test_model.hpp"
 #include "why/verdict.hpp"
 
 namespace flight_recorder_test {
@@ -255,98 +252,6 @@ TEST_CASE("ddp-why: a missing dump is named with its last collective as the othe
   REQUIRE(v.unreadable.size() == 1);
   CHECK(contains(v.unreadable[0], "mpi.rank2.jsonl"));
   fs::remove_all(dir);
-}
-
-namespace {
-
-using unused_choice = ddp::unused_params::one_of<ddp::unused_params::forbid, ddp::unused_params::detect_each_step,
-                                                 ddp::unused_params::static_graph>;
-using sync_choice = ddp::buffer_sync::one_of<ddp::buffer_sync::broadcast_once_per_step, ddp::buffer_sync::none>;
-
-template <class Trainer>
-void train_step(Trainer& trainer, int rank, int step) {
-  const auto b = test::make_batch(6, 20 + static_cast<std::uint64_t>(10 * step + rank));
-  trainer.step([&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); });
-}
-
-// Every rank's error, without its "ddp[trainer] <operation> on rank r: " prefix, is the same.
-std::string same_detail(const test::ranks_outcome& o, const std::string& operation) {
-  std::string first;
-  for (std::size_t r = 0; r < o.errors.size(); ++r) {
-    const std::string prefix = "ddp[trainer] " + operation + " on rank " + std::to_string(r) + ": ";
-    CAPTURE(o.errors[r]);
-    CHECK(o.errors[r].rfind(prefix, 0) == 0);
-    const std::string detail = o.errors[r].substr(std::min(prefix.size(), o.errors[r].size()));
-    if (r == 0) first = detail;
-    CHECK(detail == first);
-  }
-  return first;
-}
-
-}  // namespace
-
-TEST_CASE("policy agreement: one_of choices that differ per rank are one error on every rank, naming each slot and side") {
-  const auto o = test::on_ranks(3, [](ddp::inproc::communicator& comm) {
-    test::branchy model(5);
-    ddp::host::device dev;
-    ddp::trainer<test::branchy, unused_choice, sync_choice> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
-    trainer.policy<ddp::unused_params::slot>().select(comm.rank() == 1 ? "static_graph" : "forbid");
-    trainer.policy<ddp::buffer_sync::slot>().select(comm.rank() == 2 ? "none" : "broadcast_once_per_step");
-    train_step(trainer, comm.rank(), 0);
-  });
-  REQUIRE(o.all_threw());
-  const auto detail = same_detail(o, "step");
-  CHECK(test::first_line(detail) ==
-        "ranks run different policies in slot buffer_sync: ranks 0, 1 run 'broadcast_once_per_step'; rank 2 runs 'none'");
-  CHECK(test::contains(detail, "\n  and in slot unused_params: ranks 0, 2 run 'forbid'; rank 1 runs 'static_graph'\n"));
-  CHECK(test::contains(detail, "select a one_of's policy alike on every rank, before the same step"));
-}
-
-TEST_CASE("policy agreement: a select() between steps is agreed on at the next step, alike or not") {
-  // Every rank selects alike: training goes on. Then rank 0 selects another policy than the others.
-  std::vector<std::vector<float>> before(3), after(3);
-  const auto o = test::on_ranks(3, [&](ddp::inproc::communicator& comm) {
-    const auto r = static_cast<std::size_t>(comm.rank());
-    test::branchy model(5);
-    ddp::host::device dev;
-    ddp::trainer<test::branchy, unused_choice> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
-    train_step(trainer, comm.rank(), 0);
-    trainer.policy<ddp::unused_params::slot>().select("detect_each_step");
-    train_step(trainer, comm.rank(), 1);
-    trainer.policy<ddp::unused_params::slot>().select(comm.rank() == 0 ? "static_graph" : "forbid");
-    before[r] = test::parameter_values(model)[0];
-    try {
-      train_step(trainer, comm.rank(), 2);
-    } catch (...) {
-      after[r] = test::parameter_values(model)[0];
-      throw;
-    }
-  });
-  REQUIRE(o.all_threw());
-  CHECK(test::first_line(same_detail(o, "step")) ==
-        "ranks run different policies in slot unused_params: rank 0 runs 'static_graph'; ranks 1, 2 run 'forbid'");
-  for (std::size_t r = 0; r < 3; ++r) CHECK(after[r] == before[r]);  // the step did not begin
-}
-
-TEST_CASE("policy agreement: trainers of different policy lists (forbid against static_graph) are refused at construction") {
-  // Without the agreement, the first step's reduction would differ in size (forbid sends more
-  // control floats), a mismatch that names no policy. (As one_of choices they issue the same
-  // collectives: the first case.)
-  const auto o = test::on_ranks(3, [](ddp::inproc::communicator& comm) {
-    test::branchy model(5);
-    ddp::host::device dev;
-    auto build = [&]<class Unused>() {
-      ddp::trainer<test::branchy, Unused> trainer(model, comm, dev, ddp::optim::sgd{.lr = 0.05f});
-      train_step(trainer, comm.rank(), 0);
-    };
-    if (comm.rank() == 1) build.template operator()<ddp::unused_params::static_graph>();
-    else build.template operator()<ddp::unused_params::forbid>();
-  });
-  REQUIRE(o.all_threw());
-  const auto detail = same_detail(o, "construct");
-  CHECK(test::first_line(detail) ==
-        "ranks run different policies in slot unused_params: ranks 0, 2 run 'forbid'; rank 1 runs 'static_graph'");
-  CHECK(test::contains(detail, "build every rank's trainer with the same policy list"));
 }
 
 TEST_CASE("checking mode: a rank that agrees on its policies where the others reduce gradients is said to have selected alone") {

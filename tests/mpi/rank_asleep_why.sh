@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# A rank asleep inside a step on MPI processes (rank_asleep.cpp), poked with SIGUSR1 as a user pokes
+# A rank asleep inside a step on MPI processes (rank_faults.cpp asleep), poked with SIGUSR1 as a user pokes
 # a job that hangs (sent to mpirun, which passes it to every process of the job): every process
 # dumps its flight recorder while the job goes on waiting, and
 # ddp-why names rank 1 as the rank that never issued the collective the others wait in. Then rank 1
 # wakes and the job ends normally.
-#   tests/mpi/rank_asleep_why.sh <ddp-why> <mpirun and its arguments...> <ddp_mpi_rank_asleep>
+#   tests/mpi/rank_asleep_why.sh <ddp-why> <mpirun and its arguments...> <ddp_mpi_rank_faults> asleep
 set -uo pipefail
 why=$1
 shift

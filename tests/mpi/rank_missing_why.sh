@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A rank that never joins a collective (rank_missing.cpp) on MPI processes: the watchdog ends the
+# A rank that never joins a collective (rank_faults.cpp missing) on MPI processes: the watchdog ends the
 # job, and every rank's flight recorder has dumped first (the asleep rank when the others' roll
 # call reached it); ddp-why names rank 1 as the rank that never issued collective #1.
-#   tests/mpi/rank_missing_why.sh <ddp-why> <mpirun and its arguments...> <ddp_mpi_rank_missing>
+#   tests/mpi/rank_missing_why.sh <ddp-why> <mpirun and its arguments...> <ddp_mpi_rank_faults> missing
 set -uo pipefail
 why=$1
 shift
