@@ -85,6 +85,8 @@ function(ddp_add_header_check name)
   add_library(${name} OBJECT ${sources})
   target_link_libraries(${name} PRIVATE ${libs})
   target_compile_options(${name} PRIVATE ${DDP_WARNINGS})
+  # Read, not compiled into code: nothing links these units (cmake/syntax_only.sh).
+  set_target_properties(${name} PROPERTIES CXX_COMPILER_LAUNCHER ${PROJECT_SOURCE_DIR}/cmake/syntax_only.sh)
 
   # The kernel headers (.cuh), each on its own through nvcc; part of the ddp_gpu target.
   if(TARGET ddp::cuda)
