@@ -15,5 +15,6 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
+[ -z "$out" ] || mkdir -p "$(dirname "$out")"  # beside it, the dependency file the compiler writes
 "${args[@]}" -fsyntax-only
 [ -z "$out" ] || : > "$out"
