@@ -20,9 +20,14 @@
 namespace {
 
 void print_banner(const char_gpt::config& c) {
-  std::printf("ddp char_gpt: %d rank(s) x %zu sequences of %zu bytes on %s, %zu steps, %s lr %.3g (warm-up %zu, "
+  // The batch as given: --global-batch over all ranks, or --batch per rank.
+  const std::string batch = c.global_batch ? std::to_string(c.global_batch) + " sequences a step over " +
+                                                 std::to_string(c.ranks) + " rank(s)"
+                                           : std::to_string(c.ranks) + " rank(s) x " + std::to_string(c.batch) +
+                                                 " sequences";
+  std::printf("ddp char_gpt: %s of %zu bytes on %s, %zu steps, %s lr %.3g (warm-up %zu, "
               "cosine to %.3g), %zu layers, %zu heads, width %zu, seed %llu\n",
-              c.ranks, c.batch, c.context, c.backend.c_str(), c.steps, c.optimizer.c_str(), c.lr, c.warmup, c.min_lr,
+              batch.c_str(), c.context, c.backend.c_str(), c.steps, c.optimizer.c_str(), c.lr, c.warmup, c.min_lr,
               c.layers, c.heads, c.width, static_cast<unsigned long long>(c.seed));
   if (const auto w = ddp::nn::blas::kernel_warning()) {
     std::fflush(stdout);
