@@ -84,7 +84,7 @@ class gradient_reducer final : bucket_completion {
     agree_or_throw(comm, dev, problem, "construct",
                    "the bucket plan or the update policy's layout cannot be used; the trainer was not built");
     buckets_.reserve(shapes.size());
-    for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[shape.index]);
+    for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, shape, plan.buckets[shape.index]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i];
       p.slot = plan.slots[i];
@@ -321,7 +321,7 @@ class gradient_reducer final : bucket_completion {
   // The bucket's reduction completes; its full gradients go back to the pool when the policy keeps
   // only the shard.
   void complete(bucket_type& bk) {
-    bk.complete_reduction();
+    bk.complete_reduction(w_.steps);
     gradients_.release(bk);
   }
 
@@ -344,7 +344,7 @@ class gradient_reducer final : bucket_completion {
           control_channel<Comm, Device>::route(!control.empty(), overlaps_update_, buckets_.size(), f32_all_reduce);
       if (route == control_route::own_first) control_.send(control);
       try {
-        bk.launch(route == control_route::own_first ? std::span<const float>() : control, route, w_.hook.plain());
+        bk.launch(route == control_route::own_first ? std::span<const float>() : control, route, w_.hook.plain(), w_.steps);
       } catch (...) {
         drain();  // the buckets before it still reduce into memory the module holds
         throw;

@@ -95,21 +95,21 @@ class sync_stage {
     if (local_step(step)) synced_ = false;
     if (schedule_.fragments()) return stream(step, buckets);
     const auto action = schedule_.after_update(step);
-    if (action == sync_schedule::action::average_parameters) average(buckets);
-    else if (action == sync_schedule::action::outer_step) outer_step(buckets);
+    if (action == sync_schedule::action::average_parameters) average(step, buckets);
+    else if (action == sync_schedule::action::outer_step) outer_step(step, buckets);
   }
 
   // The period's sync now, whole (local SGD's average, or every fragment's outer step without
   // mixing), unless the ranks hold the same parameters already. Collective then, between steps.
-  void sync_now(std::span<bucket_type> buckets) {
+  void sync_now(std::uint64_t step, std::span<bucket_type> buckets) {
     if (synced_ || schedule_.every_step()) return;
-    if (!keeps_anchor()) return average(buckets);
+    if (!keeps_anchor()) return average(step, buckets);
     make_stream_memory(buckets);
     for (auto& in_flight = fragments_.in_flight(); !in_flight.empty(); fragments_.pop_front()) {
       finish_fragment(in_flight.front(), buckets);  // the hook's finish runs (its state)
       apply(in_flight.front(), buckets);
     }
-    outer_step(buckets);
+    outer_step(step, buckets);
   }
 
   // A rank that joins a run, after it took a peer's state: its parameters become the anchor, so
@@ -206,8 +206,8 @@ class sync_stage {
 
   // Phase one: the reductions started on buckets first, first + stride, ... complete, and on a
   // stream backend the host learns whether they failed.
-  void complete(std::span<bucket_type> buckets, std::size_t first, std::size_t stride) {
-    for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].complete_reduction();
+  void complete(std::uint64_t step, std::span<bucket_type> buckets, std::size_t first, std::size_t stride) {
+    for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].complete_reduction(step);
     if constexpr (stream_ordered_work<work_type>) {
       device_.synchronize();
       for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].rethrow_failures();
@@ -219,12 +219,12 @@ class sync_stage {
     bk.zero_gradients();
   }
 
-  void average(std::span<bucket_type> buckets) {
+  void average(std::uint64_t step, std::span<bucket_type> buckets) {
     for (auto& bk : buckets) {
       bk.pack_values(bk.gradient_memory());
-      bk.reduce_outside_step(/*through_hook=*/false);
+      bk.reduce_outside_step(/*through_hook=*/false, step);
     }
-    complete(buckets, 0, 1);
+    complete(step, buckets, 0, 1);
     for (auto& bk : buckets) {
       bk.unpack_values(bk.gradient_memory());
       finish(bk);
@@ -233,12 +233,12 @@ class sync_stage {
   }
 
   // Every bucket's outer step; under streaming each fragment counts its own (bucket b: b % F).
-  void outer_step(std::span<bucket_type> buckets) {
+  void outer_step(std::uint64_t step, std::span<bucket_type> buckets) {
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       values_minus_anchor(buckets[b], b, buckets[b].gradient_memory());
-      buckets[b].reduce_outside_step(/*through_hook=*/true);
+      buckets[b].reduce_outside_step(/*through_hook=*/true, step);
     }
-    complete(buckets, 0, 1);
+    complete(step, buckets, 0, 1);
     const std::size_t counts = outer_steps_.size();
     for (auto& count : outer_steps_) ++count;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -273,7 +273,7 @@ class sync_stage {
     if (const auto f = schedule_.fragment_due(step)) launch(*f, step, buckets);
     for (auto& in_flight = fragments_.in_flight(); !in_flight.empty() && in_flight.front().apply_at == step;) {
       try {
-        if (schedule_.delay() == 0) complete(buckets, in_flight.front().fragment, fragments());
+        if (schedule_.delay() == 0) complete(step, buckets, in_flight.front().fragment, fragments());
         else finish_fragment(in_flight.front(), buckets);
       } catch (...) {  // the fragment's sync is skipped; the step's update stands
         fragments_.pop_front();
@@ -289,7 +289,7 @@ class sync_stage {
       auto& bk = buckets[b];
       if (schedule_.delay() == 0) {  // through the hook, in the bucket's gradient memory
         values_minus_anchor(bk, b, bk.gradient_memory());
-        bk.reduce_outside_step(/*through_hook=*/true);
+        bk.reduce_outside_step(/*through_hook=*/true, step);
       } else {  // in flight across inner steps, which use the bucket's memory: in memory of its own
         float* d = fragments_.memory(b);
         values_minus_anchor(bk, b, d);

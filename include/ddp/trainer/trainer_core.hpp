@@ -152,7 +152,7 @@ class trainer_core {
   // The sync schedule's pending sync now: every rank leaves with the same parameters (sync_stage.hpp).
   void sync_now() {
     between_steps("sync_now");
-    guard_.run("sync_now", [&] { sync_.sync_now(reducer_.buckets()); masters_.round_into_module(); });
+    guard_.run("sync_now", [&] { sync_.sync_now(steps(), reducer_.buckets()); masters_.round_into_module(); });
   }
 
   // A reduced evaluation over a whole data set, every sample counted once at any world size
