@@ -2,7 +2,8 @@
 // ddp::trainer_core<Module, Comm, Device>: the step's orchestration, compiled once per module,
 // communicator and device whatever the policies (their parts: trainer/parts.hpp, by slot in
 // trainer/slots.hpp). The state lives in the components the core owns (docs/design.md):
-// parameter_table, master_weights, buffer_set, gradient_reducer, update_stage, step_observer.
+// run_counts, parameter_table, master_weights, buffer_set, gradient_reducer, update_stage,
+// sync_stage, step_observer.
 //
 //   step(): [buffer sync] -> forward(s) -> backward -> ready reports -> reducer launches buckets
 //           -> reduce -> unused-parameter rule -> update stage -> [gather] -> masters rounded
