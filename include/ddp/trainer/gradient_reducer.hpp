@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/concepts/communicator.hpp"
@@ -68,12 +69,13 @@ class gradient_reducer final : bucket_completion {
   };
 
   // Places every parameter of `params` in its bucket (its grad, and value when bound, now point
-  // into bucket memory).
-  gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w)
+  // into bucket memory). `place`: how the residencies point the module's tensors at memory.
+  gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w,
+                   module_placement place = {})
       : comm_(comm), device_(dev), params_(params), w_(w), usage_(comm, dev, params, w.unused_params), pool_(dev),
         control_(comm, dev),
-        gradients_(params, pool_, w.update, comm.rank()),
-        parameters_(dev, params, buckets_, pool_, w.update, comm.rank()),
+        gradients_(params, pool_, w.update, comm.rank(), std::move(place.gradient)),
+        parameters_(dev, params, buckets_, pool_, w.update, comm.rank(), std::move(place.parameter)),
         hooks_(params, buckets_, gradients_, parameters_) {
     // Checked on every rank before any bucket is made; a fault on one rank is an error on all.
     std::vector<bucket_shape> shapes;
