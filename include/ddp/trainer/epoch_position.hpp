@@ -4,7 +4,8 @@
 // world size). A checkpoint or a hand-over saves it (run_position) and a load continues from
 // it: the next epoch then skips the batches taken before, or, when it was taken at another world
 // size or batch size, is re-cut from what the epoch's order has left (the trainer asks which).
-// The trainer keeps the loader-facing templates; the counts it passes in are the core's.
+// The trainer keeps the loader-facing templates; the counts it passes in are the core's
+// (run_counts, step_counts.hpp).
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "ddp/core/compiled_runtime.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/trainer/checkpoint.hpp"
+#include "ddp/trainer/step_counts.hpp"
 
 namespace ddp::detail {
 
@@ -32,14 +34,17 @@ class epoch_position {
   std::uint64_t epochs_started() const noexcept { return epoch_; }
   // The epoch that begins now; the next one after it.
   std::uint64_t next_epoch() noexcept { return epoch_++; }
-  // The position count at `steps` steps and `micro_batches` micro-batches run.
-  std::uint64_t count(std::uint64_t steps, std::uint64_t micro_batches) const noexcept {
-    return in_shard_steps_ ? steps : micro_batches;
+  // The position count at `counts`: micro-batches run, or steps in an epoch of epoch_shards();
+  // the same at the end of the last completed step.
+  std::uint64_t count(const run_counts& counts) const noexcept {
+    return in_shard_steps_ ? counts.steps() : counts.micro_batches_run();
+  }
+  std::uint64_t completed_count(const run_counts& counts) const noexcept {
+    return in_shard_steps_ ? counts.steps() : counts.micro_batches_completed();
   }
 
   // The run continues where `saved` was (a load or a hand-over), in a world of `world` ranks.
-  DDP_RUNTIME_INLINE void continue_from(const run_position& saved, int world, std::uint64_t steps,
-                                        std::uint64_t micro_batches);
+  DDP_RUNTIME_INLINE void continue_from(const run_position& saved, int world, const run_counts& counts);
   // The position at `count`, for a checkpoint: `policies` is the trainer's line of them.
   DDP_RUNTIME_INLINE run_position at(std::uint64_t count, std::string policies, int world) const;
 
@@ -58,7 +63,7 @@ class epoch_position {
   DDP_RUNTIME_INLINE std::uint64_t recut_offset(const epoch_cut& taken, std::size_t batch_size) noexcept;
   // The epoch's batches are made: from epoch_shards() or not, re-cut or not, `length` of them
   // when the loader's range says.
-  DDP_RUNTIME_INLINE void started(bool shard_steps, bool recut, std::uint64_t steps, std::uint64_t micro_batches,
+  DDP_RUNTIME_INLINE void started(bool shard_steps, bool recut, const run_counts& counts,
                                   std::optional<std::size_t> length) noexcept;
   // The epoch makes no batch (and none were taken of it before a load).
   bool empty() const noexcept { return epoch_length_ == std::size_t{0} && !resume_skip_; }
@@ -83,8 +88,7 @@ class epoch_position {
 
 #if DDP_RUNTIME_DEFINITIONS
 
-DDP_RUNTIME_INLINE void epoch_position::continue_from(const run_position& saved, int world, std::uint64_t steps,
-                                                      std::uint64_t micro_batches) {
+DDP_RUNTIME_INLINE void epoch_position::continue_from(const run_position& saved, int world, const run_counts& counts) {
   loaded_position_ = saved;
   seed_ = saved.seed;
   epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
@@ -97,7 +101,7 @@ DDP_RUNTIME_INLINE void epoch_position::continue_from(const run_position& saved,
     if (saved.world != world || saved.order_offset != 0) resume_recut_ = resume_cut_;
   }
   in_shard_steps_ = saved.in_shard_steps;
-  epoch_start_ = count(steps, micro_batches);
+  epoch_start_ = count(counts);
   epoch_length_.reset();
 }
 
@@ -140,11 +144,11 @@ DDP_RUNTIME_INLINE std::uint64_t epoch_position::recut_offset(const epoch_cut& t
   return order_offset_;
 }
 
-DDP_RUNTIME_INLINE void epoch_position::started(bool shard_steps, bool recut, std::uint64_t steps,
-                                                std::uint64_t micro_batches, std::optional<std::size_t> length) noexcept {
+DDP_RUNTIME_INLINE void epoch_position::started(bool shard_steps, bool recut, const run_counts& counts,
+                                                std::optional<std::size_t> length) noexcept {
   if (recut) resume_skip_.reset();  // the re-cut shard holds only what was not taken
   in_shard_steps_ = shard_steps;
-  epoch_start_ = count(steps, micro_batches);
+  epoch_start_ = count(counts);
   epoch_length_ = length;
 }
 

@@ -156,8 +156,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                                                            position_.epochs_started())));
     position_.next_epoch();
     position_.start(batch_size);
-    position_.started(/*shard_steps=*/true, /*recut=*/false, this->steps(), this->micro_batches_run(),
-                      streams.front().size());
+    position_.started(/*shard_steps=*/true, /*recut=*/false, this->counts(), streams.front().size());
     if (const auto skip = position_.take_skip())  // the steps taken before the checkpoint, at any world size
       for (auto& stream : streams) detail::skip_taken(stream, static_cast<std::size_t>(*skip), comm.rank());
     return data::shard_steps(std::move(streams));
@@ -225,7 +224,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     last_checkpoint_ = elastic::saved_checkpoint{dir.string(), this->steps()};
   }
   void continue_from(const detail::run_position& saved) {
-    position_.continue_from(saved, this->communicator().size(), this->steps(), this->micro_batches_run());
+    position_.continue_from(saved, this->communicator().size(), this->counts());
   }
 
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
@@ -253,7 +252,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     std::any state;  // none when it cannot be written (a step failed after its update began): the
     try {            // step count and the last checkpoint still go, for a sharded update's fall-back
       detail::checkpoint_file f;
-      position_at(position_.count(this->steps(), this->micro_batches_completed())).write(f, this->communicator().rank());
+      position_at(position_.completed_count(this->counts())).write(f, this->communicator().rank());
       core().handover_state().write(f);
       state = handoff_.encodes_states() ? std::any(elastic::encoded_state{f.encode(), {}}) : std::any(std::move(f));
     } catch (...) {
@@ -273,9 +272,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // Where the run is in its epoch (trainer/epoch_position.hpp): micro-batches taken, or under
   // reduction::invariant steps of epoch_shards(), which are the same at every world size (a
   // checkpoint saved in the middle of an epoch then resumes at another).
-  detail::run_position position() const {
-    return position_at(position_.count(this->steps(), this->micro_batches_run()));
-  }
+  detail::run_position position() const { return position_at(position_.count(this->counts())); }
   detail::run_position position_at(std::uint64_t count) const {
     return position_.at(count, checkpoint_policies(), this->communicator().size());
   }
@@ -309,7 +306,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     }();
     std::optional<std::size_t> length;
     if constexpr (std::ranges::sized_range<decltype(batches)>) length = std::ranges::size(batches);
-    position_.started(/*shard_steps=*/false, recut.has_value(), this->steps(), this->micro_batches_run(), length);
+    position_.started(/*shard_steps=*/false, recut.has_value(), this->counts(), length);
     if (!recut && position_.empty())  // every rank alike: the sampler deals evenly
       throw error("trainer", "epoch", this->communicator().rank(),
                   "the epoch makes no batch: a data set of " + std::to_string(loader.dataset_size()) +

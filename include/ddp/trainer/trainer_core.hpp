@@ -186,10 +186,9 @@ class trainer_core {
   detail::step_observer& observer() noexcept { return observer_; }
   // Parameters the last step left to the optimizer unchanged because no rank used them.
   std::vector<std::string> skipped_parameters() const { return reducer_.usage().skipped_parameters(); }
-  // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch; those
-  // of the steps that completed.
+  // Steps, micro-batches run (accumulate and step calls) and completed (trainer/step_counts.hpp).
+  const detail::run_counts& counts() const noexcept { return counts_; }
   std::uint64_t micro_batches_run() const noexcept { return counts_.micro_batches_run(); }
-  std::uint64_t micro_batches_completed() const noexcept { return counts_.micro_batches_completed(); }
 
   // ---- a step captured into a CUDA graph (ddp::cuda::step_graph) ----------------------------
 
