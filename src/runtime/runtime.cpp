@@ -17,6 +17,7 @@
 #include "ddp/nn/sequence_cross_entropy.hpp"
 #include "ddp/nn/transformer_block.hpp"
 #include "ddp/runtime/inproc.hpp"
+#include "ddp/trainer/epoch_position.hpp"
 
 #ifndef DDP_BUILDING_RUNTIME
 #error "libddp_runtime is built with DDP_BUILDING_RUNTIME defined (CMake target ddp_runtime)"

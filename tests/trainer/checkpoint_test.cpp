@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
@@ -571,6 +573,64 @@ TEST_CASE("a slot declared in a program: the trainer holds its policy, and a che
   });
   CHECK(held[0] == 7);
   fs::remove_all(dir);
+}
+
+}  // namespace trainer_checkpoint_test
+
+namespace trainer_checkpoint_test {
+
+// The run's position in its data (trainer/epoch_position.hpp), as a load leaves it and the next
+// epoch takes it up: at the world and batch size it was saved at, that epoch skips the batches
+// taken; at another world size, or with batches of another size, it is re-cut from the order's
+// rest and skips nothing.
+TEST_CASE("epoch_position: a loaded mid-epoch position is skipped at the same world and batch size, re-cut otherwise") {
+  ddp::detail::run_position saved;
+  saved.policies = "saved";
+  saved.seed = 7;
+  saved.epochs_started = 3;  // the third epoch, 5 batches of 4 taken at world 2
+  saved.batches_in_epoch = 5;
+  saved.epoch_finished = false;
+  saved.world = 2;
+  saved.batch_size = 4;
+  ddp::detail::run_counts counts;  // 10 steps of one micro-batch each
+  for (int s = 0; s < 10; ++s) counts.micro_batch_begins(), counts.step_ends(), counts.step_counted();
+
+  ddp::detail::epoch_position same(0);
+  same.continue_from(saved, /*world=*/2, counts);
+  CHECK(same.seed() == 7);
+  CHECK(same.epochs_started() == 2);  // the interrupted epoch begins again
+  CHECK(same.at(10, "now", 2).policies == "saved");  // until it does, the loaded position stands
+  CHECK(same.at(10, "now", 2).batches_in_epoch == 5);
+  CHECK_FALSE(same.recut(std::size_t{4}));
+  const auto other_batches = same.recut(std::size_t{8});
+  REQUIRE(other_batches);
+  CHECK(other_batches->batches == 10);  // 5 batches on each of 2 ranks
+  same.start(4);
+  CHECK(same.next_epoch() == 2);
+  same.started(/*shard_steps=*/false, /*recut=*/false, counts, /*length=*/20);
+  CHECK(same.take_skip() == std::optional<std::uint64_t>(5));
+  CHECK_FALSE(same.take_skip());
+  counts.micro_batch_begins(), counts.micro_batch_begins();  // two micro-batches after the load
+  const auto later = same.at(same.count(counts), "now", 2);
+  CHECK(later.policies == "now");
+  CHECK(later.epochs_started == 3);
+  CHECK(later.batches_in_epoch == 7);
+  CHECK_FALSE(later.epoch_finished);
+  CHECK(same.completed_count(counts) == 10);  // neither completed a step
+  CHECK(same.at(25, "now", 2).epoch_finished);
+
+  ddp::detail::epoch_position grown(0);
+  grown.continue_from(saved, /*world=*/3, counts);
+  const auto cut = grown.recut(std::nullopt);
+  REQUIRE(cut);
+  CHECK(cut->positions == 0);
+  CHECK(cut->batch_size == 4);
+  grown.start(4);
+  CHECK(grown.recut_offset(*cut, 4) == 40);  // 10 batches of 4 of the epoch's order taken
+  grown.started(false, /*recut=*/true, counts, 3);
+  CHECK_FALSE(grown.take_skip());  // the re-cut epoch holds only what was not taken
+  CHECK(grown.at(grown.count(counts), "now", 3).order_offset == 40);
+  CHECK(grown.at(grown.count(counts), "now", 3).batches_in_epoch == 0);
 }
 
 }  // namespace trainer_checkpoint_test

@@ -2,6 +2,11 @@
 // the trainer runs it: each test checks that the policy does what it says.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 #include "ddp/ddp.hpp"
 #include "ddp/inproc/launch.hpp"
 #include "support/on_ranks.hpp"
@@ -572,6 +577,44 @@ TEST_CASE("a hook that declares plain but does not call reduce_gradients is an e
     CAPTURE(m);
     CHECK(m.find("comm hook 'false_plain' declares `plain`") != std::string::npos);
     CHECK(m.find("reduce_gradients()") != std::string::npos);
+  }
+}
+
+namespace {
+// A hook that records the step each call of it sees, launches and completions alike.
+struct step_recording_hook {
+  using slot = ddp::comm_hook::slot;
+  static constexpr std::string_view name = "step_recording";
+  std::vector<std::uint64_t> reduced, finished;
+  void reduce(ddp::comm_hook::bucket_io& b) {
+    reduced.push_back(b.step());
+    b.reduce_gradients();
+  }
+  void finish(ddp::comm_hook::bucket_io& b) { finished.push_back(b.step()); }
+};
+}  // namespace
+
+TEST_CASE("a hook sees the trainer's step count when its bucket launches and when it completes") {
+  const auto seen = ddp::inproc::launch(2, [](ddp::inproc::communicator& comm) {
+    auto model = test::make_mlp(11);
+    ddp::host::device dev;
+    ddp::trainer<test::mlp, step_recording_hook, ddp::bucket_cap<256>> trainer(model, comm, dev,
+                                                                              ddp::optim::sgd{.lr = 0.05f});
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      const auto b = test::make_batch(8, 300 + s * 2 + static_cast<std::uint64_t>(comm.rank()));
+      auto run = [&](auto& r) { r.backward(ddp::nn::softmax_cross_entropy(r.forward(b.x), b.y).grad); };
+      trainer.accumulate(run);  // no collective
+      trainer.step(run);
+    }
+    const auto& hook = trainer.policy<ddp::comm_hook::slot>();
+    return std::make_pair(trainer.bucket_count(), std::make_pair(hook.reduced, hook.finished));
+  });
+  for (const auto& [buckets, calls] : seen) {
+    REQUIRE(buckets > 1);
+    std::vector<std::uint64_t> expected;
+    for (std::uint64_t s = 0; s < 3; ++s) expected.insert(expected.end(), buckets, s);
+    CHECK(calls.first == expected);
+    CHECK(calls.second == expected);
   }
 }
 

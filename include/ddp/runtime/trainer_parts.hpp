@@ -14,6 +14,7 @@
   kind class ddp::detail::gradient_reducer<Comm, Device>;    \
   kind class ddp::detail::update_stage<Comm, Device>;        \
   kind class ddp::detail::sync_stage<Comm, Device>;          \
+  kind class ddp::detail::sync_fragments<Comm, Device>;      \
   kind class ddp::detail::bucket<Comm, Device>;              \
   kind class ddp::detail::bucket_hook_io<Comm, Device>;      \
   kind class ddp::detail::control_channel<Comm, Device>;     \

@@ -52,9 +52,8 @@ class bucket final {
   using work_type = decltype(std::declval<Comm&>().all_reduce(const_buffer{}, mutable_buffer{}, reduce_op::avg));
 
   // `params`: the parameters in it, in the plan's order.
-  bucket(Comm& comm, Device& dev, comm_hook_part<Device>& hook, const std::uint64_t& steps, const bucket_shape& shape,
-         std::vector<std::size_t> params)
-      : comm_(&comm), device_(&dev), hook_(&hook), steps_(&steps), shape_(shape), params_(std::move(params)),
+  bucket(Comm& comm, Device& dev, comm_hook_part<Device>& hook, const bucket_shape& shape, std::vector<std::size_t> params)
+      : comm_(&comm), device_(&dev), hook_(&hook), shape_(shape), params_(std::move(params)),
         grads_(shape.memory.shards_gradients() ? device_array<Device, float>() : zeroed(shape.layout.padded + shape.control)),
         values_(shape.memory.gathers_parameters() ? zeroed(shape.layout.padded) : device_array<Device, float>()),
         kept_shard_(shape.memory.shards_gradients() ? zeroed(shape.layout.shard) : device_array<Device, float>()),
@@ -159,17 +158,17 @@ class bucket final {
   // The step's reduction of this bucket completed (until clear_works).
   bool completed() const noexcept { return completed_; }
 
-  // Gradients into bucket memory, the control floats after them, then their reduction as the
-  // memory plan says; the control floats (the last bucket's) go as `route` says, decided by the
-  // reducer's control channel before the hook runs. `plain_hook`: the hook declares plain, so it
-  // must take control floats routed with the gradients.
-  void launch(std::span<const float> control, control_route route, bool plain_hook) {
+  // Gradients into bucket memory, the control floats after them, then their reduction in step
+  // `step` as the memory plan says; the control floats (the last bucket's) go as `route` says,
+  // decided by the reducer's control channel before the hook runs. `plain_hook`: the hook
+  // declares plain, so it must take control floats routed with the gradients.
+  void launch(std::span<const float> control, control_route route, bool plain_hook, std::uint64_t step) {
     control_route_ = route;
     plain_hook_ = plain_hook;
     gather_gradients(grads_.data());
     if (!control.empty())
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
-    start_reduction(shape_.memory.scatters_gradients());
+    start_reduction(shape_.memory.scatters_gradients(), step);
   }
   // A sync schedule's local step: gradients and control floats into bucket memory, no collective.
   void launch_local(std::span<const float> control) {
@@ -178,14 +177,14 @@ class bucket final {
     if (!control.empty())
       device_->copy_from_host(grads_.data() + padded(), control.data(), control.size_bytes());
   }
-  // A sync schedule's sync, between steps: the padded() floats the caller wrote into
+  // A sync schedule's sync after step `step`: the padded() floats the caller wrote into
   // gradient_memory() averaged over the ranks (complete_reduction waits), through the hook or
   // in f32 by the communicator itself.
-  void reduce_outside_step(bool through_hook) {
+  void reduce_outside_step(bool through_hook, std::uint64_t step) {
     local_ = false;
     control_route_ = control_route::none;
     plain_sync_ = !through_hook;
-    if (through_hook) return start_reduction(false, comm::purpose::sync);
+    if (through_hook) return start_reduction(false, step, comm::purpose::sync);
     const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
     float* g = grads_.data();
     track(comm_->all_reduce(const_buffer{g, padded(), dtype::f32}, mutable_buffer{g, padded(), dtype::f32},
@@ -197,13 +196,13 @@ class bucket final {
     const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
     scatters_ = false;
     control_route_ = control_route::none;
-    hook_view io(*this, typename hook_view::held_sync{data, step});
+    hook_view io(*this, step, data);
     hook_->reduce(io);
     return works_.take_reduction();
   }
   void finish_held(float* data, std::uint64_t step) {
     const comm::tag_scope tag(comm::purpose::sync, static_cast<std::int32_t>(index()));
-    hook_view io(*this, typename hook_view::held_sync{data, step});
+    hook_view io(*this, step, data);
     hook_->finish(io);
     io.wait();
     works_.take_reduction();
@@ -212,11 +211,12 @@ class bucket final {
   void pack_values(float* bucket) { device_->pack(value_segments_, bucket); }
   void unpack_values(const float* bucket) { device_->unpack(value_segments_, bucket); }
 
-  // Waits for the reduction and lets the hook complete it: the averaged gradients are in place.
-  void complete_reduction() {
+  // Waits for the reduction and lets the hook complete it (in step `step`, the step it went out
+  // in): the averaged gradients are in place.
+  void complete_reduction(std::uint64_t step) {
     completed_ = true;
     if (local_) return;
-    hook_view io(*this);
+    hook_view io(*this, step);
     io.wait();
     works_.wait_control();
     if (plain_sync_) return;
@@ -329,10 +329,10 @@ class bucket final {
   // through the hook; then the control floats in f32 when they go after the gradients, or when
   // they were offered to the gradients' all_reduce and the hook reduced the gradients otherwise
   // (every rank runs the same hook: it decides alike). A plain hook must take them.
-  void start_reduction(bool scatter, comm::purpose what = comm::purpose::gradients) {
+  void start_reduction(bool scatter, std::uint64_t step, comm::purpose what = comm::purpose::gradients) {
     const comm::tag_scope tag(what, static_cast<std::int32_t>(index()));
     scatters_ = scatter;
-    hook_view io(*this);
+    hook_view io(*this, step);
     hook_->reduce(io);
     if (!shape_.control) return;
     const bool carried = control_route_ == control_route::with_gradients && io.carried_control;
@@ -356,7 +356,6 @@ class bucket final {
   Comm* comm_;
   Device* device_;
   comm_hook_part<Device>* hook_;
-  const std::uint64_t* steps_;  // the trainer's step count, for the hook
   bucket_shape shape_;
 
   std::vector<std::size_t> params_;

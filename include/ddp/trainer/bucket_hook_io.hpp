@@ -5,7 +5,6 @@
 // floats when the control channel routed them there (control_route::with_gradients).
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,22 +26,19 @@ class bucket;
 template <communicator Comm, device Device>
 class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
  public:
-  // A sync's reduction held across steps (a streaming fragment in flight): the hook works on the
-  // caller's memory, and sees the step it began in when it finishes.
-  struct held_sync {
-    float* gradients;
-    std::uint64_t step;
-  };
-  explicit bucket_hook_io(bucket<Comm, Device>& owner, std::optional<held_sync> held = std::nullopt)
-      : b(owner), held_(held) {}
+  // The hook's call in step `step`. `held`: a sync's reduction held across steps (a streaming
+  // fragment in flight), whose hook works on the caller's memory and sees the step it began in
+  // when it finishes.
+  bucket_hook_io(bucket<Comm, Device>& owner, std::uint64_t step, float* held = nullptr)
+      : b(owner), step_(step), held_(held) {}
   bool carried_control = false;  // the gradients' all_reduce carried them, as routed
 
   Device& device() noexcept override { return *b.device_; }
   std::size_t index() const noexcept override { return b.index(); }
-  std::uint64_t step() const noexcept override { return held_ ? held_->step : *b.steps_; }
+  std::uint64_t step() const noexcept override { return step_; }
   int rank() const noexcept override { return b.comm_->rank(); }
   int ranks() const noexcept override { return b.comm_->size(); }
-  float* gradients() noexcept override { return held_ ? held_->gradients : b.grads_.data(); }
+  float* gradients() noexcept override { return held_ ? held_ : b.grads_.data(); }
   std::size_t size() const noexcept override { return b.padded(); }
   std::size_t shard_begin() const noexcept override { return b.scatters_ ? b.shard_begin() : 0; }
   std::size_t shard() const noexcept override { return b.scatters_ ? b.shard() : b.padded(); }
@@ -104,7 +100,8 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
   }
 
   bucket<Comm, Device>& b;
-  std::optional<held_sync> held_;
+  std::uint64_t step_;
+  float* held_;  // a held sync's memory, else none
 };
 
 }  // namespace ddp::detail

@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/concepts/communicator.hpp"
@@ -68,12 +69,13 @@ class gradient_reducer final : bucket_completion {
   };
 
   // Places every parameter of `params` in its bucket (its grad, and value when bound, now point
-  // into bucket memory).
-  gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w)
+  // into bucket memory). `place`: how the residencies point the module's tensors at memory.
+  gradient_reducer(Comm& comm, Device& dev, parameter_table& params, const bucket_plan& plan, wiring w,
+                   module_placement place = {})
       : comm_(comm), device_(dev), params_(params), w_(w), usage_(comm, dev, params, w.unused_params), pool_(dev),
         control_(comm, dev),
-        gradients_(params, pool_, w.update, comm.rank()),
-        parameters_(dev, params, buckets_, pool_, w.update, comm.rank()),
+        gradients_(params, pool_, w.update, comm.rank(), std::move(place.gradient)),
+        parameters_(dev, params, buckets_, pool_, w.update, comm.rank(), std::move(place.parameter)),
         hooks_(params, buckets_, gradients_, parameters_) {
     // Checked on every rank before any bucket is made; a fault on one rank is an error on all.
     std::vector<bucket_shape> shapes;
@@ -84,7 +86,7 @@ class gradient_reducer final : bucket_completion {
     agree_or_throw(comm, dev, problem, "construct",
                    "the bucket plan or the update policy's layout cannot be used; the trainer was not built");
     buckets_.reserve(shapes.size());
-    for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, w.steps, shape, plan.buckets[shape.index]);
+    for (const auto& shape : shapes) buckets_.emplace_back(comm, dev, w.hook, shape, plan.buckets[shape.index]);
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i];
       p.slot = plan.slots[i];
@@ -321,7 +323,7 @@ class gradient_reducer final : bucket_completion {
   // The bucket's reduction completes; its full gradients go back to the pool when the policy keeps
   // only the shard.
   void complete(bucket_type& bk) {
-    bk.complete_reduction();
+    bk.complete_reduction(w_.steps);
     gradients_.release(bk);
   }
 
@@ -344,7 +346,7 @@ class gradient_reducer final : bucket_completion {
           control_channel<Comm, Device>::route(!control.empty(), overlaps_update_, buckets_.size(), f32_all_reduce);
       if (route == control_route::own_first) control_.send(control);
       try {
-        bk.launch(route == control_route::own_first ? std::span<const float>() : control, route, w_.hook.plain());
+        bk.launch(route == control_route::own_first ? std::span<const float>() : control, route, w_.hook.plain(), w_.steps);
       } catch (...) {
         drain();  // the buckets before it still reduce into memory the module holds
         throw;

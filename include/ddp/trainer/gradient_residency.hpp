@@ -15,6 +15,7 @@
 #include "ddp/core/error.hpp"
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/memory_pool.hpp"
+#include "ddp/trainer/module_placement.hpp"
 #include "ddp/trainer/parameter_table.hpp"
 #include "ddp/trainer/parts.hpp"
 
@@ -25,8 +26,10 @@ class gradient_residency {
  public:
   using bucket_type = bucket<Comm, Device>;
 
-  gradient_residency(const parameter_table& params, memory_pool<Device>& pool, const update_part& update, int rank)
-      : params_(params), pool_(pool), update_(update), rank_(rank) {}
+  // `place`: how the module's gradient of parameter i is pointed at memory (empty: not placed).
+  gradient_residency(const parameter_table& params, memory_pool<Device>& pool, const update_part& update, int rank,
+                     std::function<void(std::size_t, float*)> place)
+      : params_(params), pool_(pool), update_(update), rank_(rank), place_(std::move(place)) {}
   // Holds references and state that others point into: neither copied nor moved.
   gradient_residency(const gradient_residency&) = delete;
   gradient_residency& operator=(const gradient_residency&) = delete;
@@ -35,10 +38,6 @@ class gradient_residency {
   bool active() const noexcept { return update_.memory().shards_gradients(); }
   // At most this many buckets hold their full gradients after their launch (0: no bound).
   std::size_t in_flight() const noexcept { return update_.memory().gradient_buckets_in_flight; }
-
-  // How the module's gradient of parameter i is pointed at memory (nullptr: nowhere); set by the
-  // component that knows the module (trainer/storage_return.hpp), empty to stop.
-  void set_placement(std::function<void(std::size_t, float*)> place) { place_ = std::move(place); }
 
   // Memory for the bucket's full gradients, for parameter `i`'s backward (or its launch).
   void hold(bucket_type& bk, std::size_t i) {

@@ -16,6 +16,7 @@
 
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
+#include "ddp/trainer/module_placement.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/trainer/bucket.hpp"
 #include "ddp/trainer/memory_pool.hpp"
@@ -29,20 +30,19 @@ class parameter_residency {
  public:
   using bucket_type = bucket<Comm, Device>;
 
-  // `buckets`: the reducer's, every one built before the first call here.
+  // `buckets`: the reducer's, every one built before the first call here. `place`: how the
+  // module's value of parameter i is pointed at memory (nullptr: nowhere; empty: not placed).
   parameter_residency(Device& dev, parameter_table& params, std::vector<bucket_type>& buckets,
-                      memory_pool<Device>& pool, const update_part& update, int rank)
+                      memory_pool<Device>& pool, const update_part& update, int rank,
+                      std::function<void(std::size_t, float*)> place)
       : device_(dev), params_(params), buckets_(buckets), pool_(pool), update_(update), rank_(rank),
-        forwarded_(params.size(), 0), backwarded_(params.size(), 0) {}
+        place_(std::move(place)), forwarded_(params.size(), 0), backwarded_(params.size(), 0) {}
   // Holds references and state that others point into: neither copied nor moved.
   parameter_residency(const parameter_residency&) = delete;
   parameter_residency& operator=(const parameter_residency&) = delete;
 
   // Only this rank's shard of the parameters is kept; they are gathered layer by layer.
   bool active() const noexcept { return update_.memory().shards_parameters(); }
-
-  // How the module's value of parameter i is pointed at memory (nullptr: nowhere); empty to stop.
-  void set_placement(std::function<void(std::size_t, float*)> place) { place_ = std::move(place); }
 
   // Parameters [first, first + count) are about to be read: their buckets' values gathered (and
   // waited for), and the bucket that the pass needs next starts gathering: that of the parameter

@@ -4,7 +4,8 @@
 // reducer has placed every parameter, and hands the storage back to the module before the
 // buckets go, also when construction fails half-way. Under an update policy that keeps only its
 // shard of the gradients, it places the module's gradients nowhere instead, and gives the module
-// the reducer's layer hooks (residency_hooks.hpp), which place them layer by layer in backward; under one that
+// the reducer's layer hooks (residency_hooks.hpp), through which the residencies place them layer
+// by layer in backward (module_placement.hpp: given to them when they were built); under one that
 // keeps only its shard of the parameters, the module's values too, layer by layer in forward and
 // backward (the module holds no parameter between steps, unless gathered).
 #include <cstddef>
@@ -36,27 +37,20 @@ class storage_return {
     try {
       if constexpr (places_gradients<Module>)
         if (reducer.gradients().active()) {
-          auto& gradients = reducer.gradients();
-          gradients.set_placement([m = module_](std::size_t i, float* at) { m->place_gradient(i, at); });
-          stop_placing_ = [&gradients] { gradients.set_placement({}); };
+          placing_ = true;
           for (std::size_t i = 0; i < params.size(); ++i)
             if (params[i].type == dtype::f32) {
               module.place_gradient(i, nullptr);
               gradients_.push_back(i);
             }
           if constexpr (places_parameters<Module>)
-            if (auto& parameters = reducer.parameters(); parameters.active()) {
-              parameters.set_placement([m = module_](std::size_t i, float* at) { m->place_parameter(i, at); });
-              stop_placing_values_ = [&parameters] {
-                parameters.warn_unless_gathered();
-                parameters.set_placement({});
-              };
-            }
+            if (auto& parameters = reducer.parameters(); parameters.active())
+              warn_unless_gathered_ = [&parameters] { parameters.warn_unless_gathered(); };
           module.set_layer_hooks(&reducer.hooks());
         }
       for (std::size_t i = 0; i < params.size(); ++i) {
         if constexpr (binds_gradient_storage<Module>)
-          if (params[i].type == dtype::f32 && !stop_placing_) {
+          if (params[i].type == dtype::f32 && !placing_) {
             module.bind_gradient(i, params[i].grad);
             gradients_.push_back(i);
           }
@@ -79,10 +73,9 @@ class storage_return {
   void give_back() noexcept {
     try {
       if constexpr (places_gradients<Module>)
-        if (stop_placing_) {
+        if (placing_) {  // the trainer goes: no step places anything from now on
           module_->set_layer_hooks(nullptr);
-          stop_placing_();
-          if (stop_placing_values_) stop_placing_values_();
+          if (warn_unless_gathered_) warn_unless_gathered_();
         }
       if constexpr (binds_gradient_storage<Module>)
         for (const auto i : gradients_) module_->bind_gradient(i, nullptr);
@@ -93,10 +86,10 @@ class storage_return {
   }
 
   Module* module_;
-  // Set while the reducer places the module's gradients layer by layer (it is the module's layer
-  // hooks): stops the placing, when the module takes its gradients back.
-  std::function<void()> stop_placing_;
-  std::function<void()> stop_placing_values_;  // ... and its values (the parameters sharded)
+  // The residencies place the module's gradients layer by layer (the module's layer hooks are
+  // theirs) until it takes its storage back; under sharded parameters, what that says of them.
+  bool placing_ = false;
+  std::function<void()> warn_unless_gathered_;
   std::vector<std::size_t> gradients_;  // parameters with bound gradients
   std::vector<std::size_t> values_;     // parameters with bound values
 };

@@ -21,7 +21,7 @@
 //   fragments     streaming DiLoCo: a fragment (the buckets b with b % F == f) starts its sync
 //                 after its step: values minus anchor, reduced through the hook at once (Delay
 //                 0), or in memory of its own, the hook's collectives held while the inner
-//                 steps go on (Delay >= 1); Delay steps later the outer optimizer steps its
+//                 steps go on (Delay >= 1; sync_fragments.hpp holds them); Delay steps later the outer optimizer steps its
 //                 anchor, and its values become mixing * local + (1 - mixing) * anchor
 //
 // The buckets' gradient memory is free between steps (the update zeroed it); it is zeroed again
@@ -52,6 +52,7 @@
 #include "ddp/trainer/checkpoint_file.hpp"
 #include "ddp/trainer/memory_held.hpp"
 #include "ddp/trainer/parts.hpp"
+#include "ddp/trainer/sync_fragments.hpp"
 
 namespace ddp::detail {
 
@@ -60,6 +61,7 @@ class sync_stage {
  public:
   using bucket_type = bucket<Comm, Device>;
   using work_type = typename bucket_type::work_type;
+  using fragment = typename sync_fragments<Comm, Device>::pending;
 
   sync_stage(Comm& comm, Device& dev, sync_schedule_part<Device>& schedule, std::span<bucket_type> buckets)
       : comm_(comm), device_(dev), schedule_(schedule), buckets_(buckets.size()) {
@@ -74,7 +76,6 @@ class sync_stage {
   }
   sync_stage(const sync_stage&) = delete;
   sync_stage& operator=(const sync_stage&) = delete;
-  ~sync_stage() { drain(); }
 
   bool keeps_anchor() const noexcept { return schedule_.outer_state_slots() >= 0; }
   // Step `step` (counting from 0) reduces no gradient: each rank updates with its own.
@@ -94,21 +95,21 @@ class sync_stage {
     if (local_step(step)) synced_ = false;
     if (schedule_.fragments()) return stream(step, buckets);
     const auto action = schedule_.after_update(step);
-    if (action == sync_schedule::action::average_parameters) average(buckets);
-    else if (action == sync_schedule::action::outer_step) outer_step(buckets);
+    if (action == sync_schedule::action::average_parameters) average(step, buckets);
+    else if (action == sync_schedule::action::outer_step) outer_step(step, buckets);
   }
 
   // The period's sync now, whole (local SGD's average, or every fragment's outer step without
   // mixing), unless the ranks hold the same parameters already. Collective then, between steps.
-  void sync_now(std::span<bucket_type> buckets) {
+  void sync_now(std::uint64_t step, std::span<bucket_type> buckets) {
     if (synced_ || schedule_.every_step()) return;
-    if (!keeps_anchor()) return average(buckets);
+    if (!keeps_anchor()) return average(step, buckets);
     make_stream_memory(buckets);
-    for (; !pending_.empty(); pending_.erase(pending_.begin())) {  // the hook's finish runs (its state)
-      finish_fragment(pending_.front(), buckets);
-      apply(pending_.front(), buckets);
+    for (auto& in_flight = fragments_.in_flight(); !in_flight.empty(); fragments_.pop_front()) {
+      finish_fragment(in_flight.front(), buckets);  // the hook's finish runs (its state)
+      apply(in_flight.front(), buckets);
     }
-    outer_step(buckets);
+    outer_step(step, buckets);
   }
 
   // A rank that joins a run, after it took a peer's state: its parameters become the anchor, so
@@ -122,22 +123,17 @@ class sync_stage {
 
   // Waits for the fragments in flight; one whose reduction failed (a peer was lost) is dropped:
   // its sync is skipped, and it syncs again at its next turn.
-  void drain() noexcept {
-    std::erase_if(pending_, [&](pending_fragment& p) { return wait_quietly(p) != nullptr; });
-  }
+  void drain() noexcept { fragments_.drain(); }
   // For the ranks that go on after a failure: every fragment in flight is dropped, on every rank
   // alike, whether or not its reduction completed here.
-  void drop_in_flight() noexcept {
-    for (auto& p : pending_) wait_quietly(p);
-    pending_.clear();
-  }
+  void drop_in_flight() noexcept { fragments_.drop(); }
 
   // The anchor and outer state: one copy of the parameters, and the outer optimizer's state.
   memory_held memory() const noexcept {
     memory_held m;
     for (const auto& a : anchor_) m.parameters += a.size() * sizeof(float);
     for (const auto& s : outer_state_) m.optimizer_state += s.size() * sizeof(float);
-    for (const auto& s : in_flight_) m.gradients += s.size() * sizeof(float);
+    m.gradients += fragments_.bytes();
     return m;
   }
 
@@ -147,21 +143,14 @@ class sync_stage {
   // state is saved, which its finish may change) and its averaged pseudo-gradient saved, to be
   // applied at its step after a load.
   void complete_in_flight(std::span<bucket_type> buckets) {
-    for (auto& p : pending_) finish_fragment(p, buckets);
+    for (auto& p : fragments_.in_flight()) finish_fragment(p, buckets);
   }
   void write_state(checkpoint_file& f, std::span<bucket_type> buckets) {
     if (schedule_.every_step()) return;
     f.set_text("sync/synced", synced_ ? "1" : "0");
     if (!keeps_anchor()) return;
     f.set_array("sync/outer_steps", std::span<const std::uint64_t>(outer_steps_));
-    std::vector<std::uint64_t> pending;
-    for (auto& p : pending_) {
-      finish_fragment(p, buckets);
-      pending.insert(pending.end(), {p.fragment, p.apply_at});
-      for (std::size_t b = p.fragment; b < buckets.size(); b += fragments())
-        f.set_array("sync/in_flight/" + std::to_string(b), std::span<const float>(host_copy(in_flight_[b], buckets[b].numel(), 1)));
-    }
-    f.set_array("sync/pending", std::span<const std::uint64_t>(pending));
+    fragments_.write_state(f, buckets, fragments(), schedule_.delay());
     if (!anchored_) return;  // no step yet: the anchor is taken at the first one, after the load
     for (std::size_t b = 0; b < anchor_.size(); ++b) {
       f.set_array("sync/anchor/" + std::to_string(b), std::span<const float>(host_copy(anchor_[b], buckets[b].numel(), 1)));
@@ -182,17 +171,7 @@ class sync_stage {
     if (!keeps_anchor()) return;
     outer_steps_ = f.array<std::uint64_t>("sync/outer_steps", f.section("sync/outer_steps").size() / sizeof(std::uint64_t));
     make_stream_memory(buckets);
-    drop_in_flight();
-    const auto entries = f.array<std::uint64_t>("sync/pending", f.section("sync/pending").size() / sizeof(std::uint64_t));
-    for (std::size_t k = 0; k + 1 < entries.size(); k += 2) {
-      pending_.push_back({static_cast<std::size_t>(entries[k]), entries[k + 1], {}, true});
-      for (std::size_t b = entries[k]; b < buckets.size(); b += fragments()) {
-        const std::size_t n = buckets[b].numel();
-        device_.fill_zero(in_flight_[b].data(), in_flight_[b].size() * sizeof(float));
-        device_.copy_from_host(in_flight_[b].data(), f.array<float>("sync/in_flight/" + std::to_string(b), n).data(),
-                               n * sizeof(float));
-      }
-    }
+    fragments_.read_state(f, buckets, fragments());
     anchored_ = f.has("sync/anchor/0");
     if (!anchored_) return;
     for (std::size_t b = 0; b < anchor_.size(); ++b) {
@@ -206,12 +185,6 @@ class sync_stage {
   }
 
  private:
-  struct pending_fragment {
-    std::size_t fragment = 0;
-    std::uint64_t apply_at = 0;    // the step after whose update it is applied
-    std::vector<work_type> works;  // Delay >= 1: the hook's collectives in flight (none after a load)
-    bool finished = false;         // the averaged pseudo-gradient is in place (the hook finished)
-  };
 
   std::size_t slots() const noexcept { return static_cast<std::size_t>(std::max(schedule_.outer_state_slots(), 0)); }
   std::size_t fragments() const noexcept { return schedule_.fragments(); }
@@ -226,15 +199,15 @@ class sync_stage {
   void make_stream_memory(std::span<bucket_type> buckets) {
     const std::size_t counts = std::max<std::size_t>(fragments(), 1);
     if (outer_steps_.size() < counts) outer_steps_.resize(counts, 0);
-    if (!fragments() || !in_flight_.empty()) return;
+    if (!fragments() || fragments_.has_memory()) return;
     if (const auto why = fragments_refusal()) throw error("trainer", "step", comm_.rank(), *why);
-    for (auto& bk : buckets) in_flight_.push_back(zeroed(bk.padded()));
+    fragments_.make_memory(buckets);
   }
 
   // Phase one: the reductions started on buckets first, first + stride, ... complete, and on a
   // stream backend the host learns whether they failed.
-  void complete(std::span<bucket_type> buckets, std::size_t first, std::size_t stride) {
-    for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].complete_reduction();
+  void complete(std::uint64_t step, std::span<bucket_type> buckets, std::size_t first, std::size_t stride) {
+    for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].complete_reduction(step);
     if constexpr (stream_ordered_work<work_type>) {
       device_.synchronize();
       for (std::size_t b = first; b < buckets.size(); b += stride) buckets[b].rethrow_failures();
@@ -246,12 +219,12 @@ class sync_stage {
     bk.zero_gradients();
   }
 
-  void average(std::span<bucket_type> buckets) {
+  void average(std::uint64_t step, std::span<bucket_type> buckets) {
     for (auto& bk : buckets) {
       bk.pack_values(bk.gradient_memory());
-      bk.reduce_outside_step(/*through_hook=*/false);
+      bk.reduce_outside_step(/*through_hook=*/false, step);
     }
-    complete(buckets, 0, 1);
+    complete(step, buckets, 0, 1);
     for (auto& bk : buckets) {
       bk.unpack_values(bk.gradient_memory());
       finish(bk);
@@ -260,12 +233,12 @@ class sync_stage {
   }
 
   // Every bucket's outer step; under streaming each fragment counts its own (bucket b: b % F).
-  void outer_step(std::span<bucket_type> buckets) {
+  void outer_step(std::uint64_t step, std::span<bucket_type> buckets) {
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       values_minus_anchor(buckets[b], b, buckets[b].gradient_memory());
-      buckets[b].reduce_outside_step(/*through_hook=*/true);
+      buckets[b].reduce_outside_step(/*through_hook=*/true, step);
     }
-    complete(buckets, 0, 1);
+    complete(step, buckets, 0, 1);
     const std::size_t counts = outer_steps_.size();
     for (auto& count : outer_steps_) ++count;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -298,76 +271,50 @@ class sync_stage {
   void stream(std::uint64_t step, std::span<bucket_type> buckets) {
     make_stream_memory(buckets);
     if (const auto f = schedule_.fragment_due(step)) launch(*f, step, buckets);
-    while (!pending_.empty() && pending_.front().apply_at == step) {
+    for (auto& in_flight = fragments_.in_flight(); !in_flight.empty() && in_flight.front().apply_at == step;) {
       try {
-        if (schedule_.delay() == 0) complete(buckets, pending_.front().fragment, fragments());
-        else finish_fragment(pending_.front(), buckets);
+        if (schedule_.delay() == 0) complete(step, buckets, in_flight.front().fragment, fragments());
+        else finish_fragment(in_flight.front(), buckets);
       } catch (...) {  // the fragment's sync is skipped; the step's update stands
-        pending_.erase(pending_.begin());
+        fragments_.pop_front();
         throw;
       }
-      apply(pending_.front(), buckets);
-      pending_.erase(pending_.begin());
+      apply(in_flight.front(), buckets);
+      fragments_.pop_front();
     }
   }
   void launch(std::size_t f, std::uint64_t step, std::span<bucket_type> buckets) {
-    pending_fragment p{f, step + schedule_.delay(), {}, false};
+    fragment p{f, step + schedule_.delay(), {}, false};
     for (std::size_t b = f; b < buckets.size(); b += fragments()) {
       auto& bk = buckets[b];
       if (schedule_.delay() == 0) {  // through the hook, in the bucket's gradient memory
         values_minus_anchor(bk, b, bk.gradient_memory());
-        bk.reduce_outside_step(/*through_hook=*/true);
+        bk.reduce_outside_step(/*through_hook=*/true, step);
       } else {  // in flight across inner steps, which use the bucket's memory: in memory of its own
-        float* d = in_flight_[b].data();
+        float* d = fragments_.memory(b);
         values_minus_anchor(bk, b, d);
         for (auto& w : bk.reduce_held(d, step)) p.works.push_back(std::move(w));
       }
     }
-    pending_.push_back(std::move(p));
+    fragments_.add(std::move(p));
   }
-  // Phase one of a fragment's sync (Delay >= 1): its collectives completed (a failure thrown),
-  // then the hook's finish over its memory, as of the step it began in.
-  void finish_fragment(pending_fragment& p, std::span<bucket_type> buckets) {
-    if (p.finished) return;
-    if (const auto failed = wait_quietly(p)) std::rethrow_exception(failed);
-    for (std::size_t b = p.fragment; b < buckets.size(); b += fragments())
-      buckets[b].finish_held(in_flight_[b].data(), p.apply_at - schedule_.delay());
-    if constexpr (stream_ordered_work<work_type>) device_.synchronize();
-    p.finished = true;
-  }
-  // Waits for every reduction of `p` (after a failure too, so that none is left in flight) and,
-  // on a stream backend, reads their failures back; returns the first failure.
-  std::exception_ptr wait_quietly(pending_fragment& p) noexcept {
-    std::exception_ptr failed;
-    for (auto& w : p.works) try {
-        w.wait();
-      } catch (...) {
-        if (!failed) failed = std::current_exception();
-      }
-    if constexpr (stream_ordered_work<work_type>) {
-      if (!p.works.empty()) try {
-          device_.synchronize();
-          for (const auto& w : p.works) rethrow_failure(w);
-        } catch (...) {
-          if (!failed) failed = std::current_exception();
-        }
-    }
-    p.works.clear();
-    return failed;
+  // Phase one of a fragment's sync (Delay >= 1), as of the step it began in (sync_fragments.hpp).
+  void finish_fragment(fragment& p, std::span<bucket_type> buckets) {
+    fragments_.finish(p, buckets, fragments(), p.apply_at - schedule_.delay());
   }
   // Phase two of a fragment's sync: its reductions completed.
-  void apply(pending_fragment& p, std::span<bucket_type> buckets) {
+  void apply(fragment& p, std::span<bucket_type> buckets) {
     const std::uint64_t outer_step = ++outer_steps_[p.fragment];
     const float keep = schedule_.mixing();
     for (std::size_t b = p.fragment; b < buckets.size(); b += fragments()) {
       auto& bk = buckets[b];
       float* g = bk.gradient_memory();
-      step_anchor(b, schedule_.delay() == 0 ? g : in_flight_[b].data(), bk.padded(), outer_step);
+      step_anchor(b, schedule_.delay() == 0 ? g : fragments_.memory(b), bk.padded(), outer_step);
       if (keep == 0.0f) {
         bk.unpack_values(anchor_[b].data());
       } else {  // values -= (1 - mixing) (values - anchor)
         values_minus_anchor(bk, b, g);
-        float* mixed = in_flight_[b].data();
+        float* mixed = fragments_.memory(b);
         bk.pack_values(mixed);
         const segment whole{mixed, 0, bk.padded()};
         device_.template elementwise<1>(std::span<const segment>(&whole, 1), g, outer_state_[b].data(), bk.padded(),
@@ -397,9 +344,8 @@ class sync_stage {
   std::size_t buckets_ = 0;
   std::vector<device_array<Device, float>> anchor_;       // per bucket, padded floats
   std::vector<device_array<Device, float>> outer_state_;  // per bucket, max(slots, 1) rows of padded floats
-  std::vector<device_array<Device, float>> in_flight_;    // streaming, per bucket: a fragment's reduction
   std::vector<std::uint64_t> outer_steps_ = {0};          // outer steps taken, per fragment
-  std::vector<pending_fragment> pending_;                 // fragments reducing, in launch order
+  sync_fragments<Comm, Device> fragments_{device_};       // streaming: fragments reducing, in launch order
   bool anchored_ = false;                                 // the anchor holds the parameters of a step
   bool synced_ = true;  // every rank holds the same parameters (every step since the last whole sync reduced)
 };

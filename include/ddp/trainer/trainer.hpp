@@ -41,6 +41,7 @@
 #include "ddp/sampler/virtual_shards.hpp"
 #include "ddp/trainer/handoff.hpp"
 #include "ddp/trainer/checkpoint.hpp"
+#include "ddp/trainer/epoch_position.hpp"
 #include "ddp/trainer/parts.hpp"
 #include "ddp/trainer/trainer_core.hpp"
 #include "ddp/trainer/trainer_policies.hpp"
@@ -79,7 +80,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
 
   trainer(Module& module, communicator_type& comm, device_type& dev, optimizer_type opt = {},
           trainer_options options = {})
-      : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), options_(options) {
+      : holder(std::move(opt)), core_type(module, comm, dev, holder::parts()), position_(options.seed) {
     detail::agree_on_policies(this->communicator(), this->device(), core().observer(), static_cast<holder&>(*this));
     const ddp::comm::tag_scope tag(ddp::comm::purpose::handover);
     resume_handed_over();
@@ -119,7 +120,8 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // advances the epoch itself, so no epoch repeats the last one's order.
   shard next_epoch_shard(std::size_t dataset_size) {
     const auto& comm = this->communicator();
-    return sampler::make_shard(current_sampler(), dataset_size, comm.rank(), comm.size(), options_.seed, epoch_++);
+    return sampler::make_shard(current_sampler(), dataset_size, comm.rank(), comm.size(), position_.seed(),
+                               position_.next_epoch());
   }
   std::vector<std::size_t> next_epoch_indices(std::size_t dataset_size) {
     return next_epoch_shard(dataset_size).indices;
@@ -145,33 +147,18 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     const auto& comm = this->communicator();
     std::size_t batch_size = 0;
     if constexpr (requires { loader.batch_size(); }) batch_size = loader.batch_size();
-    if (resume_skip_ && loaded_position_ && loaded_position_->batch_size != 0 && batch_size != 0 &&
-        loaded_position_->batch_size != batch_size)  // refused before anything changes
-      throw error("trainer", "epoch_shards", comm.rank(),
-                  "the checkpoint's epoch was taken in batches of " + std::to_string(loaded_position_->batch_size) +
-                      " per virtual shard, and this loader makes batches of " + std::to_string(batch_size) +
-                      ": the step's global batch is V times that, so resume with a loader of batch size " +
-                      std::to_string(loaded_position_->batch_size));
+    position_.check_shard_batches(batch_size, comm.rank());  // refused before anything changes
     const auto mine = sampler::virtual_shards(shards, comm.rank(), comm.size());
     std::vector<decltype(loader.batches(std::declval<shard>()))> streams;
     for (std::size_t s = mine.first; s < mine.last; ++s)
       streams.push_back(loader.batches(sampler::make_shard(current_sampler(), loader.dataset_size(), static_cast<int>(s),
-                                                           static_cast<int>(shards), options_.seed, epoch_)));
-    ++epoch_;
-    in_shard_steps_ = true;
-    loaded_position_.reset();
-    order_offset_ = 0;
-    epoch_batch_size_ = batch_size;
-    resume_recut_.reset();
-    resume_cut_.reset();
-    epoch_start_ = position_count();
-    epoch_length_ = streams.front().size();
-    if (resume_skip_) {  // the steps taken before the checkpoint, at whatever world size it was saved
-      for (auto& stream : streams)
-        detail::skip_taken(stream, static_cast<std::size_t>(*resume_skip_), this->communicator().rank());
-      epoch_start_ -= *resume_skip_;
-      resume_skip_.reset();
-    }
+                                                           static_cast<int>(shards), position_.seed(),
+                                                           position_.epochs_started())));
+    position_.next_epoch();
+    position_.start(batch_size);
+    position_.started(/*shard_steps=*/true, /*recut=*/false, this->counts(), streams.front().size());
+    if (const auto skip = position_.take_skip())  // the steps taken before the checkpoint, at any world size
+      for (auto& stream : streams) detail::skip_taken(stream, static_cast<std::size_t>(*skip), comm.rank());
     return data::shard_steps(std::move(streams));
   }
   // One step of epoch_shards(): f(replica, batch) for each of this rank's shards, in shard order,
@@ -189,7 +176,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     }
   }
   using core_type::step;
-  std::uint64_t epochs_started() const noexcept { return epoch_; }
+  std::uint64_t epochs_started() const noexcept { return position_.epochs_started(); }
   // Steps this rank takes per epoch with ddp::data::loader, equal on every rank (a short last
   // batch counts when the sampler visits every sample); under reduction::invariant<V>, steps of
   // epoch_shards() with shard batches of `batch`.
@@ -231,33 +218,13 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
 
  private:
   static constexpr bool sampler_recuts = sampler::recuts_epochs<sampler_policy>;
-  // What of the next epoch() was taken before a checkpoint or a failure, when that epoch continues
-  // at another world size (re-cut): positions of its order at earlier world sizes, then batches
-  // of the last world's ranks (each rank's batch count x ranks).
-  struct epoch_cut {
-    std::uint64_t positions = 0, batches = 0;
-    std::uint64_t batch_size = 0;  // of those batches (0: not known, the loader's)
-  };
 
   void load_at(const std::filesystem::path& dir, std::optional<std::uint64_t> steps) {
     continue_from(detail::load_checkpoint(core(), dir, position(), sampler_recuts, steps));
     last_checkpoint_ = elastic::saved_checkpoint{dir.string(), this->steps()};
   }
   void continue_from(const detail::run_position& saved) {
-    loaded_position_ = saved;
-    options_.seed = saved.seed;
-    epoch_ = saved.epoch_finished ? saved.epochs_started : saved.epochs_started - 1;
-    resume_skip_ = saved.epoch_finished ? std::nullopt : std::optional<std::uint64_t>(saved.batches_in_epoch);
-    resume_recut_.reset();
-    resume_cut_.reset();
-    if (!saved.epoch_finished && !saved.in_shard_steps) {
-      resume_cut_ = epoch_cut{saved.order_offset, static_cast<std::uint64_t>(saved.world) * saved.batches_in_epoch,
-                              saved.batch_size};
-      if (saved.world != this->communicator().size() || saved.order_offset != 0) resume_recut_ = resume_cut_;
-    }
-    in_shard_steps_ = saved.in_shard_steps;
-    epoch_start_ = position_count();
-    epoch_length_.reset();
+    position_.continue_from(saved, this->communicator().size(), this->counts());
   }
 
   // ---- elastic runs (trainer/handoff.hpp) ----------------------------------------------------
@@ -285,7 +252,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
     std::any state;  // none when it cannot be written (a step failed after its update began): the
     try {            // step count and the last checkpoint still go, for a sharded update's fall-back
       detail::checkpoint_file f;
-      position_at(completed_position_count()).write(f, this->communicator().rank());
+      position_at(position_.completed_count(this->counts())).write(f, this->communicator().rank());
       core().handover_state().write(f);
       state = handoff_.encodes_states() ? std::any(elastic::encoded_state{f.encode(), {}}) : std::any(std::move(f));
     } catch (...) {
@@ -302,22 +269,12 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
   // A checkpoint must match every slot but the communicator (a run saved in-process may go on
   // under mpirun).
   std::string checkpoint_policies() const { return holder::describe(/*checkpoint=*/true); }
-  // Where the run is in its epoch: micro-batches taken, or under reduction::invariant steps of
-  // epoch_shards(), which are the same at every world size (a checkpoint saved in the middle of
-  // an epoch then resumes at another).
-  std::uint64_t position_count() const noexcept { return in_shard_steps_ ? this->steps() : this->micro_batches_run(); }
-  // The same at the end of the last completed step.
-  std::uint64_t completed_position_count() const noexcept {
-    return in_shard_steps_ ? this->steps() : this->micro_batches_completed();
-  }
-  detail::run_position position() const { return position_at(position_count()); }
+  // Where the run is in its epoch (trainer/epoch_position.hpp): micro-batches taken, or under
+  // reduction::invariant steps of epoch_shards(), which are the same at every world size (a
+  // checkpoint saved in the middle of an epoch then resumes at another).
+  detail::run_position position() const { return position_at(position_.count(this->counts())); }
   detail::run_position position_at(std::uint64_t count) const {
-    // Loaded, and the next epoch has not begun: still where the checkpoint or hand-over was.
-    if (loaded_position_) return *loaded_position_;
-    const std::uint64_t taken = count - epoch_start_;
-    return {checkpoint_policies(), options_.seed, epoch_, taken,
-            epoch_ == 0 || (epoch_length_ && taken >= *epoch_length_), in_shard_steps_,
-            this->communicator().size(), order_offset_, epoch_batch_size_};
+    return position_.at(count, checkpoint_policies(), this->communicator().size());
   }
 
   template <class Loader>
@@ -326,14 +283,9 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                   "ddp: this loader shuffles on its own, but the trainer's distributed sampler "
                   "already orders the data per epoch (pitfall P4); use a loader without a "
                   "shuffle of its own (ddp::data::loader<Dataset, Collate>), or sampler::contiguous");
-    auto recut = resume_recut_;
     std::size_t batch_size = 0;
-    if constexpr (requires { loader.batch_size(); }) {
-      batch_size = loader.batch_size();
-      // Saved with another batch size: the batches taken are not as many of this loader's.
-      if (!recut && resume_cut_ && resume_cut_->batch_size != 0 && resume_cut_->batch_size != batch_size)
-        recut = resume_cut_;
-    }
+    if constexpr (requires { loader.batch_size(); }) batch_size = loader.batch_size();
+    const auto recut = position_.recut(requires { loader.batch_size(); } ? std::optional(batch_size) : std::nullopt);
     constexpr bool can_recut =
         sampler_recuts && loader_requirements::has_shard_batches<Loader> && requires { loader.batch_size(); };
     if (recut && !can_recut)  // refused before anything changes: the checkpoint's position stays loaded
@@ -342,11 +294,7 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
                   "which needs a sampler with remaining_indices() (sampler::distributed) and a loader with "
                   "batches(ddp::shard) and batch_size() (ddp::data::loader has them); or resume at the world size "
                   "and batch size it was saved with");
-    loaded_position_.reset();
-    resume_recut_.reset();
-    resume_cut_.reset();
-    epoch_batch_size_ = batch_size;
-    order_offset_ = 0;
+    position_.start(batch_size);
     auto batches = [&] {
       if constexpr (loader_requirements::has_shard_batches<Loader>) {
         if constexpr (can_recut)
@@ -356,47 +304,32 @@ class trainer : private detail::trainer_policies<Module, Policies...>::holder_ba
         return loader.batches(next_epoch_indices(loader.dataset_size()));
       }
     }();
-    if (recut) resume_skip_.reset();  // the re-cut shard holds only what was not taken
-    in_shard_steps_ = false;
-    epoch_start_ = position_count();
-    epoch_length_.reset();
-    if constexpr (std::ranges::sized_range<decltype(batches)>) epoch_length_ = std::ranges::size(batches);
-    if (epoch_length_ == std::size_t{0} && !recut && !resume_skip_)  // every rank alike: the sampler deals evenly
+    std::optional<std::size_t> length;
+    if constexpr (std::ranges::sized_range<decltype(batches)>) length = std::ranges::size(batches);
+    position_.started(/*shard_steps=*/false, recut.has_value(), this->counts(), length);
+    if (!recut && position_.empty())  // every rank alike: the sampler deals evenly
       throw error("trainer", "epoch", this->communicator().rank(),
                   "the epoch makes no batch: a data set of " + std::to_string(loader.dataset_size()) +
                       " samples dealt to " + std::to_string(this->communicator().size()) + " ranks" +
-                      (epoch_batch_size_ ? " in batches of " + std::to_string(epoch_batch_size_) : std::string()) +
+                      (position_.batch_size() ? " in batches of " + std::to_string(position_.batch_size())
+                                              : std::string()) +
                       " leaves each rank no whole batch: use a smaller batch, fewer ranks, or a sampler that pads "
                       "(sampler::distributed<true, tail::pad>, the default); an empty data set cannot train");
-    if (resume_skip_) {  // a checkpoint's epoch: its first batches were taken before it was saved
-      detail::skip_taken(batches, static_cast<std::size_t>(*resume_skip_), this->communicator().rank());
-      epoch_start_ -= *resume_skip_;
-      resume_skip_.reset();
-    }
+    if (const auto skip = position_.take_skip())  // a checkpoint's epoch: its first batches were taken before
+      detail::skip_taken(batches, static_cast<std::size_t>(*skip), this->communicator().rank());
     return batches;
   }
   // This rank's share of the rest of the interrupted epoch.
   template <class Loader>
-  shard rest_of_epoch_shard(const Loader& loader, const epoch_cut& taken) {
+  shard rest_of_epoch_shard(const Loader& loader, const detail::epoch_cut& taken) {
     const auto& comm = this->communicator();
-    order_offset_ = taken.positions + taken.batches * (taken.batch_size ? taken.batch_size : loader.batch_size());
-    return sampler::remaining_shard(current_sampler(), loader.dataset_size(), order_offset_, comm.rank(), comm.size(),
-                                    options_.seed, epoch_++);
+    const std::uint64_t offset = position_.recut_offset(taken, loader.batch_size());
+    return sampler::remaining_shard(current_sampler(), loader.dataset_size(), offset, comm.rank(), comm.size(),
+                                    position_.seed(), position_.next_epoch());
   }
 
-  trainer_options options_;
-  std::uint64_t epoch_ = 0;
-  std::uint64_t epoch_start_ = 0;            // position_count() when the current epoch began
-  bool in_shard_steps_ = false;              // the current epoch came from epoch_shards()
-  std::optional<std::size_t> epoch_length_;  // its batches, when the loader's range says
-  std::optional<std::uint64_t> resume_skip_;  // batches of the next epoch() a loaded checkpoint took
-  std::optional<epoch_cut> resume_recut_;
-  std::uint64_t order_offset_ = 0;  // positions of the current epoch's order taken at earlier world sizes
-  std::uint64_t epoch_batch_size_ = 0;  // the current epoch's loader's (0: not known)
-  std::optional<epoch_cut> resume_cut_;  // a checkpoint's epoch, whichever way it continues
+  detail::epoch_position position_;  // the seed, the epoch, how far it went
   detail::trainer_handoff<communicator_type> handoff_{this->communicator()};
-  // The position a load or hand-over set, until the next epoch() or epoch_shards() takes it up.
-  std::optional<detail::run_position> loaded_position_;
   std::optional<elastic::saved_checkpoint> last_checkpoint_;  // saved or loaded last: a sharded update's fallback
 };
 

@@ -2,7 +2,8 @@
 // ddp::trainer_core<Module, Comm, Device>: the step's orchestration, compiled once per module,
 // communicator and device whatever the policies (their parts: trainer/parts.hpp, by slot in
 // trainer/slots.hpp). The state lives in the components the core owns (docs/design.md):
-// parameter_table, master_weights, buffer_set, gradient_reducer, update_stage, step_observer.
+// run_counts, parameter_table, master_weights, buffer_set, gradient_reducer, update_stage,
+// sync_stage, step_observer.
 //
 //   step(): [buffer sync] -> forward(s) -> backward -> ready reports -> reducer launches buckets
 //           -> reduce -> unused-parameter rule -> update stage -> [gather] -> masters rounded
@@ -72,8 +73,9 @@ class trainer_core {
         masters_(dev, params_),
         buffers_(comm, dev, params_.buffers()),
         reducer_(comm, dev, params_, bucket_part().plan(params_.numels()),
-                 {unused_part(), update_part(), hook_part(), reduction_part(), observer_, steps_, reports,
-                  {.values = binds_values(), .gradients = binds_gradient_storage<Module>}}),
+                 {unused_part(), update_part(), hook_part(), reduction_part(), observer_, counts_.current_step(), reports,
+                  {.values = binds_values(), .gradients = binds_gradient_storage<Module>}},
+                 detail::placement_of(module, update_part().memory())),
         update_(comm, dev, optimizer_part(), update_part().memory(), params_, reducer_.buckets(),
                 /*exact_norm=*/reduction_part().virtual_shards() != 0),
         sync_(comm, dev, schedule_part(), reducer_.buckets()),
@@ -145,14 +147,14 @@ class trainer_core {
   // Applies the buffer-sync policy now, e.g. before evaluating, so every rank evaluates with the
   // same running statistics (buffer_sync::none leaves each rank's own). Collective.
   void synchronize_buffers() {
-    auto span = observer_.phase("buffer sync", steps_);
+    auto span = observer_.phase("buffer sync", steps());
     sync_part().synchronize(sync_context_);
   }
 
   // The sync schedule's pending sync now: every rank leaves with the same parameters (sync_stage.hpp).
   void sync_now() {
     between_steps("sync_now");
-    guard_.run("sync_now", [&] { sync_.sync_now(reducer_.buckets()); masters_.round_into_module(); });
+    guard_.run("sync_now", [&] { sync_.sync_now(steps(), reducer_.buckets()); masters_.round_into_module(); });
   }
 
   // A reduced evaluation over a whole data set, every sample counted once at any world size
@@ -169,7 +171,7 @@ class trainer_core {
   Device& device() noexcept { return device_; }
   // The optimizer's learning rate, for schedules (ddp::trainer::optimizer() has the rest).
   float& learning_rate() noexcept { return optimizer_part().learning_rate(); }
-  std::uint64_t steps() const noexcept { return steps_; }
+  std::uint64_t steps() const noexcept { return counts_.steps(); }
   std::size_t bucket_count() const noexcept { return reducer_.buckets().size(); }
   std::vector<std::size_t> bucket_sizes() const { return reducer_.bucket_sizes(); }
   const overlap_timing& last_step_overlap() const noexcept { return observer_.overlap(); }
@@ -184,10 +186,9 @@ class trainer_core {
   detail::step_observer& observer() noexcept { return observer_; }
   // Parameters the last step left to the optimizer unchanged because no rank used them.
   std::vector<std::string> skipped_parameters() const { return reducer_.usage().skipped_parameters(); }
-  // Micro-batches run (accumulate and step calls), for the trainer's position in an epoch; those
-  // of the steps that completed.
-  std::uint64_t micro_batches_run() const noexcept { return micro_batches_run_; }
-  std::uint64_t micro_batches_completed() const noexcept { return micro_batches_completed_; }
+  // Steps, micro-batches run (accumulate and step calls) and completed (trainer/step_counts.hpp).
+  const detail::run_counts& counts() const noexcept { return counts_; }
+  std::uint64_t micro_batches_run() const noexcept { return counts_.micro_batches_run(); }
 
   // ---- a step captured into a CUDA graph (ddp::cuda::step_graph) ----------------------------
 
@@ -211,17 +212,17 @@ class trainer_core {
   template <class F, class Record>
   captured_step capture(F&& step_fn, Record&& record) {
     if (const auto why = capture_refusal()) fail("capture", *why);
-    const auto before = counts();
+    const auto before = counts_.with(update_);
     reducer_.set_capturing(true);
     detail::at_scope_exit put_back([&] {
       reducer_.set_capturing(false);
-      set_counts(before);
+      counts_.set(before, update_);
     });
     record([&] { step(step_fn); });
-    return counts() - before;
+    return counts_.with(update_) - before;
   }
   // The captured step was queued once more.
-  void replayed(const captured_step& added) { set_counts(counts() += added); }
+  void replayed(const captured_step& added) { counts_.set(counts_.with(update_) += added, update_); }
 
   // This rank's state for a checkpoint, each component's sections (trainer/state_io.hpp);
   // between steps.
@@ -240,18 +241,12 @@ class trainer_core {
   detail::trainer_state<Comm, Device> last_step_state() {
     reducer_.drain();
     sync_.drain();
-    return {device_, params_, masters_, buffers_, reducer_, update_, sync_, steps_};
+    return {device_, params_, masters_, buffers_, reducer_, update_, sync_, counts_.loaded_steps()};
   }
 
  private:
   friend replica;
   bool binds_values() const { return detail::binds_values<Module>(params_, update_part().memory().gathers_parameters()); }
-
-  detail::step_counts counts() const { return {steps_, micro_batches_run_, update_.update_counts()}; }
-  void set_counts(detail::step_counts c) {
-    steps_ = c.steps, micro_batches_run_ = micro_batches_completed_ = c.micro_batches;
-    update_.set_update_counts(std::move(c.update_counts));
-  }
 
   // The parts this core calls, by slot (trainer/slots.hpp).
   auto& sync_part() const noexcept { return parts_.template get<buffer_sync::slot>(); }
@@ -275,15 +270,15 @@ class trainer_core {
 
   template <class F>
   decltype(auto) run_micro_batch(F&& step_fn, bool final) {
-    const comm::step_scope tag_step(static_cast<std::int64_t>(steps_));
-    if (reducer_.micro_batches() == 0) observer_.step_begins(steps_);
+    const comm::step_scope tag_step(static_cast<std::int64_t>(steps()));
+    if (reducer_.micro_batches() == 0) observer_.step_begins(steps());
     return guard_.run("step", [&]() -> decltype(auto) {
-      if (reducer_.micro_batches() == 0) reducer_.set_local(sync_.local_step(steps_)), sync_.before_step(reducer_.buckets());
-      auto span = observer_.phase(final ? "step" : "accumulate", steps_);
+      if (reducer_.micro_batches() == 0) reducer_.set_local(sync_.local_step(steps())), sync_.before_step(reducer_.buckets());
+      auto span = observer_.phase(final ? "step" : "accumulate", steps());
       tape_.begin_micro_batch(final);
       reducer_.begin_micro_batch();  // this one included: the control floats may go during its backward
-      shard_buffers_.micro_batch_begins(steps_, reducer_.micro_batches() - 1);
-      ++micro_batches_run_;
+      shard_buffers_.micro_batch_begins(steps(), reducer_.micro_batches() - 1);
+      counts_.micro_batch_begins();
       replica r(*this, module_, comm_.rank());
       if constexpr (std::is_void_v<std::invoke_result_t<F&, replica&>>) {
         step_fn(r);
@@ -299,11 +294,11 @@ class trainer_core {
   output_type forward(const input_type& x) {
     tape_.begin_forward();
     {
-      auto span = observer_.phase("buffer sync", steps_);
+      auto span = observer_.phase("buffer sync", steps());
       sync_part().before_forward(sync_context_);
       if (tape_.forward_index() == 0) shard_buffers_.step_began();
     }
-    auto span = observer_.phase("forward", steps_);
+    auto span = observer_.phase("forward", steps());
     return module_.forward(x);
   }
 
@@ -312,7 +307,7 @@ class trainer_core {
     buffers_.check_saved(sync_part().name());
     reducer_.begin_backward(last);
     auto on_ready = [this](std::size_t i) { reducer_.on_ready(i); };
-    auto span = observer_.phase("backward", steps_);
+    auto span = observer_.phase("backward", steps());
     auto done = [&] {
       tape_.end_backward();
       reducer_.end_backward();
@@ -342,10 +337,10 @@ class trainer_core {
   // One step with nothing of this rank's own (its step state is clear: end_step reset it); false,
   // and no update, when no rank was active.
   bool shadow_step() {
-    const comm::step_scope tag_step(static_cast<std::int64_t>(steps_));
-    observer_.step_begins(steps_, /*shadow=*/true);
+    const comm::step_scope tag_step(static_cast<std::int64_t>(steps()));
+    observer_.step_begins(steps(), /*shadow=*/true);
     return guard_.run("join", [&] {
-      auto span = observer_.phase("shadow step (join)", steps_);
+      auto span = observer_.phase("shadow step (join)", steps());
       reducer_.set_shadowing(true);
       sync_part().before_forward(sync_context_);  // as the active ranks' first forward
       reducer_.reduce_all();
@@ -359,11 +354,11 @@ class trainer_core {
   }
 
   void finish_update(detail::step_verdict verdict) {
-    auto span = observer_.phase("update", steps_);
-    update_.run(reducer_.completed(), verdict, observer_, steps_);
+    auto span = observer_.phase("update", steps());
+    update_.run(reducer_.completed(), verdict, observer_, steps());
     try {  // a sync that fails changed nothing (sync_stage.hpp): the step's update stands, and counts
-      auto sync = observer_.phase_if(!schedule_part().every_step(), "sync", steps_);
-      sync_.after_update(steps_, reducer_.buckets());
+      auto sync = observer_.phase_if(!schedule_part().every_step(), "sync", steps());
+      sync_.after_update(steps(), reducer_.buckets());
     } catch (...) {
       count_step();
       throw;
@@ -373,13 +368,13 @@ class trainer_core {
   void count_step() {
     masters_.round_into_module();
     end_step();
-    ++steps_;
+    counts_.step_counted();
   }
 
   void end_step() {
     reducer_.end_step();
     tape_.end_step();
-    micro_batches_completed_ = micro_batches_run_;
+    counts_.step_ends();
   }
 
   Module& module_;
@@ -387,9 +382,7 @@ class trainer_core {
   Device& device_;
   detail::module_claim claim_;  // before anything touches the module
   parts_type parts_;
-  std::uint64_t steps_ = 0;
-  std::uint64_t micro_batches_run_ = 0;
-  std::uint64_t micro_batches_completed_ = 0;
+  detail::run_counts counts_;  // steps, micro-batches run and completed
   detail::step_observer observer_;
   detail::parameter_table params_;
   detail::master_weights<Device> masters_;
@@ -401,7 +394,7 @@ class trainer_core {
   detail::shard_buffers<Module, Comm, Device> shard_buffers_;
   detail::step_tape tape_{comm_.rank()};
   detail::step_guard<Comm> guard_{comm_};
-  detail::buffer_sync_context<Comm, Device> sync_context_{buffers_, steps_, tape_.forward_index()};
+  detail::buffer_sync_context<Comm, Device> sync_context_{buffers_, counts_.current_step(), tape_.forward_index()};
 };
 
 }  // namespace ddp
