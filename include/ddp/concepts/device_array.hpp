@@ -39,4 +39,12 @@ class device_array {
   std::size_t count_ = 0;
 };
 
+// `count` zeros of T in the device's memory.
+template <class T, device D>
+device_array<D, T> zeroed_array(D& dev, std::size_t count) {
+  device_array<D, T> a(dev, count);
+  dev.fill_zero(a.data(), count * sizeof(T));
+  return a;
+}
+
 }  // namespace ddp

@@ -54,11 +54,12 @@ class bucket final {
   // `params`: the parameters in it, in the plan's order.
   bucket(Comm& comm, Device& dev, comm_hook_part<Device>& hook, const bucket_shape& shape, std::vector<std::size_t> params)
       : comm_(&comm), device_(&dev), hook_(&hook), shape_(shape), params_(std::move(params)),
-        grads_(shape.memory.shards_gradients() ? device_array<Device, float>() : zeroed(shape.layout.padded + shape.control)),
-        values_(shape.memory.gathers_parameters() ? zeroed(shape.layout.padded) : device_array<Device, float>()),
-        kept_shard_(shape.memory.shards_gradients() ? zeroed(shape.layout.shard) : device_array<Device, float>()),
-        kept_control_(shape.memory.shards_gradients() ? zeroed(shape.control) : device_array<Device, float>()),
-        kept_values_(shape.memory.shards_parameters() ? zeroed(shape.layout.shard) : device_array<Device, float>()) {
+        grads_(shape.memory.shards_gradients() ? device_array<Device, float>()
+                                               : zeroed_array<float>(dev, shape.layout.padded + shape.control)),
+        values_(shape.memory.gathers_parameters() ? zeroed_array<float>(dev, shape.layout.padded) : device_array<Device, float>()),
+        kept_shard_(shape.memory.shards_gradients() ? zeroed_array<float>(dev, shape.layout.shard) : device_array<Device, float>()),
+        kept_control_(shape.memory.shards_gradients() ? zeroed_array<float>(dev, shape.control) : device_array<Device, float>()),
+        kept_values_(shape.memory.shards_parameters() ? zeroed_array<float>(dev, shape.layout.shard) : device_array<Device, float>()) {
     if (shape.virtual_shards) exact_.emplace(comm, dev, shape.layout.padded, shape.virtual_shards);
   }
 
@@ -317,12 +318,6 @@ class bucket final {
     if (!shape_.gradients_in_bucket() || into != grads_.data()) device_->pack(segments_, into);
     for (const auto& h : half_grads_)
       device_->cast(const_buffer{h.tensor, h.count, h.type}, mutable_buffer{into + h.offset, h.count, dtype::f32});
-  }
-
-  device_array<Device, float> zeroed(std::size_t n) {
-    device_array<Device, float> a(*device_, n);
-    device_->fill_zero(a.data(), n * sizeof(float));  // and the padding stays 0
-    return a;
   }
 
   // The gradients' reduction: all of them (all_reduce) or this rank's shard (reduce_scatter),

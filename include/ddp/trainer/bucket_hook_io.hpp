@@ -94,8 +94,7 @@ class bucket_hook_io final : public comm_hook::bucket_io_on<Device> {
     auto& a = arrays[k];
     const std::size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
     if (a.size() == floats) return {a.data(), false};
-    a = device_array<Device, float>(*b.device_, floats);
-    b.device_->fill_zero(a.data(), floats * sizeof(float));
+    a = zeroed_array<float>(*b.device_, floats);
     return {a.data(), true};
   }
 

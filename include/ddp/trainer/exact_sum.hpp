@@ -40,10 +40,7 @@ class exact_sum {
                       " micro-batches in all, and this rank has run more (bucket " + std::to_string(bucket) +
                       "); run each of the rank's virtual shards once (ddp::sampler::virtual_shards)");
     if (set_aside_ == 0) std::fill(max_.begin(), max_.end(), 0.0f);  // a new step's maxima
-    if (kept_.size() == set_aside_) {
-      kept_.emplace_back(*device_, padded_);
-      device_->fill_zero(kept_.back().data(), padded_ * sizeof(float));
-    }
+    if (kept_.size() == set_aside_) kept_.push_back(zeroed_array<float>(*device_, padded_));
     return kept_[set_aside_++].data();
   }
   // The micro-batch set_aside_next() gave storage for is there: on the host, its block maxima are

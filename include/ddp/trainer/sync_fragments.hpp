@@ -49,10 +49,7 @@ class sync_fragments {
   // run time may start streaming after construction).
   bool has_memory() const noexcept { return !memory_.empty(); }
   void make_memory(std::span<bucket_type> buckets) {
-    for (auto& bk : buckets) {
-      memory_.emplace_back(device_, bk.padded());
-      device_.fill_zero(memory_.back().data(), bk.padded() * sizeof(float));
-    }
+    for (auto& bk : buckets) memory_.push_back(zeroed_array<float>(device_, bk.padded()));
   }
   float* memory(std::size_t b) noexcept { return memory_[b].data(); }
   std::size_t bytes() const noexcept {

@@ -70,8 +70,8 @@ class sync_stage {
     // At least one slot: the pseudo-gradient's arithmetic takes a state pointer it leaves alone.
     const auto slots = static_cast<std::size_t>(std::max(schedule.outer_state_slots(), 1));
     for (auto& bk : buckets) {
-      anchor_.push_back(zeroed(bk.padded()));
-      outer_state_.push_back(zeroed(slots * bk.padded()));
+      anchor_.push_back(zeroed_array<float>(device_, bk.padded()));
+      outer_state_.push_back(zeroed_array<float>(device_, slots * bk.padded()));
     }
   }
   sync_stage(const sync_stage&) = delete;
@@ -325,11 +325,6 @@ class sync_stage {
     }
   }
 
-  device_array<Device, float> zeroed(std::size_t n) {
-    device_array<Device, float> a(device_, n);
-    device_.fill_zero(a.data(), n * sizeof(float));
-    return a;
-  }
   // The first `n` floats of each of `rows` rows of the array (its size / rows floats apart).
   std::vector<float> host_copy(const device_array<Device, float>& a, std::size_t n, std::size_t rows) const {
     std::vector<float> out(n * rows);

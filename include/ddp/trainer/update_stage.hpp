@@ -30,6 +30,7 @@
 #include "ddp/comm/host_collectives.hpp"
 #include "ddp/concepts/communicator.hpp"
 #include "ddp/concepts/device.hpp"
+#include "ddp/concepts/device_array.hpp"
 #include "ddp/core/error.hpp"
 #include "ddp/optim/parameter_group.hpp"
 #include "ddp/trainer/bucket.hpp"
@@ -53,11 +54,7 @@ class update_stage {
                const parameter_table& params, std::span<const bucket_type> buckets, bool exact_norm)
       : comm_(comm), device_(dev), optimizer_(optimizer), memory_(memory), params_(params), exact_norm_(exact_norm) {
     const auto slots = static_cast<std::size_t>(optimizer.state_slots());
-    for (const auto& bk : buckets) {
-      device_array<Device, float> s(dev, bk.shard() * slots);
-      dev.fill_zero(s.data(), s.size() * sizeof(float));
-      state_.push_back(std::move(s));
-    }
+    for (const auto& bk : buckets) state_.push_back(zeroed_array<float>(dev, bk.shard() * slots));
     update_counts_.assign(params.size(), 0);
   }
 
