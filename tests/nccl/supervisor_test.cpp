@@ -440,6 +440,12 @@ TEST_CASE("nccl: each rank's flight recorder dumps at the watchdog's timeout, an
     for (int i = 0; i < 500 && !x.s->failed(); ++i) std::this_thread::sleep_for(10ms);
     CHECK(x.s->failed());
   }
+  // A supervisor is failed before its recorder's dump is in place (fail() dumps after setting the
+  // latch, on the watchdog's thread): each rank's file is waited for, as a reader of a job would.
+  for (int r = 0; r < 3; ++r) {
+    const fs::path dump = dir / ("nccl.rank" + std::to_string(r) + ".jsonl");
+    for (int i = 0; i < 500 && !fs::exists(dump); ++i) std::this_thread::sleep_for(10ms);
+  }
   const auto v = ddp::why::judge_folder(dir, "nccl");
   INFO(v.text);
   CHECK(v.status == ddp::why::differ);
